@@ -1,0 +1,72 @@
+"""`ReuseConfig`: everything a run needs to know about rollout reuse, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+
+from .policies import ReusePolicy, check_lenience, load_plugin, make
+from .rollout import REUSED_LOGPROBS
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReuseConfig:
+    """Rollout-reuse settings (the `--rollout_reuse`, `--lenience` and `--reuse.*` flags).
+
+    >>> ReuseConfig(policy="spec", lenience=1.65).build_policy().describe()
+    'spec(lenience=1.65)'
+    """
+
+    policy: str = "off"
+    lenience: float | None = None  # None: the policy's default
+    seed: int = 0
+    reused_logprobs: str = "auto"
+    cache_max_gb: float = 4.0  # across all shards
+    cache_shards: int = 1
+    cache_dir: str | None = None  # load drafts from here at start (a run resumed from a checkpoint sets it)
+    plugins: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.policy, str) or not self.policy:
+            raise TypeError(f"--rollout_reuse must be a policy name, got {self.policy!r}")
+        if self.lenience is not None:
+            check_lenience("--lenience", self.lenience)
+        if self.reused_logprobs not in REUSED_LOGPROBS:
+            raise ValueError(
+                f"--reuse.logprobs must be one of {', '.join(REUSED_LOGPROBS)}, got {self.reused_logprobs!r}"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"--reuse.seed must be an integer, got {self.seed!r}")
+        if not (isinstance(self.cache_max_gb, (int, float)) and math.isfinite(self.cache_max_gb)) or (
+            self.cache_max_gb <= 0
+        ):
+            raise ValueError(f"--reuse.cache_max_gb must be a positive number of GiB, got {self.cache_max_gb!r}")
+        if isinstance(self.cache_shards, bool) or not isinstance(self.cache_shards, int) or self.cache_shards < 1:
+            raise ValueError(f"--reuse.cache_shards must be an integer >= 1, got {self.cache_shards!r}")
+        object.__setattr__(self, "plugins", tuple(str(p) for p in self.plugins))
+
+    @property
+    def enabled(self) -> bool:
+        return self.build_policy().draft_age > 0
+
+    @property
+    def cache_max_bytes(self) -> int:
+        return int(self.cache_max_gb * (1 << 30))
+
+    def build_policy(self) -> ReusePolicy:
+        """Load the plugins, then build the policy (unknown names and bad parameters raise here)."""
+        for path in self.plugins:
+            load_plugin(path)
+        params = {} if self.lenience is None else {"lenience": self.lenience}
+        return make(self.policy, **params)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ReuseConfig:
+        data = json.loads(text)
+        data["plugins"] = tuple(data.get("plugins", ()))
+        return cls(**data)

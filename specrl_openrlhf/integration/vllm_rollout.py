@@ -1,0 +1,318 @@
+"""Speculative rollouts over vLLM: batched over `vllm.LLM`, per request over the async engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
+from ..cache import Draft, DraftCache, prompt_key
+from ..metrics import ReuseStats
+from ..policies import ReusePolicy
+from ..rollout import SampleOutput, SpeculativePlanner, check_sampling
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+
+
+def engine_limits(model_config, tokenizer) -> tuple[int, int]:
+    """(largest prompt token id the engine accepts, context length), by vLLM's own validation rule: an id is
+    valid up to max(tokenizer.max_token_id, model vocab size - 1)."""
+    mode = str(getattr(model_config, "logprobs_mode", "raw_logprobs"))
+    if mode.split(".")[-1].lower() not in SUPPORTED_LOGPROBS_MODES:
+        raise ValueError(
+            f"vLLM logprobs_mode={mode} returns logits, not logprobs; drafts need raw_logprobs or processed_logprobs"
+        )
+    tokenizer_max = getattr(tokenizer, "max_token_id", None)
+    if tokenizer_max is None:
+        tokenizer_max = max(tokenizer.get_vocab().values())
+    return max(int(tokenizer_max), model_config.get_vocab_size() - 1), int(model_config.max_model_len)
+
+
+def check_sampling_params(policy: ReusePolicy, params: SamplingParams) -> None:
+    check_sampling(
+        policy,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        repetition_penalty=params.repetition_penalty,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+    )
+
+
+def scoring_params() -> SamplingParams:
+    return SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+
+
+def continuation_params(params: SamplingParams, max_tokens: int, sample_index: int = 0) -> SamplingParams:
+    """The user's params for one continuation: n=1, the remaining budget, and logprobs on (the cache needs them)."""
+    out = params.clone()
+    out.n = 1
+    out.max_tokens = max_tokens
+    out.logprobs = max(params.logprobs or 0, 0)
+    if params.seed is not None:  # n separate requests with one seed would all sample the same tokens
+        out.seed = params.seed + sample_index
+    return out
+
+
+def completion_of(request_output) -> tuple[list[int], list[float], str, int]:
+    """(token ids, logprob of each sampled token, finish reason, prompt tokens served from prefix cache)."""
+    completion = request_output.outputs[0]
+    token_ids = list(completion.token_ids)
+    logprobs = [entry[token].logprob for token, entry in zip(token_ids, completion.logprobs or [])]
+    if len(logprobs) != len(token_ids):
+        logprobs = None
+    return token_ids, logprobs, completion.finish_reason or "length", int(request_output.num_cached_tokens or 0)
+
+
+@dataclass
+class RolloutBatch:
+    """Outputs of one batched speculative rollout: `outputs[p][j]` is sample j of prompt p."""
+
+    outputs: list[list[SampleOutput]]
+    stats: ReuseStats = field(default_factory=ReuseStats)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self.stats.as_dict()
+
+
+class SpeculativeLLM:
+    """Speculative rollouts over a `vllm.LLM`, with every scoring request and every continuation batched.
+
+    >>> rollout = SpeculativeLLM(llm, make("spec", lenience=1.65))  # doctest: +SKIP
+    >>> batch = rollout.generate(prompt_token_ids, SamplingParams(n=8, max_tokens=512, logprobs=0))  # doctest: +SKIP
+    >>> batch.metrics["reuse/decoded_tokens"]  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        llm,
+        policy: ReusePolicy,
+        *,
+        cache: DraftCache | None = None,
+        seed: int = 0,
+        reused_logprobs: str = "auto",
+    ):
+        self.llm = llm
+        self.policy = policy
+        self.cache = cache if cache is not None else DraftCache()
+        max_token_id, max_model_len = engine_limits(llm.llm_engine.model_config, llm.get_tokenizer())
+        self.planner = SpeculativePlanner(
+            policy,
+            seed=seed,
+            reused_logprobs=reused_logprobs,
+            max_token_id=max_token_id,
+            max_model_len=max_model_len,
+        )
+
+    def _run(self, prompts: list[list[int]], params: list[SamplingParams]):
+        return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        """`params.n` samples for each prompt (token ids). `params.max_tokens` is each sample's budget."""
+        check_sampling_params(self.policy, params)
+        if params.max_tokens is None:
+            raise ValueError("SamplingParams.max_tokens must be set: it is each sample's token budget")
+        if self.policy.draft_age == 0:
+            return self._plain(prompts, params, fallback=False)
+        try:
+            return self._speculative(prompts, params)
+        except Exception as error:  # never lose a batch to the reuse path: regenerate it normally
+            logger.warning("speculative rollout failed (%s: %s); generating normally", type(error).__name__, error)
+            return self._plain(prompts, params, fallback=True)
+
+    def _plain(self, prompts: list[list[int]], params: SamplingParams, *, fallback: bool) -> RolloutBatch:
+        """Stock generation: the `off` policy, and the fallback when the reuse path fails."""
+        start = time.perf_counter()
+        outputs = self._run(prompts, [params] * len(prompts))
+        stats = ReuseStats(time_generation_s=time.perf_counter() - start)
+        batch = []
+        for output in outputs:
+            row = []
+            for completion in output.outputs:
+                token_ids = list(completion.token_ids)
+                logprobs = (
+                    [e[t].logprob for t, e in zip(token_ids, completion.logprobs)] if completion.logprobs else None
+                )
+                sample_stats = ReuseStats(samples=1, fallbacks=int(fallback), decoded_tokens=len(token_ids))
+                row.append(SampleOutput(token_ids, logprobs, completion.finish_reason or "length", 0, sample_stats))
+                stats = stats + sample_stats
+            batch.append(row)
+        return RolloutBatch(batch, stats)
+
+    def _speculative(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        want_logprobs = params.logprobs is not None
+        n = params.n
+        stats = ReuseStats()
+
+        # 1. Drafts: one visit per prompt occurrence, a distinct draft per sample.
+        samples, keys, visits = [], [], []
+        for prompt in prompts:
+            key, visit_id = prompt_key(prompt), uuid.uuid4().hex
+            for _ in range(n):
+                draft = self.cache.claim(key, visit_id, self.policy.draft_age) if self.policy.draft_age else None
+                samples.append(self.planner.new_sample(prompt, params.max_tokens, draft, key))
+                keys.append(key)
+                visits.append(visit_id)
+
+        # 2. Score every draft in one batch.
+        start = time.perf_counter()
+        to_score = [(s, p) for s in samples if (p := self.planner.scoring_prompt(s)) is not None]
+        if to_score:
+            scored = self._run([p for _, p in to_score], [scoring_params()] * len(to_score))
+            for (sample, _), output in zip(to_score, scored):
+                sample.scored = self.planner.scored_from_prompt_logprobs(sample, output.prompt_logprobs)
+        stats.time_scoring_s = time.perf_counter() - start
+
+        # 3. Cut, then 4. continue every sample that needs it in one batch.
+        self.planner.decide(samples)
+        start = time.perf_counter()
+        requests = [(i, c) for i, s in enumerate(samples) if (c := self.planner.continuation(s)) is not None]
+        continued = {}
+        if requests:
+            outputs = self._run(
+                [prefix for _, (prefix, _) in requests],
+                [continuation_params(params, budget, i % n) for i, (_, budget) in requests],
+            )
+            continued = {i: completion_of(out) for (i, _), out in zip(requests, outputs)}
+        stats.time_generation_s = time.perf_counter() - start
+
+        # 5. Assemble and 6. store the results as the next drafts.
+        start = time.perf_counter()
+        flat = []
+        for i, sample in enumerate(samples):
+            new_ids, new_lp, finish, cached = continued.get(i, ((), None, None, 0))
+            sample.stats.cached_prompt_tokens = cached
+            output, next_draft = self.planner.assemble(sample, new_ids, new_lp, finish, want_logprobs=want_logprobs)
+            if self.policy.draft_age:
+                self.cache.commit(keys[i], visits[i], next_draft)
+            flat.append(output)
+            stats = stats + output.stats
+        stats.time_assembly_s = time.perf_counter() - start
+        return RolloutBatch([flat[p * n : (p + 1) * n] for p in range(len(prompts))], stats)
+
+
+class VisitTracker:
+    """Groups per-request calls into visits: the n concurrent samples of one prompt share a visit id.
+
+    In OpenRLHF the n samples of a prompt arrive as n concurrent calls on one engine; the visit closes after
+    its n-th claim, so the next call for the prompt opens a new visit whatever order earlier ones finish in.
+    """
+
+    def __init__(self, samples_per_visit: int):
+        self.samples_per_visit = samples_per_visit
+        self._open: dict[bytes, list] = {}
+
+    def visit_for(self, key: bytes) -> str:
+        entry = self._open.get(key)
+        if entry is None:
+            entry = self._open[key] = [uuid.uuid4().hex, 0]
+        entry[1] += 1
+        if entry[1] >= self.samples_per_visit:
+            del self._open[key]
+        return entry[0]
+
+
+class LocalDraftStore:
+    """Async front of an in-process `DraftCache` (the Ray actor in `draft_store` has the same methods)."""
+
+    def __init__(self, cache: DraftCache | None = None):
+        self.cache = cache if cache is not None else DraftCache()
+
+    async def claim(self, key: bytes, visit_id: str, age: int) -> Draft | None:
+        return self.cache.claim(key, visit_id, age)
+
+    async def commit(self, key: bytes, visit_id: str, draft: Draft) -> None:
+        self.cache.commit(key, visit_id, draft)
+
+
+class AsyncSpeculativeGenerator:
+    """Speculative rollout of one sample per call over an async `generate(prompt_token_ids, params)` that returns
+    the final `RequestOutput` (OpenRLHF's `RolloutRayActor.generate`, or `engine_generate(AsyncLLM)`)."""
+
+    def __init__(self, generate, policy: ReusePolicy, store, *, samples_per_visit: int, planner: SpeculativePlanner):
+        self.generate_fn = generate
+        self.policy = policy
+        self.store = store
+        self.visits = VisitTracker(samples_per_visit)
+        self.planner = planner
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> SampleOutput:
+        """One sample; errors in the reuse path (a dead cache actor, say) fall back to normal generation."""
+        check_sampling_params(self.policy, params)
+        if self.policy.draft_age:
+            try:
+                return await self._speculative(prompt_ids, params)
+            except Exception as error:
+                logger.warning("speculative sample failed (%s: %s); generating normally", type(error).__name__, error)
+        start = time.perf_counter()
+        new_ids, new_lp, finish, _ = completion_of(await self.generate_fn(prompt_ids, params))
+        stats = ReuseStats(samples=1, decoded_tokens=len(new_ids), fallbacks=int(self.policy.draft_age > 0))
+        stats.time_generation_s = time.perf_counter() - start
+        return SampleOutput(new_ids, new_lp if params.logprobs is not None else None, finish, 0, stats)
+
+    async def _speculative(self, prompt_ids: list[int], params: SamplingParams) -> SampleOutput:
+        key = prompt_key(prompt_ids)
+        visit_id = self.visits.visit_for(key)
+        draft = await self.store.claim(key, visit_id, self.policy.draft_age) if self.policy.draft_age else None
+        sample = self.planner.new_sample(prompt_ids, params.max_tokens, draft, key)
+
+        start = time.perf_counter()
+        scoring_prompt = self.planner.scoring_prompt(sample)
+        if scoring_prompt is not None:
+            scored = await self.generate_fn(scoring_prompt, scoring_params())
+            sample.scored = self.planner.scored_from_prompt_logprobs(sample, scored.prompt_logprobs)
+        sample.stats.time_scoring_s = time.perf_counter() - start
+
+        self.planner.decide([sample])
+        start = time.perf_counter()
+        new_ids, new_lp, finish = (), None, None
+        request = self.planner.continuation(sample)
+        if request is not None:
+            prefix, budget = request
+            output = await self.generate_fn(prefix, continuation_params(params, budget))
+            new_ids, new_lp, finish, sample.stats.cached_prompt_tokens = completion_of(output)
+        sample.stats.time_generation_s = time.perf_counter() - start
+
+        start = time.perf_counter()
+        output, next_draft = self.planner.assemble(
+            sample, new_ids, new_lp, finish, want_logprobs=params.logprobs is not None
+        )
+        if self.policy.draft_age:
+            await self.store.commit(key, visit_id, next_draft)
+        output.stats.time_assembly_s = time.perf_counter() - start
+        return output
+
+
+def engine_generate(engine):
+    """Adapt a vLLM `AsyncLLM` to `async generate(prompt_token_ids, params) -> final RequestOutput`."""
+
+    async def generate(prompt_token_ids, params):
+        final = None
+        async for output in engine.generate(
+            TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id=uuid.uuid4().hex
+        ):
+            final = output
+        return final
+
+    return generate
+
+
+async def gather_samples(generator: AsyncSpeculativeGenerator, prompts, params: SamplingParams) -> RolloutBatch:
+    """Run `params.n` concurrent single-sample calls per prompt, as OpenRLHF does, and collect them."""
+    single = params.clone()
+    n, single.n = params.n, 1
+    outputs = await asyncio.gather(*[generator.generate(list(p), single) for p in prompts for _ in range(n)])
+    stats = ReuseStats()
+    for output in outputs:
+        stats = stats + output.stats
+    return RolloutBatch([list(outputs[i * n : (i + 1) * n]) for i in range(len(prompts))], stats)

@@ -1,0 +1,115 @@
+"""The reuse-policy interface: given a batch of drafts, decide how many leading tokens of each to keep.
+
+A policy is a strategy object built from a frozen, keyword-only parameter dataclass. It never touches an
+engine: the rollout hands it padded tensors (and the uniforms it may use) and gets back one cut per draft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoParams:
+    """Parameters of a policy that takes none."""
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    """A batch of drafts, right-padded to the longest one.
+
+    Padding positions hold 0.0 logprobs and must be ignored; `mask` marks the real tokens.
+    """
+
+    draft_logprobs: torch.Tensor  # [B, T] float32, log p_prev(y_i): logprob of each draft token when it was drafted
+    scored_logprobs: torch.Tensor | None  # [B, T] float32, log p_curr(y_i); None if the policy skips scoring
+    lengths: torch.Tensor  # [B] int64, real draft length of each row (0 <= lengths <= T)
+    uniforms: torch.Tensor  # [B, T] float64 in [0, 1), fresh and seeded per row; the only randomness a policy uses
+
+    @property
+    def mask(self) -> torch.Tensor:  # [B, T] bool
+        positions = torch.arange(self.draft_logprobs.shape[1], device=self.lengths.device)
+        return positions[None, :] < self.lengths[:, None]
+
+
+class ReusePolicy(ABC):
+    """Decides the cut of each draft: the verified prefix is draft[:cut], the current policy generates the rest.
+
+    Subclasses set the class attributes below, define `Params` (a frozen keyword-only dataclass that validates
+    itself in ``__post_init__``) and implement `cut`. Register them with `specrl_openrlhf.register`.
+    """
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type] = NoParams
+    # Whether `cut` reads `DraftBatch.scored_logprobs`; if not, the rollout skips the scoring pass and its cost.
+    needs_scores: ClassVar[bool] = True
+    # Which past visit of the prompt the drafts come from: 1 = the previous one, 2 = two visits back,
+    # 0 = no drafts at all (the rollout then behaves exactly like stock generation).
+    draft_age: ClassVar[int] = 1
+
+    def __init__(self, params=None):
+        params = self.Params() if params is None else params
+        if not isinstance(params, self.Params):
+            raise TypeError(f"{type(self).__name__} takes {self.Params.__name__}, got {type(params).__name__}")
+        self.params = params
+
+    @abstractmethod
+    def cut(self, batch: DraftBatch) -> torch.Tensor:
+        """Return the number of leading draft tokens to keep, [B] int64 with 0 <= cut <= lengths."""
+
+    def describe(self) -> str:
+        fields = ", ".join(f"{f.name}={getattr(self.params, f.name)!r}" for f in dataclasses.fields(self.params))
+        return f"{self.name}({fields})"
+
+    def __repr__(self) -> str:
+        return f"<ReusePolicy {self.describe()}>"
+
+
+def first_rejection(accepted: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Index of the first rejected real token of each row, or the row length if every token was accepted.
+
+    accepted: [B, T] bool; positions at or past `lengths` are ignored.
+    """
+    positions = torch.arange(accepted.shape[1], device=accepted.device)
+    rejected = ~accepted & (positions[None, :] < lengths[:, None])  # [B, T]
+    any_rejected = rejected.any(dim=1)  # [B]
+    first = rejected.to(torch.int8).argmax(dim=1)  # [B]; argmax returns the first maximum
+    return torch.where(any_rejected, first, lengths)
+
+
+def lenient_acceptance_logprob(scored: torch.Tensor, draft: torch.Tensor, lenience: float) -> torch.Tensor:
+    """log min(1, lenience * p_curr / p_prev), elementwise, computed in log space. [B, T] -> [B, T]."""
+    if math.isinf(lenience):
+        return torch.zeros_like(scored)
+    return torch.clamp(math.log(lenience) + scored - draft, max=0.0)
+
+
+def lenient_cut(batch: DraftBatch, lenience: float) -> torch.Tensor:
+    """Algorithm 1 of SPEC-RL, vectorised: accept token i when u_i <= min(1, lenience * p_curr / p_prev)."""
+    if batch.scored_logprobs is None:
+        raise ValueError("lenient acceptance needs scored logprobs; set needs_scores = True on the policy")
+    accept_logprob = lenient_acceptance_logprob(
+        batch.scored_logprobs.double(), batch.draft_logprobs.double(), lenience
+    )
+    accepted = torch.log(batch.uniforms) <= accept_logprob  # [B, T]; log(0) = -inf is always accepted
+    return first_rejection(accepted, batch.lengths)
+
+
+def check_lenience(owner: str, value) -> None:
+    """Validate a lenience value, naming the owner, the value and the fix."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{owner}: lenience must be a number, got {value!r} ({type(value).__name__}); "
+            f"pass a positive float such as --lenience 1.6487 (e^0.5)"
+        )
+    if math.isnan(value) or value <= 0:
+        raise ValueError(
+            f"{owner}: lenience must be > 0, got {value!r}; use 1.0 for exact speculative acceptance, "
+            f"e^0.5 = 1.6487 for the paper's GRPO default, or the policy 'full' for unlimited reuse"
+        )

@@ -1,0 +1,133 @@
+"""Name -> policy registry, in the style of Gymnasium's `register`/`make`, plus plugin files loaded by path."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from .base import ReusePolicy
+
+_REGISTRY: dict[str, type[ReusePolicy]] = {}
+
+
+class UnknownPolicyError(ValueError):
+    """Raised by `make` for a name that is not registered."""
+
+
+class PluginError(ValueError):
+    """Raised when a policy plugin file can't be loaded."""
+
+
+def register(name: str, *, override: bool = False):
+    """Class decorator that registers a `ReusePolicy` subclass under `name`.
+
+    >>> @register("my_rule")  # doctest: +SKIP
+    ... class MyRule(ReusePolicy): ...
+    """
+
+    def decorator(cls: type[ReusePolicy]) -> type[ReusePolicy]:
+        if not (isinstance(cls, type) and issubclass(cls, ReusePolicy)):
+            raise TypeError(f"register({name!r}) decorates ReusePolicy subclasses, got {cls!r}")
+        if not dataclasses.is_dataclass(cls.Params) or not cls.Params.__dataclass_params__.frozen:
+            raise TypeError(f"{cls.__name__}.Params must be a frozen dataclass")
+        if name in _REGISTRY and _REGISTRY[name] is not cls and not override:
+            raise ValueError(f"a reuse policy named {name!r} is already registered ({_REGISTRY[name].__name__})")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def registered() -> dict[str, type[ReusePolicy]]:
+    """The registered policies, by name, in registration order."""
+    return dict(_REGISTRY)
+
+
+def policy_class(name: str) -> type[ReusePolicy]:
+    """The class registered under `name`; an unknown name suggests the closest one and lists the valid ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownPolicyError(
+            f"unknown reuse policy {name!r}.{hint} Valid names: {', '.join(_REGISTRY)}. "
+            f"Plugins register more names: load them with --reuse.plugin FILE.py."
+        ) from None
+
+
+def make(name: str, **params) -> ReusePolicy:
+    """Build the policy registered under `name` with keyword parameters, validated by its Params dataclass.
+
+    Parameters the policy does not take are an error, except `lenience` given to a policy without one, which is
+    ignored so one command line can switch policies (the ablation grid relies on this).
+    """
+    cls = policy_class(name)
+    accepted = {f.name for f in dataclasses.fields(cls.Params)}
+    if "lenience" in params and "lenience" not in accepted:
+        params = {k: v for k, v in params.items() if k != "lenience"}
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        raise TypeError(
+            f"reuse policy {name!r} takes no parameter {', '.join(unknown)}; "
+            f"its parameters are: {', '.join(sorted(accepted)) or 'none'}"
+        )
+    try:
+        return cls(cls.Params(**params))
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"reuse policy {name!r}: {error}") from None
+
+
+def describe_policies() -> str:
+    """One line per registered policy: name, parameters with defaults, what it does."""
+    lines = []
+    for name, cls in _REGISTRY.items():
+        fields = [
+            f"{f.name}={f.default!r}" if f.default is not dataclasses.MISSING else f.name
+            for f in dataclasses.fields(cls.Params)
+        ]
+        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        flags = [] if cls.needs_scores else ["no scoring"]
+        if cls.draft_age != 1:
+            flags.append("no drafts" if cls.draft_age == 0 else f"drafts from {cls.draft_age} visits back")
+        extra = f" [{'; '.join(flags)}]" if flags else ""
+        lines.append(f"{name:<10} ({', '.join(fields)}){extra}  {summary}")
+    return "\n".join(lines)
+
+
+def load_plugin(path: str | Path) -> list[str]:
+    """Execute a plugin file that registers policies and return the names it added.
+
+    Safe to call again with the same file (in every Ray process, for example): it is executed once per process.
+    """
+    path = Path(path).expanduser().resolve()
+    if path.suffix != ".py":
+        raise PluginError(f"--reuse.plugin {path}: a plugin must be a Python file ending in .py")
+    if not path.is_file():
+        raise PluginError(f"--reuse.plugin {path}: no such file; pass the path to a file like policies/template.py")
+    module_name = "specrl_plugin_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return list(getattr(sys.modules[module_name], "_specrl_registered", []))
+    before = set(_REGISTRY)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # a plugin may fail in any way; report it as the plugin's fault
+        for name in set(_REGISTRY) - before:
+            del _REGISTRY[name]
+        raise PluginError(f"--reuse.plugin {path} failed to load: {type(error).__name__}: {error}") from error
+    added = [name for name in _REGISTRY if name not in before]
+    if not added:
+        raise PluginError(
+            f"--reuse.plugin {path} registered no policy; decorate a ReusePolicy subclass with "
+            f"@specrl_openrlhf.register('name') (see policies/template.py)"
+        )
+    module._specrl_registered = added
+    sys.modules[module_name] = module
+    return added

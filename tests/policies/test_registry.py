@@ -1,0 +1,115 @@
+import dataclasses
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import specrl_openrlhf as sr
+from specrl_openrlhf.policies import PluginError, UnknownPolicyError, load_plugin, make, registered
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_builtins_registered():
+    assert list(registered())[:6] == ["off", "spec", "exact", "random", "delayed", "full"]
+
+
+def test_unknown_name_suggests_and_lists():
+    with pytest.raises(UnknownPolicyError) as info:
+        make("spce")
+    message = str(info.value)
+    assert "Did you mean 'spec'?" in message
+    for name in ["off", "spec", "exact", "random", "delayed", "full"]:
+        assert name in message
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.nan, -math.inf])
+def test_bad_lenience_names_parameter_value_and_fix(value):
+    with pytest.raises(ValueError) as info:
+        make("spec", lenience=value)
+    message = str(info.value)
+    assert "'spec'" in message and "lenience" in message and repr(value) in message and "1.6487" in message
+
+
+@pytest.mark.parametrize("value", ["1.5", True, None, [1.0]])
+def test_lenience_of_wrong_type(value):
+    with pytest.raises(TypeError, match="lenience must be a number"):
+        make("spec", lenience=value)
+
+
+def test_unknown_parameter_and_ignored_lenience():
+    with pytest.raises(TypeError, match="takes no parameter temperature"):
+        make("spec", temperature=1.0)
+    assert make("full", lenience=2.0).name == "full"  # one command line can switch policies
+
+
+def test_params_are_frozen_and_keyword_only():
+    params = make("spec", lenience=2.0).params
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.lenience = 3.0
+    with pytest.raises(TypeError):
+        type(params)(2.0)
+
+
+def test_worked_examples_and_template_load(tmp_path):
+    for path in sorted((REPO / "policies").glob("*.py")):
+        names = load_plugin(path)
+        for name in names:
+            assert name in registered()
+        assert load_plugin(path) == names  # idempotent, as in every Ray process
+
+
+def test_bad_plugin_files(tmp_path):
+    with pytest.raises(PluginError, match="no such file"):
+        load_plugin(tmp_path / "missing.py")
+    with pytest.raises(PluginError, match="Python file"):
+        load_plugin(tmp_path / "rule.txt")
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(PluginError, match="failed to load: RuntimeError: boom"):
+        load_plugin(broken)
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(PluginError, match="registered no policy"):
+        load_plugin(empty)
+
+
+def test_plugin_registers_a_new_rule(tmp_path):
+    plugin = tmp_path / "keep_two.py"
+    plugin.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import specrl_openrlhf as sr
+
+            @sr.register("keep_two_test")
+            class KeepTwo(sr.ReusePolicy):
+                '''Keep at most two tokens.'''
+                needs_scores = False
+
+                def cut(self, batch):
+                    return torch.clamp(batch.lengths, max=2)
+            """
+        )
+    )
+    assert load_plugin(plugin) == ["keep_two_test"]
+    assert sr.make("keep_two_test").name == "keep_two_test"
+
+
+def test_cli_lists_policies():
+    out = subprocess.run(
+        [sys.executable, "-m", "specrl_openrlhf", "policies"], capture_output=True, text=True, check=True
+    ).stdout
+    for name in ["off", "spec", "exact", "random", "delayed", "full"]:
+        assert any(line.startswith(name + " ") for line in out.splitlines())
+    assert "lenience=1.6487" in out and "no scoring" in out
+
+
+def test_core_imports_no_engine():
+    engines = "{'vllm', 'ray', 'openrlhf', 'transformers'}"
+    code = f"import sys, specrl_openrlhf; print(sorted({{m.split('.')[0] for m in sys.modules}} & {engines}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,156 @@
+import random
+
+import numpy as np
+import pytest
+
+from specrl_openrlhf.cache import Draft, DraftCache, prompt_key, shard_of
+
+
+def draft(tokens, finish="stop"):
+    return Draft(np.asarray(tokens, np.int32), -np.ones(len(tokens), np.float32), finish)
+
+
+def run_visit(cache, key, visit_id, n, rng, age=1, tag=0):
+    """n samples of one visit with shuffled interleaving of claims and commits; returns the drafts claimed."""
+    events = [("claim", i) for i in range(n)] + [("commit", i) for i in range(n)]
+    rng.shuffle(events)
+    claimed, done = {}, set()
+    pending = list(events)
+    while pending:  # a sample commits only after its own claim
+        for event in list(pending):
+            kind, i = event
+            if kind == "commit" and i not in claimed:
+                continue
+            pending.remove(event)
+            if kind == "claim":
+                claimed[i] = cache.claim(key, visit_id, age)
+            else:
+                cache.commit(key, visit_id, draft([tag, i]))
+                done.add(i)
+            break
+    return claimed
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_shuffled_visits_never_serve_their_own_samples(seed):
+    rng = random.Random(seed)
+    cache = DraftCache()
+    keys = [prompt_key([p, 1, 2]) for p in range(5)]
+    for visit in range(4):
+        order = list(keys)
+        rng.shuffle(order)
+        for key in order:
+            claimed = run_visit(cache, key, f"{key.hex()}-{visit}", 4, rng, tag=visit)
+            got = [d for d in claimed.values() if d is not None]
+            if visit == 0:
+                assert got == []
+                continue
+            assert len(got) == 4
+            assert all(int(d.token_ids[0]) == visit - 1 for d in got)  # from the previous visit only
+            assert len({id(d) for d in got}) == 4  # each sample its own draft
+            assert sorted(int(d.token_ids[1]) for d in got) == [0, 1, 2, 3]
+            assert {d.visit for d in got} == {visit - 1}
+
+
+def test_delayed_age_two_and_more_samples_than_drafts():
+    cache, key = DraftCache(), prompt_key([9])
+    for visit in range(3):
+        for i in range(2):
+            cache.claim(key, f"v{visit}", 2)
+            cache.commit(key, f"v{visit}", draft([visit, i]))
+    claims = [cache.claim(key, "v3", 2) for _ in range(3)]
+    assert [int(c.token_ids[0]) for c in claims[:2]] == [1, 1] and claims[2] is None
+    assert cache.claim(prompt_key([10]), "x", 1) is None
+
+
+def test_memory_cap_evicts_least_recently_used():
+    cache = DraftCache(max_bytes=4000)
+    for p in range(10):
+        cache.claim(prompt_key([p]), "v", 1)
+        cache.commit(prompt_key([p]), "v", draft(list(range(100))))
+    assert cache.nbytes <= 4000 and cache.evicted_prompts > 0
+    assert cache.claim(prompt_key([9]), "w", 1) is not None  # the newest survived
+    assert cache.claim(prompt_key([0]), "w", 1) is None
+
+
+def test_only_two_completed_visits_are_kept():
+    cache, key = DraftCache(), prompt_key([1])
+    for visit in range(5):
+        cache.claim(key, f"v{visit}", 1)
+        cache.commit(key, f"v{visit}", draft([visit] * 50))
+    assert cache.nbytes < 4 * draft([0] * 50).nbytes + 1000
+
+
+def test_save_load_roundtrip_and_shards(tmp_path):
+    cache = DraftCache()
+    keys = [prompt_key([p]) for p in range(20)]
+    for key in keys:
+        for visit in range(2):
+            cache.claim(key, f"v{visit}", 1)
+            cache.commit(key, f"v{visit}", draft([visit, 7, 8], "length" if visit else "stop"))
+    path = cache.save(tmp_path / "drafts.npz")
+    restored = DraftCache()
+    assert restored.load(path)
+    got = restored.claim(keys[3], "next", 1)
+    assert got.token_ids.tolist() == [1, 7, 8] and got.finish_reason == "length" and got.visit == 1
+    delayed = DraftCache()
+    delayed.load(path)
+    assert delayed.claim(keys[3], "next", 2).token_ids.tolist() == [0, 7, 8]
+    halves = [DraftCache(), DraftCache()]
+    for i, half in enumerate(halves):
+        half.load(path, shard=(i, 2))
+    assert len(halves[0]) + len(halves[1]) == 20
+    assert all(len(h) == sum(shard_of(k, 2) == i for k in keys) for i, h in enumerate(halves))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"garbage" * 10, b"PK\x03\x04truncated zip"],
+    ids=["empty", "garbage", "truncated"],
+)
+def test_corrupt_file_warns_and_starts_cold(tmp_path, caplog, content):
+    path = tmp_path / "drafts.npz"
+    path.write_bytes(content)
+    cache = DraftCache()
+    assert cache.load(path) is False
+    assert len(cache) == 0 and "starting cold" in caplog.text
+
+
+def test_foreign_and_future_files(tmp_path, caplog):
+    foreign = tmp_path / "foreign.npz"
+    np.savez(foreign, header=np.frombuffer(b'{"format": "other", "version": 1}', np.uint8))
+    future = tmp_path / "future.npz"
+    cache = DraftCache()
+    cache.commit(prompt_key([1]), "v", draft([1]))
+    cache.save(future)
+    data = dict(np.load(future))
+    data["header"] = np.frombuffer(b'{"format": "specrl-draft-cache", "version": 99}', np.uint8)
+    np.savez(future, **data)
+    fresh = DraftCache()
+    assert not fresh.load(foreign) and not fresh.load(future) and not fresh.load(tmp_path / "missing.npz")
+    assert "not a draft cache" in caplog.text and "version 99" in caplog.text
+
+
+def test_inconsistent_arrays_are_rejected(tmp_path):
+    cache = DraftCache()
+    cache.commit(prompt_key([1]), "v", draft([1, 2, 3]))
+    path = cache.save(tmp_path / "d.npz")
+    data = dict(np.load(path))
+    data["response_length"] = data["response_length"] + 5
+    np.savez(path, **data)
+    assert DraftCache().load(path) is False
+
+
+def test_save_is_atomic(tmp_path, monkeypatch):
+    cache = DraftCache()
+    cache.commit(prompt_key([1]), "v", draft([1]))
+    path = cache.save(tmp_path / "d.npz")
+    before = path.read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", fail)
+    with pytest.raises(OSError):
+        cache.save(path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["d.npz"]

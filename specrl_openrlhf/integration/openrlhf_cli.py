@@ -118,6 +118,9 @@ def check_combination(namespace) -> list[str]:
             "--eval.temperature equals --rollout.temperature, so evaluation requests look like training ones and "
             "will reuse drafts too; set a different --eval.temperature to keep evaluation stock"
         )
+    agent = get("train.agent_func_path")
+    if agent and not Path(agent).is_file():
+        raise ValueError(f"--train.agent_func_path {agent}: no such file (your agent composes with --rollout_reuse)")
     if config.cache_dir and not Path(config.cache_dir).is_dir():
         raise ValueError(f"--reuse.cache_dir {config.cache_dir}: no such directory")
     return warnings
@@ -226,12 +229,14 @@ def train_with_reuse(args, upstream_train=None) -> None:
     """Replaces OpenRLHF's `train(args)` at the end of its `__main__` block."""
     config = reuse_config_from(args)
     if args.reuse.dry_run:
-        resolved = {
-            "reuse": dataclasses.asdict(config),
-            "policy": config.build_policy().describe(),
-            "openrlhf_args": {k: v for k, v in namespace_to_dict(args).items() if k not in ("reuse", "rollout_reuse")},
-        }
-        resolved["openrlhf_args"].pop("lenience", None)
+        openrlhf_args = namespace_to_dict(args)
+        for ours in ("reuse", "rollout_reuse", "lenience"):
+            openrlhf_args.pop(ours, None)
+        resolved = {"reuse": dataclasses.asdict(config), "policy": config.build_policy().describe()}
+        if config.enabled:
+            # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path
+            resolved["engines"] = {"agent_func_path": AGENT_ENTRY, **run_settings(args, config)}
+        resolved["openrlhf_args"] = openrlhf_args
         print(json.dumps(resolved, indent=2, default=str))
         return
     import openrlhf.cli.train_ppo_ray as upstream

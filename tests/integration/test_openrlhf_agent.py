@@ -183,6 +183,34 @@ def test_cache_saved_and_restored(engines, tmp_path):
     assert len(restored) == len(PROMPTS) + 1
 
 
+def test_cache_follows_checkpoints_and_resumes_warm(engines, tmp_path):
+    from specrl_openrlhf.integration.draft_store import CACHE_DIRNAME
+    from specrl_openrlhf.integration.openrlhf_cli import CheckpointWatcher, latest_checkpoint_dir
+
+    _, shards, _ = engines
+    actor_dir = tmp_path / "_actor"
+    actor_dir.mkdir()
+    watcher = CheckpointWatcher(shards, str(tmp_path), poll_s=0.05)
+    watcher.start()
+    (actor_dir / "global_step3").mkdir()  # what DeepSpeed writes, 'latest' last
+    (actor_dir / "latest").write_text("global_step3")
+    saved = actor_dir / "global_step3" / CACHE_DIRNAME
+    for _ in range(200):
+        if len(list(saved.glob("drafts-*.npz"))) == 2:
+            break
+        watcher.stopped.wait(0.05)
+    watcher.stopped.set()
+    assert latest_checkpoint_dir(str(tmp_path)) == actor_dir / "global_step3"
+    assert sorted(p.name for p in saved.glob("drafts-*.npz")) == ["drafts-000-of-002.npz", "drafts-001-of-002.npz"]
+    # a resumed run loads them, here into one shard instead of two
+    from specrl_openrlhf.integration.draft_store import DraftCacheActor
+
+    before = sum(s["prompts"] for s in ray.get([s.stats.remote() for s in shards]))
+    restored = DraftCacheActor.remote(0, 1, 1 << 30, str(saved))
+    assert ray.get(restored.stats.remote())["prompts"] == before > 0
+    ray.kill(restored)
+
+
 def test_dead_cache_actor_falls_back_to_normal_generation(engines, tiny_model_dir):
     from transformers import AutoTokenizer
     from vllm import SamplingParams

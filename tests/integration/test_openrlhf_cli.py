@@ -1,0 +1,190 @@
+"""`python -m specrl_openrlhf.cli.train_ppo_ray` as a user runs it: --help, dry runs and bad input.
+
+The flag sets below follow OpenRLHF's own example launch scripts (examples/scripts in its repository, written
+for 0.11.0) for PPO, GRPO (group_norm) and REINFORCE++ (reinforce_baseline, with an agent), with our two flags
+added. Every case must fail or exit before Ray starts.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.ray
+pytest.importorskip("openrlhf")
+
+OURS = ["--rollout_reuse", "spec", "--lenience", "1.65"]
+
+PPO_EXAMPLE = (
+    "--ref.num_nodes 1 --ref.num_gpus_per_node 8 --reward.num_nodes 1 --reward.num_gpus_per_node 8 "
+    "--critic.num_nodes 1 --critic.num_gpus_per_node 8 --actor.num_nodes 1 --actor.num_gpus_per_node 8 "
+    "--vllm.num_engines 4 --vllm.tensor_parallel_size 2 --train.colocate_all --vllm.gpu_memory_utilization 0.5 "
+    "--actor.model_name_or_path OpenRLHF/Llama-3-8b-sft-mixture "
+    "--reward.model_name_or_path OpenRLHF/Llama-3-8b-rm-700k "
+    "--ckpt.output_dir /tmp/final --ckpt.path /tmp/ckpt --ckpt.save_hf --train.batch_size 128 "
+    "--rollout.batch_size 1024 "
+    "--rollout.n_samples_per_prompt 1 --train.max_epochs 1 --data.max_len 2048 --data.max_samples 100000 "
+    "--ds.zero_stage 3 --ds.param_dtype bf16 --actor.adam.lr 5e-7 --critic.adam.lr 9e-6 --algo.kl.init_coef 0.01 "
+    "--data.prompt_dataset OpenRLHF/prompt-collection-v0.1 --data.input_key context_messages "
+    "--data.apply_chat_template --reward.normalize_enable --actor.gradient_checkpointing_enable --ds.packing_samples "
+    "--vllm.sync_backend nccl --vllm.enforce_eager --vllm.enable_sleep --ds.enable_sleep --train.dynamic_batch_enable "
+    "--train.max_tokens_per_gpu 16384 --algo.advantage.is_correction_enable"
+).split()
+
+GRPO_EXAMPLE = (
+    "--ref.num_nodes 1 --ref.num_gpus_per_node 8 --actor.num_nodes 1 --actor.num_gpus_per_node 8 "
+    "--vllm.num_engines 4 --vllm.tensor_parallel_size 2 --train.colocate_all --vllm.gpu_memory_utilization 0.6 "
+    "--algo.kl.init_coef 1e-3 --algo.advantage.gamma 1.0 --algo.kl.use_loss --algo.kl.estimator k3 "
+    "--algo.advantage.estimator group_norm --algo.dynamic_filtering_enable --algo.dynamic_filtering_range 0 1 "
+    "--actor.eps_clip_low_high 0.2 0.27 --actor.model_name_or_path OpenRLHF/Llama-3-8b-sft-mixture "
+    "--reward.remote_url /openrlhf/examples/python/reward_func.py --ckpt.output_dir /tmp/final --ckpt.path /tmp/ckpt "
+    "--ckpt.save_steps 20 --ckpt.save_hf --train.micro_batch_size 8 --train.batch_size 128 "
+    "--rollout.micro_batch_size 16 --rollout.batch_size 128 --rollout.n_samples_per_prompt 8 --train.max_epochs 1 "
+    "--data.max_len 2048 --data.max_samples 20000 --ds.zero_stage 3 --ds.param_dtype bf16 --actor.adam.lr 5e-7 "
+    "--data.prompt_dataset OpenRLHF/prompt-collection-v0.1 --data.input_key context_messages "
+    "--data.apply_chat_template --actor.gradient_checkpointing_enable --ds.packing_samples --vllm.sync_backend nccl "
+    "--vllm.enforce_eager --vllm.enable_sleep --ds.enable_sleep --algo.advantage.is_correction_enable"
+).split()
+
+REINFORCE_EXAMPLE = (
+    "--actor.model_name_or_path Qwen/Qwen3-4B-Thinking-2507 --ckpt.load_enable --ckpt.output_dir /tmp/exp "
+    "--ckpt.path /tmp/exp/ckpt --ckpt.save_hf --ckpt.max_num 3 --ckpt.save_steps 10 --train.agent_func_path AGENT "
+    "--data.prompt_dataset zhuzilin/dapo-math-17k --data.input_key prompt --data.label_key label --data.max_len 74240 "
+    "--rollout.max_new_tokens 64000 --data.apply_chat_template --ds.packing_samples --rollout.batch_size 128 "
+    "--rollout.n_samples_per_prompt 8 --train.batch_size 1024 --algo.dynamic_filtering_enable "
+    "--algo.dynamic_filtering_range 0.0 1.0 --train.dynamic_batch_enable --train.max_tokens_per_gpu 16192 "
+    "--rollout.max_tokens_per_gpu 32768 --train.micro_batch_size 1 --rollout.micro_batch_size 8 "
+    "--data.max_samples 128000 --train.max_epochs 1 --train.num_episodes 1 "
+    "--ref.num_nodes 1 --ref.num_gpus_per_node 4 "
+    "--actor.num_nodes 1 --actor.num_gpus_per_node 4 --vllm.num_engines 2 --vllm.tensor_parallel_size 2 "
+    "--vllm.gpu_memory_utilization 0.7 --train.colocate_all --ds.enable_sleep --vllm.sync_backend nccl "
+    "--vllm.enforce_eager --ds.zero_stage 3 --actor.gradient_checkpointing_enable --ds.ring_attn_size 2 "
+    "--ds.ring_attn_head_stride 2 --ds.param_dtype bf16 --algo.advantage.estimator reinforce_baseline "
+    "--actor.adam.lr 5e-7 --actor.entropy_coef 0.0 --algo.kl.init_coef 1e-5 --algo.kl.use_loss --algo.kl.estimator k2 "
+    "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type icepop --logger.logging_steps 1"
+).split()
+
+# What each 0.11.0 example spells differently in the installed 0.11.2.
+RENAMED = {"--algo.advantage.is_correction_enable": ["--algo.advantage.is_correction_level", "token"]}
+REMOVED_WITH_VALUE = {"--algo.advantage.is_correction_type"}
+
+
+def cli(args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "specrl_openrlhf.cli.train_ppo_ray", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def port_to_0112(args):
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in RENAMED:
+            out += RENAMED[arg]
+        elif arg in REMOVED_WITH_VALUE:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+@pytest.fixture
+def agent_file(tmp_path):
+    path = tmp_path / "agent_func.py"
+    path.write_text("from openrlhf.utils.agent import SingleTurnAgentExecutor as AgentExecutor\n")
+    return str(path)
+
+
+def examples(agent_file):
+    return {
+        "ppo": PPO_EXAMPLE,
+        "grpo": GRPO_EXAMPLE,
+        "reinforce++": [agent_file if a == "AGENT" else a for a in REINFORCE_EXAMPLE],
+    }
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo", "reinforce++"])
+def test_examples_as_written_get_openrlhfs_own_error(name, agent_file):
+    result = cli(examples(agent_file)[name] + OURS)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert "error: unrecognized arguments: --algo.advantage.is_correction_enable" in last
+    assert "reuse" not in last and "lenience" not in last
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo", "reinforce++"])
+def test_examples_ported_to_0112_dry_run(name, agent_file):
+    args = port_to_0112(examples(agent_file)[name])
+    result = cli(args + OURS + ["--reuse.dry_run"])
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout[result.stdout.index("{") :])
+    assert resolved["policy"] == "spec(lenience=1.65)"
+    assert resolved["engines"]["agent_func_path"].endswith("agent_entry.py")
+    openrlhf = resolved["openrlhf_args"]
+    assert openrlhf["algo"]["advantage"]["is_correction_level"] == "token"
+    assert openrlhf["vllm"]["num_engines"] == int(args[args.index("--vllm.num_engines") + 1])
+    if name == "reinforce++":  # the user's agent composes: it runs inside ours, rewards stay its own
+        assert resolved["engines"]["inner_agent_func_path"] == agent_file
+        assert openrlhf["reward"]["remote_url"] == ["agent"]
+    if name == "grpo":
+        assert resolved["engines"]["remote_url"] == ["/openrlhf/examples/python/reward_func.py"]
+        assert resolved["engines"]["samples_per_visit"] == 8
+
+
+def test_off_is_stock():
+    result = cli(port_to_0112(GRPO_EXAMPLE) + ["--reuse.dry_run"])
+    resolved = json.loads(result.stdout[result.stdout.index("{") :])
+    assert resolved["policy"] == "off()" and "engines" not in resolved
+
+
+def test_help_lists_openrlhf_and_our_flags():
+    result = cli(["--help"])
+    assert result.returncode == 0
+    for flag in [
+        "--actor.model_name_or_path",
+        "--vllm.num_engines",
+        "--rollout_reuse",
+        "--lenience",
+        "--reuse.dry_run",
+    ]:
+        assert flag in result.stdout
+
+
+BASE = ["--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.remote_url", "r.py"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rollout_reuse", "spce"], "--rollout_reuse: unknown reuse policy 'spce'. Did you mean 'spec'?"),
+        (["--rollout_reuse", "spec", "--lenience", "0"], "lenience must be > 0, got 0.0"),
+        (["--rollout_reuse", "spec", "--lenience", "nan"], "lenience must be > 0, got nan"),
+        (["--rollout_reuse", "spec", "--lenience", "abc"], "argument --lenience: invalid float value: 'abc'"),
+        (["--rollout_reuse", "spec", "--reuse.plugin", "/nope/rule.py"], "--reuse.plugin /nope/rule.py: no such file"),
+        (["--rollout_reuse", "spec", "--rollout.temperature", "0.7"], "sampling uses temperature=0.7"),
+        (["--rollout_reuse", "exact", "--rollout.top_p", "0.9"], "top_p=0.9"),
+        (["--rollout_reuse", "spec", "--vllm.num_engines", "0"], "set --vllm.num_engines to 1 or more"),
+        (["--rollout_reuse", "spec", "--train.agent_func_path", "/nope/agent.py"], "/nope/agent.py: no such file"),
+        (["--rollout_reuse", "spec", "--reuse.logprobs", "mine"], "invalid choice: 'mine'"),
+        (["--rollout_reuse", "spec", "--reuse.cache_max_gb", "-1"], "--reuse.cache_max_gb must be a positive number"),
+    ],
+)
+def test_bad_input_fails_before_ray_with_the_flag_and_fix(args, message):
+    result = cli(BASE + args, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Started a local Ray instance" not in result.stderr
+
+
+def test_plugin_policy_and_temperature_free_policies(tmp_path):
+    result = cli(BASE + ["--rollout_reuse", "random", "--rollout.temperature", "0.7", "--reuse.dry_run"])
+    assert result.returncode == 0, result.stderr
+    plugin = "policies/prefix_cap.py"
+    result = cli(BASE + ["--rollout_reuse", "prefix_cap", "--reuse.plugin", plugin, "--reuse.dry_run"])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout[result.stdout.index("{") :])["policy"].startswith("prefix_cap(")

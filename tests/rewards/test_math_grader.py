@@ -1,0 +1,57 @@
+import doctest
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("math_verify")
+PATH = Path(__file__).resolve().parents[2] / "specrl_openrlhf" / "rewards" / "math_verify_reward.py"
+
+
+@pytest.fixture(scope="module")
+def reward():
+    from specrl_openrlhf.rewards import math_grader
+
+    yield math_grader
+    math_grader._reset_pool()
+
+
+def test_entry_file_loads_by_path_like_openrlhf():
+    spec = importlib.util.spec_from_file_location("reward_func", PATH)  # OpenRLHF's own loading
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = module.reward_func(["Q \\boxed{4}"], ["Q"], ["4"])
+    assert out["rewards"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    "response, label, expected",
+    [
+        ("so the answer is \\boxed{42}", "42", 1.0),
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("the result is 7", "7", 1.0),
+        ("\\boxed{41}", "42", 0.0),
+        ("\\boxed{", "42", 0.0),  # malformed
+        ("", "42", 0.0),
+        ("\\boxed{3}", None, 0.0),
+        (None, "3", 0.0),
+        ("\\boxed{x^2 + 2x + 1}", "(x+1)^2", 1.0),
+    ],
+)
+def test_scores(reward, response, label, expected):
+    assert reward.score(response, label) == expected
+
+
+def test_reward_func_in_openrlhf_format(reward):
+    out = reward.reward_func(["Q: 2+2? \\boxed{4}", "Q: 2+2? 5"], ["Q: 2+2?", "Q: 2+2?"], ["4", "4"])
+    assert out["rewards"].tolist() == [1.0, 0.0] and out["scores"].tolist() == [1.0, 0.0]
+    assert out["extra_logs"]["reward/math_verify_accuracy"].item() == 0.5
+
+
+def test_timeout_scores_zero_and_recovers(reward):
+    assert reward.score("\\boxed{2}", "2", timeout_s=1e-6) == 0.0  # far too short: times out, worker killed
+    assert reward.score("\\boxed{2}", "2") == 1.0
+
+
+def test_docstring_examples(reward):
+    assert doctest.testmod(reward).failed == 0

@@ -72,6 +72,7 @@ def main():
             f"{name:>5}: decoded {t['decoded']:.0f}  scored {t['scored']:.0f}  scoring {t['scoring_s']:.2f}s  "
             f"generation {t['generation_s']:.2f}s  assembly {t['assembly_s']:.2f}s  rollout {t['rollout_s']:.2f}s"
         )
+    print_phase_costs(llm)
     token_ratio = off["decoded"] / max(spec["decoded"], 1)
     time_ratio = off["rollout_s"] / spec["rollout_s"]
     print(
@@ -80,6 +81,34 @@ def main():
     )
     llm.llm_engine.engine_core.shutdown()
     return 0
+
+
+def print_phase_costs(llm, prompts: int = 64, length: int = 170, new_tokens: int = 64) -> None:
+    """Throughput of a plain prefill, a scoring prefill (prompt_logprobs) and batched decoding on this machine:
+    what a scored token costs against a decoded one, which bounds the time ratio a token ratio can give."""
+    import random
+
+    from vllm.inputs import TokensPrompt
+
+    rng = random.Random(0)
+    batch = [TokensPrompt(prompt_token_ids=[rng.randrange(3, 100) for _ in range(length)]) for _ in range(prompts)]
+    rates = {}
+    for label, params in [
+        ("prefill", SamplingParams(max_tokens=1)),
+        ("scoring", SamplingParams(max_tokens=1, prompt_logprobs=0)),
+    ]:
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        llm.generate(batch, params, use_tqdm=False)
+        rates[label] = prompts * length / (time.perf_counter() - start)
+    llm.generate(batch, SamplingParams(max_tokens=1), use_tqdm=False)  # prompts now cached: time decoding only
+    start = time.perf_counter()
+    llm.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
+    rates["decode"] = prompts * new_tokens / (time.perf_counter() - start)
+    print(
+        f"PHASES prefill={rates['prefill']:.0f} scoring={rates['scoring']:.0f} decode={rates['decode']:.0f} tokens/s "
+        f"(batch {prompts}); a scored token costs {rates['decode'] / rates['scoring']:.2f} decoded tokens"
+    )
 
 
 if __name__ == "__main__":

@@ -72,20 +72,18 @@ def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def lookup(namespace, dotted: str, default=None):
+    """A flag's value from argparse's flat namespace ("reuse.seed" attributes) or OpenRLHF's hierarchized one."""
+    if hasattr(namespace, dotted):
+        return getattr(namespace, dotted)
+    node = namespace
+    for part in dotted.split("."):
+        node = getattr(node, part, default)
+    return node
+
+
 def reuse_config_from(namespace) -> ReuseConfig:
-    get = (lambda name: getattr(namespace, name)) if hasattr(namespace, "reuse.seed") else None
-    if get is None:  # hierarchized namespace
-        reuse = namespace.reuse
-        return ReuseConfig(
-            policy=namespace.rollout_reuse,
-            lenience=namespace.lenience,
-            seed=reuse.seed,
-            reused_logprobs=reuse.logprobs,
-            cache_max_gb=reuse.cache_max_gb,
-            cache_shards=reuse.cache_shards,
-            cache_dir=reuse.cache_dir,
-            plugins=tuple(reuse.plugin),
-        )
+    get = lambda name: lookup(namespace, name)  # noqa: E731
     return ReuseConfig(
         policy=get("rollout_reuse"),
         lenience=get("lenience"),
@@ -104,7 +102,7 @@ def check_combination(namespace) -> list[str]:
     policy = config.build_policy()
     if policy.draft_age == 0:
         return []
-    get = lambda name, default=None: getattr(namespace, name, default)  # noqa: E731
+    get = lambda name, default=None: lookup(namespace, name, default)  # noqa: E731
     if not get("vllm.num_engines"):
         raise ValueError("--rollout_reuse needs vLLM rollout engines: set --vllm.num_engines to 1 or more")
     from .openrlhf_agent import check_training_sampling

@@ -188,3 +188,32 @@ def test_plugin_policy_and_temperature_free_policies(tmp_path):
     result = cli(BASE + ["--rollout_reuse", "prefix_cap", "--reuse.plugin", plugin, "--reuse.dry_run"])
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout[result.stdout.index("{") :])["policy"].startswith("prefix_cap(")
+
+
+@pytest.mark.parametrize(
+    "algo, lenience, checks",
+    [
+        ("grpo", 1.6487212707, {("algo", "advantage", "estimator"): "group_norm", ("algo", "kl", "init_coef"): 1e-4}),
+        ("ppo", 1.3498588076, {("algo", "advantage", "estimator"): "gae", ("critic", "adam", "lr"): 1e-5}),
+        ("dapo", 1.1618342427, {("actor", "eps_clip_low_high"): [0.2, 0.28], ("algo", "kl", "init_coef"): 0.0}),
+    ],
+)
+def test_paper_presets_resolve_with_the_installed_openrlhf(algo, lenience, checks):
+    result = subprocess.run(
+        ["bash", "scripts/launch.sh", algo, "--actor.model_name_or_path", "m", "--reuse.dry_run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout[result.stdout.index("{") :])
+    args = resolved["openrlhf_args"]
+    assert resolved["policy"] == f"spec(lenience={lenience})"
+    assert args["rollout"]["batch_size"] == 1024 and args["rollout"]["n_samples_per_prompt"] == 8
+    assert args["rollout"]["max_new_tokens"] == 4096 and args["actor"]["adam"]["lr"] == 5e-7
+    assert resolved["engines"]["remote_url"][0].endswith("rewards/math_verify_reward.py")
+    for path, expected in checks.items():
+        value = args
+        for part in path:
+            value = value[part]
+        assert value == expected

@@ -17,8 +17,8 @@ from pathlib import Path
 from vllm import SamplingParams
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.integration.demo import format_row, header, run_visits, start_engine
-from specrl_openrlhf.integration.tiny_model import build_tiny_model
+from specrl_openrlhf.integration.cpu.demo import format_row, header, run_visits, start_engine
+from specrl_openrlhf.integration.cpu.tiny_model import build_tiny_model
 from specrl_openrlhf.integration.vllm_rollout import SpeculativeLLM
 
 

@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR} TOKENIZERS_PARALLELISM=false
-python -m specrl_openrlhf.integration.demo "$@"
+python -m specrl_openrlhf.integration.cpu.demo "$@"

@@ -3,21 +3,15 @@ import threading
 
 import pytest
 
-ENGINE_KWARGS = dict(
-    dtype="float32",
-    gpu_memory_utilization=0.15,  # on CPU: the share of host RAM for the KV cache
-    enforce_eager=True,
-    block_size=32,
-    enable_prefix_caching=True,
-    max_model_len=1024,
-    seed=0,
-)
+from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs
+
+ENGINE_KWARGS = cpu_engine_kwargs(max_model_len=1024)
 
 
 @pytest.fixture(scope="session")
 def llm(tiny_model_dir):
     vllm = pytest.importorskip("vllm")
-    from specrl_openrlhf.integration.weights import EXTENSION
+    from specrl_openrlhf.integration.cpu.weights import EXTENSION
 
     engine = vllm.LLM(model=str(tiny_model_dir), worker_extension_cls=EXTENSION, **ENGINE_KWARGS)
     yield engine

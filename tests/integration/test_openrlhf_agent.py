@@ -15,9 +15,10 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noq
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor  # noqa: E402
 
 import specrl_openrlhf as sr  # noqa: E402
+from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs  # noqa: E402
+from specrl_openrlhf.integration.cpu.weights import EXTENSION, perturbed_state_dict  # noqa: E402
 from specrl_openrlhf.integration.draft_store import create_draft_cache, save_draft_cache  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
-from specrl_openrlhf.integration.weights import EXTENSION, perturbed_state_dict  # noqa: E402
 
 N_SAMPLES = 4
 PROMPTS = [f"Q{i}: what is {i}+{i}? " * 3 for i in range(6)]
@@ -74,15 +75,8 @@ def engines(ray_cluster, tiny_model_dir, reward_file, tmp_path_factory):
         TestRolloutActor.remote(
             model=str(tiny_model_dir),
             num_gpus=0,
-            gpu_memory_utilization=0.08,
-            dtype="float32",
             distributed_executor_backend="uni",
-            enforce_eager=True,
-            block_size=32,
-            enable_prefix_caching=True,
-            max_model_len=1024,
-            seed=i,
-            worker_extension_cls=EXTENSION,
+            **cpu_engine_kwargs(max_model_len=1024, seed=i, worker_extension_cls=EXTENSION),
             agent_func_path=AGENT_ENTRY,
             remote_rm_url=None,  # OpenRLHF passes "agent" here when an agent is set; rewards come from settings
         )

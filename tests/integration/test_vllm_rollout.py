@@ -6,7 +6,8 @@ import torch
 
 import specrl_openrlhf as sr
 from specrl_openrlhf.cache import Draft, DraftCache, prompt_key
-from specrl_openrlhf.integration.tiny_model import EOS_ID
+from specrl_openrlhf.integration.cpu.tiny_model import EOS_ID
+from specrl_openrlhf.integration.cpu.weights import perturbed_state_dict, update_llm_weights
 from specrl_openrlhf.integration.vllm_rollout import (
     AsyncSpeculativeGenerator,
     LocalDraftStore,
@@ -15,7 +16,6 @@ from specrl_openrlhf.integration.vllm_rollout import (
     engine_limits,
     gather_samples,
 )
-from specrl_openrlhf.integration.weights import perturbed_state_dict, update_llm_weights
 
 pytestmark = pytest.mark.engine
 vllm = pytest.importorskip("vllm")

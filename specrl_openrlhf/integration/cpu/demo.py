@@ -1,6 +1,6 @@
 """Speculative rollouts over several visits of the same prompts, with the weights changing between visits.
 
-`python -m specrl_openrlhf.integration.demo` (what scripts/quickstart.sh runs) prints a per-visit reuse table;
+`python -m specrl_openrlhf.integration.cpu.demo` (what scripts/quickstart.sh runs) prints a per-visit reuse table;
 scripts/bench_rollout.py uses `run_visits` to time `off` against `spec` side by side.
 """
 
@@ -37,22 +37,9 @@ def header() -> str:
 
 
 def start_engine(model_dir, **overrides):
-    from vllm import LLM
+    from .engine import start_llm
 
-    from .weights import EXTENSION
-
-    kwargs = dict(
-        dtype="float32",
-        gpu_memory_utilization=0.2,
-        enforce_eager=True,
-        block_size=32,
-        enable_prefix_caching=True,
-        max_model_len=2048,
-        seed=0,
-        worker_extension_cls=EXTENSION,
-    )
-    kwargs.update(overrides)
-    return LLM(model=str(model_dir), **kwargs)
+    return start_llm(model_dir, max_model_len=2048, **overrides)
 
 
 def run_visits(llm, model_dir, rollouts: dict, prompts, params, visits: int, noise: float, on_row=print):

@@ -1,0 +1,45 @@
+"""vLLM engines on CPU, with the KV cache sized in bytes.
+
+vLLM's CPU backend reads `gpu_memory_utilization` as a share of the memory of the process's NUMA node, minus what
+the process already holds. Some hosts report far less memory for that node than `free` shows (9.46 GiB of 24, or
+less), so a fraction that works on one machine gives a negative budget on another. Every engine this package starts
+on CPU therefore gets `kv_cache_memory_bytes`; the fraction stays for GPUs, where OpenRLHF users set it.
+"""
+
+from __future__ import annotations
+
+DEFAULT_KV_CACHE_BYTES = 256 << 20  # 131k tokens of the 2-layer tiny model, 4k of a 100M one
+
+
+def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrides) -> dict:
+    """Engine arguments for `vllm.LLM`, `AsyncEngineArgs` or OpenRLHF's `RolloutRayActor` on a CPU machine.
+
+    >>> cpu_engine_kwargs(kv_cache_bytes=1 << 28)["kv_cache_memory_bytes"]
+    268435456
+    """
+    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int) or kv_cache_bytes <= 0:
+        raise ValueError(f"kv_cache_bytes must be a positive number of bytes, got {kv_cache_bytes!r}")
+    if "gpu_memory_utilization" in overrides:
+        raise ValueError(
+            "gpu_memory_utilization is a share of the NUMA node's memory on CPU and breaks on hosts that report a "
+            "small node; pass kv_cache_bytes instead"
+        )
+    kwargs = dict(
+        dtype="float32",
+        enforce_eager=True,
+        block_size=32,  # vLLM's CPU attention needs a multiple of 32
+        enable_prefix_caching=True,
+        kv_cache_memory_bytes=int(kv_cache_bytes),
+        seed=0,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def start_llm(model_dir, **overrides):
+    """A `vllm.LLM` on CPU that can reload its weights (see `weights.update_llm_weights`)."""
+    from vllm import LLM
+
+    from .weights import EXTENSION
+
+    return LLM(model=str(model_dir), **cpu_engine_kwargs(worker_extension_cls=EXTENSION, **overrides))

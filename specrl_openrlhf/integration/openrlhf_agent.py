@@ -19,7 +19,7 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from ..config import ReuseConfig
 from ..metrics import PREFIX
 from ..rollout import SampleOutput, SpeculativePlanner, UnsupportedSamplingError
-from .vllm_rollout import AsyncSpeculativeGenerator, check_sampling_params
+from .vllm_rollout import AsyncSpeculativeGenerator
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +149,4 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
         return result
 
 
-def check_training_sampling(policy, temperature: float, top_p: float, top_k: int) -> None:
-    """The start-up check of OpenRLHF's rollout sampling settings (raises UnsupportedSamplingError)."""
-    from vllm import SamplingParams
-
-    check_sampling_params(policy, SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))
-
-
-__all__ = ["SpeculativeAgentExecutor", "UnsupportedSamplingError", "check_training_sampling", "request_output"]
+__all__ = ["SpeculativeAgentExecutor", "UnsupportedSamplingError", "request_output"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..config import ReuseConfig
 from ..policies import DEFAULT_LENIENCE, PluginError, UnknownPolicyError, registered
-from ..rollout import REUSED_LOGPROBS, UnsupportedSamplingError
+from ..rollout import REUSED_LOGPROBS, UnsupportedSamplingError, check_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +105,8 @@ def check_combination(namespace) -> list[str]:
     get = lambda name, default=None: lookup(namespace, name, default)  # noqa: E731
     if not get("vllm.num_engines"):
         raise ValueError("--rollout_reuse needs vLLM rollout engines: set --vllm.num_engines to 1 or more")
-    from .openrlhf_agent import check_training_sampling
-
-    check_training_sampling(policy, get("rollout.temperature", 1.0), get("rollout.top_p", 1.0), -1)
+    # OpenRLHF samples with top_k -1 and no penalties; temperature and top-p are flags.
+    check_sampling(policy, temperature=get("rollout.temperature", 1.0), top_p=get("rollout.top_p", 1.0))
     warnings = []
     if get("data.max_images_per_prompt", 0):
         warnings.append("prompts with images are generated normally: drafts are reused for text-only prompts")
@@ -127,8 +126,10 @@ def check_combination(namespace) -> list[str]:
 class ReuseArgumentParser(argparse.ArgumentParser):
     """OpenRLHF's parser class, with our group added and our flags validated right after parsing."""
 
+    prog_name = PROG  # `main` sets the name the user typed
+
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("prog", PROG)
+        kwargs.setdefault("prog", self.prog_name)
         super().__init__(*args, **kwargs)
         add_reuse_arguments(self)
 
@@ -273,17 +274,19 @@ def train_with_reuse(args, upstream_train=None) -> None:
             watcher.stopped.set()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = PROG) -> None:
+    """Run OpenRLHF's `__main__` block with our flags. `prog` is the command name help and errors show: ours, or
+    OpenRLHF's own when `python -m openrlhf.cli.train_ppo_ray` came through `_specrl_openrlhf_hook`."""
     imports, code, origin = upstream_main_block()
     argv = sys.argv[1:] if argv is None else argv
     namespace = {"__name__": "__main__", "__file__": origin}
     exec(imports, namespace)
     shim = types.ModuleType("argparse")
     shim.__dict__.update(argparse.__dict__)
-    shim.ArgumentParser = ReuseArgumentParser
+    shim.ArgumentParser = type("ArgumentParser", (ReuseArgumentParser,), {"prog_name": prog})
     namespace.update(argparse=shim, train=train_with_reuse)
     saved_argv = sys.argv
-    sys.argv = [PROG] + list(argv)
+    sys.argv = [prog] + list(argv)
     try:
         exec(code, namespace)
     finally:

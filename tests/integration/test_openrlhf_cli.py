@@ -5,7 +5,10 @@ for 0.11.0) for PPO, GRPO (group_norm) and REINFORCE++ (reinforce_baseline, with
 added. Every case must fail or exit before Ray starts.
 """
 
+import contextlib
+import io
 import json
+import os
 import subprocess
 import sys
 
@@ -13,6 +16,8 @@ import pytest
 
 pytestmark = pytest.mark.ray
 pytest.importorskip("openrlhf")
+
+from specrl_openrlhf.integration import openrlhf_cli  # noqa: E402
 
 OURS = ["--rollout_reuse", "spec", "--lenience", "1.65"]
 
@@ -70,13 +75,31 @@ RENAMED = {"--algo.advantage.is_correction_enable": ["--algo.advantage.is_correc
 REMOVED_WITH_VALUE = {"--algo.advantage.is_correction_type"}
 
 
-def cli(args, timeout=120):
+OURS_MODULE, OPENRLHF_MODULE = "specrl_openrlhf.cli.train_ppo_ray", "openrlhf.cli.train_ppo_ray"
+
+
+def cli(args, timeout=120, module=OURS_MODULE, env=None):
+    """Run a command as the user types it; `module=OPENRLHF_MODULE` is OpenRLHF's own, reached by our .pth hook.
+    Our own command runs in this process (the same code, without paying for OpenRLHF's imports on every call)."""
+    if module == OURS_MODULE and env is None:
+        return run_in_process(args)
     return subprocess.run(
-        [sys.executable, "-m", "specrl_openrlhf.cli.train_ppo_ray", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def run_in_process(args):
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            openrlhf_cli.main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 
 def port_to_0112(args):
@@ -117,10 +140,13 @@ def test_examples_as_written_get_openrlhfs_own_error(name, agent_file):
     assert "reuse" not in last and "lenience" not in last
 
 
-@pytest.mark.parametrize("name", ["ppo", "grpo", "reinforce++"])
-def test_examples_ported_to_0112_dry_run(name, agent_file):
+@pytest.mark.parametrize(
+    "name, module",
+    [("ppo", OURS_MODULE), ("grpo", OURS_MODULE), ("reinforce++", OURS_MODULE), ("grpo", OPENRLHF_MODULE)],
+)
+def test_examples_ported_to_0112_dry_run(name, module, agent_file):
     args = port_to_0112(examples(agent_file)[name])
-    result = cli(args + OURS + ["--reuse.dry_run"])
+    result = cli(args + OURS + ["--reuse.dry_run"], module=module)
     assert result.returncode == 0, result.stderr
     resolved = json.loads(result.stdout[result.stdout.index("{") :])
     assert resolved["policy"] == "spec(lenience=1.65)"
@@ -142,9 +168,12 @@ def test_off_is_stock():
     assert resolved["policy"] == "off()" and "engines" not in resolved
 
 
-def test_help_lists_openrlhf_and_our_flags():
-    result = cli(["--help"])
-    assert result.returncode == 0
+@pytest.mark.parametrize(
+    "module, prog", [(OURS_MODULE, f"python -m {OURS_MODULE}"), (OPENRLHF_MODULE, "train_ppo_ray.py")]
+)
+def test_help_lists_openrlhf_and_our_flags(module, prog):
+    result = cli(["--help"], module=module)
+    assert result.returncode == 0 and result.stdout.startswith(f"usage: {prog} ")
     for flag in [
         "--actor.model_name_or_path",
         "--vllm.num_engines",
@@ -217,3 +246,22 @@ def test_paper_presets_resolve_with_the_installed_openrlhf(algo, lenience, check
         for part in path:
             value = value[part]
         assert value == expected
+
+
+def test_openrlhf_module_refuses_a_bad_lenience_before_ray():
+    result = cli(BASE + ["--rollout_reuse", "spec", "--lenience", "-1"], timeout=60, module=OPENRLHF_MODULE)
+    assert result.returncode == 2 and "train_ppo_ray.py: error: " in result.stderr
+    assert "lenience must be > 0, got -1.0" in result.stderr and "Started a local Ray instance" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [BASE, ["--not_a_flag"], BASE + ["--rollout_reuse", "spec"]])
+def test_openrlhf_module_without_our_flags_or_with_the_hook_off_is_stock(args):
+    """Without our flags (or with SPECRL_OPENRLHF_HOOK=0) OpenRLHF's module runs as if we were not installed: the
+    same output, byte for byte, as with the hook off. On CPU that is its import error (it needs flash-attn)."""
+    stock = cli(args, timeout=60, module=OPENRLHF_MODULE, env={"SPECRL_OPENRLHF_HOOK": "0"})
+    if "--rollout_reuse" in args:
+        assert "rollout_reuse" not in stock.stderr  # the switch works: OpenRLHF never saw our parser
+    else:
+        hooked = cli(args, timeout=60, module=OPENRLHF_MODULE)
+        assert (hooked.returncode, hooked.stdout, hooked.stderr) == (stock.returncode, stock.stdout, stock.stderr)
+    assert stock.returncode != 0

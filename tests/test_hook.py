@@ -1,0 +1,59 @@
+"""The .pth hook that lets `python -m openrlhf.cli.train_ppo_ray` take our flags: when it steps in, and when not."""
+
+import subprocess
+import sys
+
+import pytest
+
+import _specrl_openrlhf_hook as hook
+
+
+@pytest.mark.parametrize(
+    "orig_argv, expected",
+    [
+        (["python", "-m", "openrlhf.cli.train_ppo_ray", "--lenience", "2"], ["--lenience", "2"]),
+        (["python", "-u", "-m", "openrlhf.cli.train_ppo_ray"], []),
+        (["python", "-m", "openrlhf.cli.train_sft", "--rollout_reuse", "spec"], None),
+        (["python", "script.py", "-m", "openrlhf.cli.train_ppo_ray"], None),  # a script's own arguments
+        (["python", "-c", "pass", "-m", "openrlhf.cli.train_ppo_ray"], None),
+        (["python"], None),
+        ([], None),
+    ],
+)
+def test_upstream_arguments(orig_argv, expected):
+    assert hook.upstream_arguments(orig_argv) == expected
+
+
+def test_our_flags_or_help_trigger_it():
+    assert hook.wants_reuse(["--actor.model_name_or_path", "m", "--rollout_reuse", "spec"])
+    assert hook.wants_reuse(["--reuse.dry_run"]) and hook.wants_reuse(["-h"]) and hook.wants_reuse(["--lenience=2"])
+    assert not hook.wants_reuse(["--actor.model_name_or_path", "m", "--rollout.temperature", "1.0"])
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), ("off", False), ("FALSE", False)])
+def test_switch(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv(hook.SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(hook.SWITCH, value)
+    assert hook.enabled() is on
+
+
+PROBE = (
+    "import sys; print('_specrl_openrlhf_hook' in sys.modules, "
+    "any(type(f).__name__ == '_MainModuleFinder' for f in sys.meta_path))"
+)
+
+
+def test_other_processes_are_untouched():
+    plain = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
+    assert plain.stdout.split() == ["False", "False"]  # the .pth line does not even import the module
+    # The module name on the command line, but not as `-m`: imported by the .pth line's cheap test, and inert.
+    command = [sys.executable, "-c", PROBE, "-m", "openrlhf.cli.train_ppo_ray", "--rollout_reuse", "spec"]
+    assert subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()[1] == "False"
+
+
+def test_the_pth_file_is_installed():
+    result = subprocess.run([sys.executable, "-m", "specrl_openrlhf", "hook"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "specrl_openrlhf_hook.pth" in result.stdout and "SPECRL_OPENRLHF_HOOK=0" in result.stdout

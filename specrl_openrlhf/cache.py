@@ -91,6 +91,8 @@ class DraftCache:
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self.nbytes = 0
         self.evicted_prompts = 0
+        self.claims = 0
+        self.commits = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -124,6 +126,7 @@ class DraftCache:
     def claim(self, key: bytes, visit_id: str, age: int = 1) -> Draft | None:
         """A draft for one sample of visit `visit_id`, from the completed visit `age` visits back, distinct from
         the drafts given to the visit's other samples; None when there is none."""
+        self.claims += 1
         entry = self._touch(key)
         visit = self._open_visit(entry, visit_id)
         completed = [v for v in entry.visits if v is not visit and v.number < visit.number]
@@ -136,6 +139,7 @@ class DraftCache:
 
     def commit(self, key: bytes, visit_id: str, draft: Draft) -> None:
         """Record a finished sample of visit `visit_id`; it can serve as a draft once that visit is completed."""
+        self.commits += 1
         entry = self._touch(key)
         visit = self._open_visit(entry, visit_id)
         draft = Draft(draft.token_ids, draft.logprobs, draft.finish_reason, visit.number, len(visit.responses))
@@ -155,7 +159,13 @@ class DraftCache:
             self.evicted_prompts += 1
 
     def stats(self) -> dict[str, float]:
-        return {"prompts": len(self._entries), "bytes": self.nbytes, "evicted_prompts": self.evicted_prompts}
+        return {
+            "prompts": len(self._entries),
+            "bytes": self.nbytes,
+            "evicted_prompts": self.evicted_prompts,
+            "claims": self.claims,
+            "commits": self.commits,
+        }
 
     # ---- persistence -------------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from ..config import ReuseConfig
 from ..metrics import PREFIX
 from ..rollout import SampleOutput, SpeculativePlanner, UnsupportedSamplingError
+from .openrlhf_eval import is_evaluation
 from .vllm_rollout import AsyncSpeculativeGenerator
 
 logger = logging.getLogger(__name__)
@@ -78,8 +79,8 @@ class SpeculativeEngineProxy:
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         top_k = sampling_params.top_k if sampling_params.top_k and sampling_params.top_k > 0 else -1
         signature = (sampling_params.temperature, sampling_params.top_p, top_k)
-        if multi_modal_data or signature != self._training_signature:
-            # Images, or evaluation (its own temperature): never reuse, generate as stock OpenRLHF does.
+        if is_evaluation(sampling_params) or multi_modal_data or signature != self._training_signature:
+            # Evaluation, images, or settings the drafts were not sampled with: generate as stock OpenRLHF does.
             return await self._engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
         sample = await self._generator.generate(list(prompt_token_ids), sampling_params)
         for key, value in sample.stats.as_dict().items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import importlib.util
 import json
 import logging
@@ -23,6 +24,7 @@ from pathlib import Path
 from ..config import ReuseConfig
 from ..policies import DEFAULT_LENIENCE, PluginError, UnknownPolicyError, registered
 from ..rollout import REUSED_LOGPROBS, UnsupportedSamplingError, check_sampling
+from .openrlhf_eval import WORKER_SETUP_HOOK
 
 logger = logging.getLogger(__name__)
 
@@ -110,11 +112,6 @@ def check_combination(namespace) -> list[str]:
     warnings = []
     if get("data.max_images_per_prompt", 0):
         warnings.append("prompts with images are generated normally: drafts are reused for text-only prompts")
-    if get("eval.dataset") and get("eval.temperature") == get("rollout.temperature"):
-        warnings.append(
-            "--eval.temperature equals --rollout.temperature, so evaluation requests look like training ones and "
-            "will reuse drafts too; set a different --eval.temperature to keep evaluation stock"
-        )
     agent = get("train.agent_func_path")
     if agent and not Path(agent).is_file():
         raise ValueError(f"--train.agent_func_path {agent}: no such file (your agent composes with --rollout_reuse)")
@@ -238,7 +235,7 @@ def train_with_reuse(args, upstream_train=None) -> None:
         resolved["openrlhf_args"] = openrlhf_args
         print(json.dumps(resolved, indent=2, default=str))
         return
-    import openrlhf.cli.train_ppo_ray as upstream
+    upstream = importlib.import_module(UPSTREAM_MODULE)
 
     upstream_train = upstream_train or upstream.train
     if not config.enabled:
@@ -266,12 +263,44 @@ def train_with_reuse(args, upstream_train=None) -> None:
         return original_create(*engine_args, **engine_kwargs)
 
     upstream.create_vllm_engines = create_vllm_engines_with_reuse
+    original_init = upstream.ray.init
+    upstream.ray.init = ray_init_with_worker_hook(original_init)
     try:
+        if upstream.ray.is_initialized():  # OpenRLHF will not call ray.init: our workers lack the eval mark
+            logger.warning(
+                "Ray was started before OpenRLHF's train(): evaluation requests can't be told from training ones "
+                "and may reuse drafts. Start Ray with runtime_env={'worker_process_setup_hook': %r}",
+                WORKER_SETUP_HOOK,
+            )
         upstream_train(args)
     finally:
         upstream.create_vllm_engines = original_create
+        upstream.ray.init = original_init
         if watcher is not None:
             watcher.stopped.set()
+
+
+def ray_init_with_worker_hook(init):
+    """`ray.init` that adds our worker setup hook (see `openrlhf_eval`) to the runtime env OpenRLHF passes. A job
+    submitted with a setup hook of its own keeps it, with a warning: Ray takes one hook per job."""
+    import json
+    import os
+
+    @functools.wraps(init)
+    def init_with_hook(*args, runtime_env=None, **kwargs):
+        runtime_env = dict(runtime_env or {})
+        job_env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
+        if "worker_process_setup_hook" in runtime_env or "worker_process_setup_hook" in job_env:
+            logger.warning(
+                "a worker_process_setup_hook is already set; call %s() from it so that evaluation requests never "
+                "reuse drafts",
+                WORKER_SETUP_HOOK,
+            )
+        else:
+            runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
+        return init(*args, runtime_env=runtime_env, **kwargs)
+
+    return init_with_hook
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> None:

@@ -19,6 +19,7 @@ from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs  # noqa: E4
 from specrl_openrlhf.integration.cpu.weights import EXTENSION, perturbed_state_dict  # noqa: E402
 from specrl_openrlhf.integration.draft_store import create_draft_cache, save_draft_cache  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
+from specrl_openrlhf.integration.openrlhf_eval import WORKER_SETUP_HOOK, install_in_worker  # noqa: E402
 
 N_SAMPLES = 4
 PROMPTS = [f"Q{i}: what is {i}+{i}? " * 3 for i in range(6)]
@@ -36,7 +37,13 @@ class TestRolloutActor(RolloutRayActor.__ray_actor_class__):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="specrl-test")
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace="specrl-test",
+        runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK},  # what train_with_reuse adds
+    )
     yield
     ray.shutdown()
 
@@ -86,7 +93,7 @@ def engines(ray_cluster, tiny_model_dir, reward_file, tmp_path_factory):
     yield actors, shards, tmp_path_factory.mktemp("weights")
 
 
-def samples_generator(actors, tokenizer):
+def samples_generator(actors, tokenizer, eval_prompts=None):
     args = types.SimpleNamespace(
         rollout=types.SimpleNamespace(
             batch_size=len(PROMPTS), n_samples_per_prompt=N_SAMPLES, vllm_generate_batch_size=None
@@ -97,7 +104,8 @@ def samples_generator(actors, tokenizer):
         ),
     )
     loader = [(None, PROMPTS[:3], LABELS[:3], [None] * 3), (None, PROMPTS[3:], LABELS[3:], [None] * 3)]
-    return SamplesGenerator(types.SimpleNamespace(args=args), loader, None, tokenizer, actors)
+    eval_loader = None if eval_prompts is None else [(None, eval_prompts, ["0"] * len(eval_prompts), [None] * 6)]
+    return SamplesGenerator(types.SimpleNamespace(args=args), loader, eval_loader, tokenizer, actors)
 
 
 def test_three_visits_through_openrlhf(engines, tiny_model_dir):
@@ -143,6 +151,42 @@ def test_three_visits_through_openrlhf(engines, tiny_model_dir):
         )
     stats = ray.get([s.stats.remote() for s in shards])
     assert sum(s["prompts"] for s in stats) == len(PROMPTS)
+
+
+def cache_counts(shards):
+    stats = ray.get([s.stats.remote() for s in shards])
+    return sum(s["claims"] for s in stats), sum(s["commits"] for s in stats)
+
+
+def test_evaluation_never_reuses_drafts(engines, tiny_model_dir):
+    """OpenRLHF's real generate_eval_samples at the training temperature, on prompts that have drafts."""
+    from transformers import AutoTokenizer
+
+    actors, shards, _ = engines
+    install_in_worker()  # what Ray's worker_process_setup_hook does in OpenRLHF's trainer actor
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    generator = samples_generator(actors, tokenizer, eval_prompts=PROMPTS)
+    kwargs = dict(temperature=1.0, top_p=1.0, max_new_tokens=48, max_len=1024, n_samples_per_prompt=N_SAMPLES)
+    before = cache_counts(shards)
+    evaluated = generator.generate_eval_samples(**kwargs)
+    assert len(evaluated) == len(PROMPTS) * N_SAMPLES
+    assert all("reuse/drafts_found" not in e.info and e.rewards is not None for e in evaluated)
+    assert cache_counts(shards) == before  # nothing claimed, nothing committed
+    # Without the mark the same call reuses drafts and writes them: the mark is what keeps evaluation clean.
+    unmarked = type(generator).generate_eval_samples.__wrapped__(generator, **kwargs)
+    assert sum(e.info["reuse/drafts_found"].item() for e in unmarked) == len(unmarked)
+    assert cache_counts(shards)[1] == before[1] + len(unmarked)
+
+
+@ray.remote(num_cpus=0)
+def samples_generator_is_patched():
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    return getattr(SamplesGenerator.generate_eval_samples, "_specrl_marks_evaluation", False)
+
+
+def test_ray_workers_mark_evaluation_through_the_setup_hook(ray_cluster):
+    assert ray.get(samples_generator_is_patched.remote())
 
 
 def response_tokens(experience):

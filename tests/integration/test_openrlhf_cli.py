@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -265,3 +266,41 @@ def test_openrlhf_module_without_our_flags_or_with_the_hook_off_is_stock(args):
         hooked = cli(args, timeout=60, module=OPENRLHF_MODULE)
         assert (hooked.returncode, hooked.stdout, hooked.stderr) == (stock.returncode, stock.stdout, stock.stderr)
     assert stock.returncode != 0
+
+
+def test_train_with_reuse_starts_ray_with_the_eval_marking_hook(monkeypatch):
+    """OpenRLHF's train() calls ray.init with its runtime env; ours adds the worker setup hook and nothing else."""
+    from specrl_openrlhf.integration.openrlhf_eval import WORKER_SETUP_HOOK
+
+    calls = []
+
+    def fake_init(*args, runtime_env=None, **kwargs):
+        calls.append(runtime_env)
+
+    fake_ray = types.SimpleNamespace(init=fake_init, is_initialized=lambda: False)
+    upstream = types.ModuleType(OPENRLHF_MODULE)
+    upstream.ray, upstream.create_vllm_engines = fake_ray, None
+    upstream.train = lambda args: upstream.ray.init(runtime_env={"env_vars": {"NCCL_DEBUG": "WARN"}})
+    monkeypatch.setitem(sys.modules, OPENRLHF_MODULE, upstream)
+    ns = types.SimpleNamespace
+    args = ns(
+        rollout_reuse="spec",
+        lenience=None,
+        reuse=ns(
+            seed=0,
+            logprobs="auto",
+            cache_max_gb=1.0,
+            cache_shards=1,
+            cache_dir=None,
+            plugin=[],
+            dry_run=False,
+            checkpoint_poll_s=10.0,
+        ),
+        ckpt=ns(load_enable=False, path="/nonexistent"),
+        rollout=ns(n_samples_per_prompt=4, temperature=1.0, top_p=1.0),
+        reward=ns(remote_url=None),
+        train=ns(agent_func_path=None),
+    )
+    openrlhf_cli.train_with_reuse(args)
+    assert calls == [{"env_vars": {"NCCL_DEBUG": "WARN"}, "worker_process_setup_hook": WORKER_SETUP_HOOK}]
+    assert fake_ray.init is fake_init  # restored

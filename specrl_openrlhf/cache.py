@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "specrl-draft-cache"
 FORMAT_VERSION = 1
-KEPT_COMPLETED_VISITS = 2  # enough for the `delayed` policy (drafts from two visits back)
+MAX_DRAFT_AGE = 2  # the `delayed` policy reads drafts from two visits back
 FINISH_REASONS = ("stop", "length", "abort")
 _ENTRY_OVERHEAD_BYTES = 256  # dict slots, visit lists, key bytes
 _DRAFT_OVERHEAD_BYTES = 128  # the Draft object and two array headers
@@ -82,16 +82,24 @@ class _Entry:
 
 
 class DraftCache:
-    """In-process draft cache with an LRU memory cap. Not thread-safe: use it from one thread or event loop."""
+    """In-process draft cache with an LRU memory cap. Not thread-safe: use it from one thread or event loop.
 
-    def __init__(self, max_bytes: int = 4 << 30):
+    `keep_visits` completed visits are kept per prompt: the oldest draft age a policy reads (1 for every built-in
+    but `delayed`, which needs 2). Keeping more costs memory and buys nothing.
+    """
+
+    def __init__(self, max_bytes: int = 4 << 30, keep_visits: int = 1):
         if max_bytes <= 0:
             raise ValueError(f"draft cache max_bytes must be > 0, got {max_bytes}")
+        if not 1 <= keep_visits <= MAX_DRAFT_AGE:
+            raise ValueError(f"draft cache keep_visits must be in [1, {MAX_DRAFT_AGE}], got {keep_visits}")
         self.max_bytes = int(max_bytes)
+        self.keep_visits = keep_visits
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self.nbytes = 0
         self.evicted_prompts = 0
-        self.claims = 0
+        self.claims = 0  # claim calls
+        self.hits = 0  # claims that returned a draft
         self.commits = 0
 
     def __len__(self) -> int:
@@ -116,12 +124,15 @@ class DraftCache:
         visit = _Visit(visit_id=visit_id, number=number)
         entry.visits.append(visit)
         entry.open_visit_id = visit_id
-        while len(entry.visits) > KEPT_COMPLETED_VISITS + 1:
-            dropped = entry.visits.pop(0)
-            freed = sum(d.nbytes for d in dropped.responses)
+        self._trim(entry, self.keep_visits + 1)
+        return visit
+
+    def _trim(self, entry: _Entry, visits: int) -> None:
+        """Drop the oldest visits of an entry beyond `visits`."""
+        while len(entry.visits) > visits:
+            freed = sum(d.nbytes for d in entry.visits.pop(0).responses)
             entry.nbytes -= freed
             self.nbytes -= freed
-        return visit
 
     def claim(self, key: bytes, visit_id: str, age: int = 1) -> Draft | None:
         """A draft for one sample of visit `visit_id`, from the completed visit `age` visits back, distinct from
@@ -135,7 +146,10 @@ class DraftCache:
         source = completed[-age]
         slot = visit.claims
         visit.claims += 1
-        return source.responses[slot] if slot < len(source.responses) else None
+        if slot >= len(source.responses):
+            return None
+        self.hits += 1
+        return source.responses[slot]
 
     def commit(self, key: bytes, visit_id: str, draft: Draft) -> None:
         """Record a finished sample of visit `visit_id`; it can serve as a draft once that visit is completed."""
@@ -147,6 +161,11 @@ class DraftCache:
         entry.nbytes += draft.nbytes
         self.nbytes += draft.nbytes
         self._evict(keep=key)
+
+    def drafts(self, key: bytes) -> list[Draft]:
+        """Every response kept for a prompt, oldest visit first (read-only; does not count as a use)."""
+        entry = self._entries.get(key)
+        return [] if entry is None else [draft for visit in entry.visits for draft in visit.responses]
 
     def _evict(self, keep: bytes | None = None) -> None:
         while self.nbytes > self.max_bytes and len(self._entries) > (1 if keep in self._entries else 0):
@@ -162,8 +181,10 @@ class DraftCache:
         return {
             "prompts": len(self._entries),
             "bytes": self.nbytes,
+            "max_bytes": self.max_bytes,
             "evicted_prompts": self.evicted_prompts,
             "claims": self.claims,
+            "hits": self.hits,
             "commits": self.commits,
         }
 
@@ -176,7 +197,7 @@ class DraftCache:
         tokens, logprobs = [], []
         for entry_index, (key, entry) in enumerate(self._entries.items()):
             keys.append(np.frombuffer(key, dtype=np.uint8))
-            for visit in entry.visits[-KEPT_COMPLETED_VISITS:]:
+            for visit in entry.visits[-MAX_DRAFT_AGE:]:
                 visit_entry.append(entry_index)
                 visit_number.append(visit.number)
                 for draft in visit.responses:
@@ -237,6 +258,7 @@ class DraftCache:
                 entry.nbytes += added
                 self.nbytes += added
             entry.visits.sort(key=lambda v: v.number)
+            self._trim(entry, self.keep_visits)
         self._evict()
         return bool(loaded)
 

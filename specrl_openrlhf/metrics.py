@@ -24,12 +24,16 @@ class ReuseStats:
     invalid_drafts: int = 0  # drafts cut short because they held token ids the engine rejects
     cached_prompt_tokens: int = 0  # continuation prompt tokens served from vLLM's prefix cache
     fallbacks: int = 0  # samples generated normally after an error in the reuse path
+    cache_errors: int = 0  # claims or commits that failed (a draft cache actor was down)
+    cache_restarts: int = 0  # draft cache restarts seen so far (a running count: batches keep the largest)
     time_scoring_s: float = 0.0
     time_generation_s: float = 0.0
     time_assembly_s: float = 0.0
 
     def __add__(self, other: ReuseStats) -> ReuseStats:
-        return ReuseStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
+        combined = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)}
+        combined["cache_restarts"] = max(self.cache_restarts, other.cache_restarts)
+        return ReuseStats(**combined)
 
     def as_dict(self) -> dict[str, float]:
         def ratio(a, b):
@@ -50,6 +54,8 @@ class ReuseStats:
             f"{PREFIX}invalid_drafts": float(self.invalid_drafts),
             f"{PREFIX}cached_prompt_tokens": float(self.cached_prompt_tokens),
             f"{PREFIX}fallbacks": float(self.fallbacks),
+            f"{PREFIX}cache_errors": float(self.cache_errors),
+            f"{PREFIX}cache_restarts": float(self.cache_restarts),
             f"{PREFIX}time_scoring_s": self.time_scoring_s,
             f"{PREFIX}time_generation_s": self.time_generation_s,
             f"{PREFIX}time_assembly_s": self.time_assembly_s,

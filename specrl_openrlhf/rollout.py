@@ -68,6 +68,7 @@ class SampleOutput:
     finish_reason: str
     verified_prefix_len: int = 0
     stats: ReuseStats = field(default_factory=ReuseStats)
+    draft_id: tuple[int, int] | None = None  # (visit, index) of the draft it started from, None without one
 
 
 @dataclass
@@ -175,17 +176,19 @@ class SpeculativePlanner:
         if not drafted:
             return
         width = max(s.draft_len for s in drafted)
-        lengths = torch.tensor([s.draft_len for s in drafted], dtype=torch.int64)  # [B]
-        draft_lp = torch.zeros(len(drafted), width, dtype=torch.float32)  # [B, T]
-        uniforms = torch.zeros(len(drafted), width, dtype=torch.float64)  # [B, T]
-        scored = torch.zeros(len(drafted), width, dtype=torch.float32) if self.policy.needs_scores else None
+        lengths = np.array([s.draft_len for s in drafted], dtype=np.int64)  # [B]
+        draft_lp = np.zeros((len(drafted), width), dtype=np.float32)  # [B, T]
+        uniforms = np.zeros((len(drafted), width), dtype=np.float64)  # [B, T]
+        scored = np.zeros((len(drafted), width), dtype=np.float32) if self.policy.needs_scores else None  # [B, T]
         for row, s in enumerate(drafted):
-            draft_lp[row, : s.draft_len] = torch.from_numpy(s.draft.logprobs)
-            uniforms[row, : s.draft_len] = torch.from_numpy(s.uniforms)
+            draft_lp[row, : s.draft_len] = s.draft.logprobs
+            uniforms[row, : s.draft_len] = s.uniforms
             if scored is not None:
                 if s.scored is None:
                     raise RuntimeError("policy needs scores but a draft was not scored")
-                scored[row, : s.draft_len] = torch.from_numpy(s.scored)
+                scored[row, : s.draft_len] = s.scored
+        lengths, draft_lp, uniforms = torch.from_numpy(lengths), torch.from_numpy(draft_lp), torch.from_numpy(uniforms)
+        scored = None if scored is None else torch.from_numpy(scored)
         batch = DraftBatch(draft_logprobs=draft_lp, scored_logprobs=scored, lengths=lengths, uniforms=uniforms)
         cuts = self.policy.cut(batch)
         if cuts.shape != lengths.shape:
@@ -249,5 +252,6 @@ class SpeculativePlanner:
         sample.stats.decoded_tokens = len(new_token_ids)
         sample.stats.fully_reused = int(sample.draft is not None and not new_token_ids)
         reported = np.concatenate([reported_prefix_lp, new_lp]).tolist() if want_logprobs else None
-        output = SampleOutput(token_ids, reported, finish_reason, cut, sample.stats)
+        draft_id = None if sample.draft is None else (sample.draft.visit, sample.draft.index)
+        output = SampleOutput(token_ids, reported, finish_reason, cut, sample.stats, draft_id)
         return output, next_draft

@@ -53,7 +53,7 @@ def test_shuffled_visits_never_serve_their_own_samples(seed):
 
 
 def test_delayed_age_two_and_more_samples_than_drafts():
-    cache, key = DraftCache(), prompt_key([9])
+    cache, key = DraftCache(keep_visits=2), prompt_key([9])
     for visit in range(3):
         for i in range(2):
             cache.claim(key, f"v{visit}", 2)
@@ -73,12 +73,17 @@ def test_memory_cap_evicts_least_recently_used():
     assert cache.claim(prompt_key([0]), "w", 1) is None
 
 
-def test_only_two_completed_visits_are_kept():
-    cache, key = DraftCache(), prompt_key([1])
+@pytest.mark.parametrize("keep", [1, 2])
+def test_only_the_completed_visits_a_policy_reads_are_kept(keep):
+    cache, key = DraftCache(keep_visits=keep), prompt_key([1])
     for visit in range(5):
-        cache.claim(key, f"v{visit}", 1)
+        cache.claim(key, f"v{visit}", keep)
         cache.commit(key, f"v{visit}", draft([visit] * 50))
-    assert cache.nbytes < 4 * draft([0] * 50).nbytes + 1000
+    one_visit = draft([0] * 50).nbytes
+    assert (keep + 1) * one_visit <= cache.nbytes < (keep + 1) * one_visit + 1000  # the open visit too
+    assert [d.token_ids[0] for d in cache.drafts(key)] == list(range(4 - keep, 5))
+    with pytest.raises(ValueError, match="keep_visits"):
+        DraftCache(keep_visits=3)
 
 
 def test_save_load_roundtrip_and_shards(tmp_path):
@@ -93,7 +98,7 @@ def test_save_load_roundtrip_and_shards(tmp_path):
     assert restored.load(path)
     got = restored.claim(keys[3], "next", 1)
     assert got.token_ids.tolist() == [1, 7, 8] and got.finish_reason == "length" and got.visit == 1
-    delayed = DraftCache()
+    delayed = DraftCache(keep_visits=2)
     delayed.load(path)
     assert delayed.claim(keys[3], "next", 2).token_ids.tolist() == [0, 7, 8]
     halves = [DraftCache(), DraftCache()]

@@ -17,7 +17,7 @@ from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 
 from ..config import ReuseConfig
-from ..metrics import PREFIX
+from ..metrics import PREFIX, ReuseStats
 from ..rollout import SampleOutput, SpeculativePlanner, UnsupportedSamplingError
 from .openrlhf_eval import is_evaluation
 from .vllm_rollout import AsyncSpeculativeGenerator
@@ -64,17 +64,25 @@ def request_output(prompt_ids: list[int], sample: SampleOutput, text: str) -> Re
 
 class SpeculativeEngineProxy:
     """Stands in for the `RolloutRayActor` an executor receives: `generate` runs the speculative rollout; every
-    other attribute is the real actor's."""
+    other attribute is the real actor's. One proxy serves one `execute` call (one sample), so its second and later
+    `generate` calls are an agent's follow-up turns."""
 
     def __init__(self, engine, generator: AsyncSpeculativeGenerator, tokenizer, training_signature: tuple):
         self._engine = engine
         self._generator = generator
         self._tokenizer = tokenizer
         self._training_signature = training_signature
-        self.sample_metrics: dict[str, float] = {}
+        self._turns = 0
+        self.stats: ReuseStats | None = None  # summed over this sample's speculative turns
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+    @property
+    def sample_metrics(self) -> dict[str, float]:
+        if self.stats is None:
+            return {}
+        return {k: v for k, v in self.stats.as_dict().items() if k not in _DROPPED_SAMPLE_METRICS}
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         top_k = sampling_params.top_k if sampling_params.top_k and sampling_params.top_k > 0 else -1
@@ -82,27 +90,27 @@ class SpeculativeEngineProxy:
         if is_evaluation(sampling_params) or multi_modal_data or signature != self._training_signature:
             # Evaluation, images, or settings the drafts were not sampled with: generate as stock OpenRLHF does.
             return await self._engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
-        sample = await self._generator.generate(list(prompt_token_ids), sampling_params)
-        for key, value in sample.stats.as_dict().items():
-            if key not in _DROPPED_SAMPLE_METRICS:
-                self.sample_metrics[key] = self.sample_metrics.get(key, 0.0) + value
+        follow_up, self._turns = self._turns > 0, self._turns + 1
+        sample = await self._generator.generate(list(prompt_token_ids), sampling_params, follow_up=follow_up)
+        self.stats = sample.stats if self.stats is None else self.stats + sample.stats
         text = self._tokenizer.decode(sample.token_ids, skip_special_tokens=sampling_params.skip_special_tokens)
         return request_output(prompt_token_ids, sample, text)
 
 
 class SpeculativeAgentExecutor(AgentExecutorBase):
-    """Wraps the run's real executor; built with no arguments, it reads the run's settings from the draft cache
-    actors that `specrl_openrlhf.cli.train_ppo_ray` started."""
+    """Wraps the run's real executor. OpenRLHF builds it with no arguments inside each rollout actor; it then reads
+    the run's settings (published by `specrl_openrlhf.cli.train_ppo_ray`) on first use. The CPU quickstart and
+    tests may hand it its parts instead."""
 
-    def __init__(self):
-        self._generator = None
-        self._inner = None
-        self._settings = None
+    def __init__(self, inner=None, generator: AsyncSpeculativeGenerator | None = None, training_signature=None):
+        self._inner = inner
+        self._generator = generator
+        self._training_signature = None if training_signature is None else tuple(training_signature)
         self._unavailable = False
 
     def _setup(self, llm_engine) -> None:
         """Build the user's executor first (rewards must work whatever happens), then the reuse path."""
-        from .draft_store import RayDraftStore, read_settings
+        from .draft_store import RayDraftStore, current_run, read_settings
         from .vllm_rollout import engine_limits
 
         settings = read_settings()
@@ -110,7 +118,7 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
         self._inner = (
             load_agent_executor(inner_path) if inner_path else SingleTurnAgentExecutor(settings["remote_url"])
         )
-        self._settings = settings
+        self._training_signature = tuple(settings["training_signature"])
         config = ReuseConfig.from_json(settings["reuse_config"])
         policy = config.build_policy()
         max_token_id, max_model_len = engine_limits(llm_engine.llm.model_config, llm_engine.llm.tokenizer)
@@ -121,29 +129,27 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
             max_token_id=max_token_id,
             max_model_len=max_model_len,
         )
-        store = RayDraftStore.connect(settings["num_shards"])
+        store = RayDraftStore(settings["num_shards"], current_run())
         self._generator = AsyncSpeculativeGenerator(
             None, policy, store, samples_per_visit=settings["samples_per_visit"], planner=planner
         )
         logger.info("speculative rollouts on: %s", policy.describe())
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
-        if self._inner is None:
+        if self._generator is None and not self._unavailable:
             try:
                 self._setup(llm_engine)  # synchronous: concurrent first calls can't interleave inside it
-            except Exception as error:  # no cache actor: keep training with stock generation
+            except Exception as error:  # a plugin that fails here, say: keep training with stock generation
                 if self._inner is None:
                     raise  # without the run's settings, rewards would silently be missing: fail loudly
                 self._unavailable = True
-                logger.warning("draft cache unavailable (%s: %s); generating normally", type(error).__name__, error)
+                logger.warning("reuse unavailable (%s: %s); generating normally", type(error).__name__, error)
         if self._unavailable:
             return await self._inner.execute(
                 prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images
             )
         self._generator.generate_fn = llm_engine.generate
-        proxy = SpeculativeEngineProxy(
-            llm_engine, self._generator, hf_tokenizer, tuple(self._settings["training_signature"])
-        )
+        proxy = SpeculativeEngineProxy(llm_engine, self._generator, hf_tokenizer, self._training_signature)
         result = await self._inner.execute(prompt, label, sampling_params, max_length, hf_tokenizer, proxy, images)
         if proxy.sample_metrics:
             result["extra_logs"] = {**(result.get("extra_logs") or {}), **proxy.sample_metrics}

@@ -255,7 +255,11 @@ def train_with_reuse(args, upstream_train=None) -> None:
     def create_vllm_engines_with_reuse(*engine_args, **engine_kwargs):
         nonlocal watcher
         shards = create_draft_cache(
-            settings, num_shards=config.cache_shards, max_bytes=config.cache_max_bytes, load_dir=load_dir
+            settings,
+            num_shards=config.cache_shards,
+            max_bytes=config.cache_max_bytes,
+            load_dir=load_dir,
+            keep_visits=config.build_policy().draft_age,
         )
         watcher = CheckpointWatcher(shards, args.ckpt.path, args.reuse.checkpoint_poll_s)
         watcher.start()

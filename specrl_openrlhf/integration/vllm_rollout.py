@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from vllm import SamplingParams
@@ -108,7 +109,7 @@ class SpeculativeLLM:
     ):
         self.llm = llm
         self.policy = policy
-        self.cache = cache if cache is not None else DraftCache()
+        self.cache = cache if cache is not None else DraftCache(keep_visits=max(policy.draft_age, 1))
         max_token_id, max_model_len = engine_limits(llm.llm_engine.model_config, llm.get_tokenizer())
         self.planner = SpeculativePlanner(
             policy,
@@ -210,16 +211,26 @@ class VisitTracker:
 
     In OpenRLHF the n samples of a prompt arrive as n concurrent calls on one engine; the visit closes after
     its n-th claim, so the next call for the prompt opens a new visit whatever order earlier ones finish in.
+    Prompts that never reach n calls (an agent's later turns, whose prompts hold one sample's history) would stay
+    open forever: at most `max_open` visits are kept, the least recently claimed closing first.
     """
 
-    def __init__(self, samples_per_visit: int):
+    def __init__(self, samples_per_visit: int, max_open: int = 1 << 16):
         self.samples_per_visit = samples_per_visit
-        self._open: dict[bytes, list] = {}
+        self.max_open = max_open
+        self._open: OrderedDict[bytes, list] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
 
     def visit_for(self, key: bytes) -> str:
         entry = self._open.get(key)
         if entry is None:
             entry = self._open[key] = [uuid.uuid4().hex, 0]
+            while len(self._open) > self.max_open:
+                self._open.popitem(last=False)
+        else:
+            self._open.move_to_end(key)
         entry[1] += 1
         if entry[1] >= self.samples_per_visit:
             del self._open[key]
@@ -227,21 +238,39 @@ class VisitTracker:
 
 
 class LocalDraftStore:
-    """Async front of an in-process `DraftCache` (the Ray actor in `draft_store` has the same methods)."""
+    """Async front of in-process `DraftCache`s; `draft_store.RayDraftStore` has the same methods for Ray actors.
 
-    def __init__(self, cache: DraftCache | None = None):
-        self.cache = cache if cache is not None else DraftCache()
+    `follow_up` drafts (an agent's later turns) live in a cache of their own, so they can't evict first-turn ones.
+    """
 
-    async def claim(self, key: bytes, visit_id: str, age: int) -> Draft | None:
-        return self.cache.claim(key, visit_id, age)
+    restarts = 0
 
-    async def commit(self, key: bytes, visit_id: str, draft: Draft) -> None:
-        self.cache.commit(key, visit_id, draft)
+    def __init__(
+        self, cache: DraftCache | None = None, follow_up_cache: DraftCache | None = None, *, keep_visits: int = 1
+    ):
+        self.caches = {
+            False: cache if cache is not None else DraftCache(keep_visits=keep_visits),
+            True: follow_up_cache if follow_up_cache is not None else DraftCache(keep_visits=keep_visits),
+        }
+
+    @property
+    def cache(self) -> DraftCache:
+        return self.caches[False]
+
+    async def claim(self, key: bytes, visit_id: str, age: int, follow_up: bool = False) -> Draft | None:
+        return self.caches[follow_up].claim(key, visit_id, age)
+
+    async def commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool = False) -> None:
+        self.caches[follow_up].commit(key, visit_id, draft)
 
 
 class AsyncSpeculativeGenerator:
     """Speculative rollout of one sample per call over an async `generate(prompt_token_ids, params)` that returns
-    the final `RequestOutput` (OpenRLHF's `RolloutRayActor.generate`, or `engine_generate(AsyncLLM)`)."""
+    the final `RequestOutput` (OpenRLHF's `RolloutRayActor.generate`, or `engine_generate(AsyncLLM)`).
+
+    The draft store may fail at any time (a cache actor dies): a failed claim means no draft and a failed commit
+    means no draft for the next visit; the sample itself is always returned.
+    """
 
     def __init__(self, generate, policy: ReusePolicy, store, *, samples_per_visit: int, planner: SpeculativePlanner):
         self.generate_fn = generate
@@ -251,32 +280,39 @@ class AsyncSpeculativeGenerator:
         self.planner = planner
         self.failures = 0
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> SampleOutput:
-        """One sample; errors in the reuse path (a dead cache actor, say) fall back to normal generation."""
+    def _warn(self, what: str, error: Exception) -> None:
+        self.failures += 1
+        if self.failures & (self.failures - 1) == 0:  # 1st, 2nd, 4th, 8th...: loud but not flooding
+            logger.warning("%s (%s: %s; %d failures so far)", what, type(error).__name__, error, self.failures)
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, follow_up: bool = False
+    ) -> SampleOutput:
+        """One sample; errors in the reuse path fall back to normal generation. `follow_up`: a later turn of an
+        agent's sample (its drafts are kept apart, see `LocalDraftStore`)."""
         check_sampling_params(self.policy, params)
         if self.policy.draft_age:
             try:
-                return await self._speculative(prompt_ids, params)
+                return await self._speculative(prompt_ids, params, follow_up)
             except Exception as error:
-                self.failures += 1
-                if self.failures & (self.failures - 1) == 0:  # 1st, 2nd, 4th, 8th...: loud but not flooding
-                    logger.warning(
-                        "speculative sample failed (%s: %s); generating normally (%d failures so far)",
-                        type(error).__name__,
-                        error,
-                        self.failures,
-                    )
+                self._warn("speculative sample failed; generating normally", error)
         start = time.perf_counter()
         new_ids, new_lp, finish, _ = completion_of(await self.generate_fn(prompt_ids, params))
         stats = ReuseStats(samples=1, decoded_tokens=len(new_ids), fallbacks=int(self.policy.draft_age > 0))
         stats.time_generation_s = time.perf_counter() - start
         return SampleOutput(new_ids, new_lp if params.logprobs is not None else None, finish, 0, stats)
 
-    async def _speculative(self, prompt_ids: list[int], params: SamplingParams) -> SampleOutput:
+    async def _speculative(self, prompt_ids: list[int], params: SamplingParams, follow_up: bool) -> SampleOutput:
         key = prompt_key(prompt_ids)
         visit_id = self.visits.visit_for(key)
-        draft = await self.store.claim(key, visit_id, self.policy.draft_age) if self.policy.draft_age else None
+        draft, cache_errors = None, 0
+        try:
+            draft = await self.store.claim(key, visit_id, self.policy.draft_age, follow_up)
+        except Exception as error:  # the cache is unreachable: this sample has no draft
+            self._warn("draft cache claim failed; this sample is generated normally", error)
+            cache_errors = 1
         sample = self.planner.new_sample(prompt_ids, params.max_tokens, draft, key)
+        sample.stats.cache_errors = sample.stats.fallbacks = cache_errors
 
         start = time.perf_counter()
         scoring_prompt = self.planner.scoring_prompt(sample)
@@ -299,8 +335,12 @@ class AsyncSpeculativeGenerator:
         output, next_draft = self.planner.assemble(
             sample, new_ids, new_lp, finish, want_logprobs=params.logprobs is not None
         )
-        if self.policy.draft_age:
-            await self.store.commit(key, visit_id, next_draft)
+        try:
+            await self.store.commit(key, visit_id, next_draft, follow_up)
+        except Exception as error:  # the sample is fine; only its next visit loses a draft
+            self._warn("draft cache commit failed; the sample is kept", error)
+            output.stats.cache_errors = 1
+        output.stats.cache_restarts = getattr(self.store, "restarts", 0)
         output.stats.time_assembly_s = time.perf_counter() - start
         return output
 

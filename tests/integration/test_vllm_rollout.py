@@ -212,3 +212,94 @@ def test_async_dead_store_falls_back(async_engine, caplog):
     assert batch.stats.fallbacks == 4 and batch.stats.decoded_tokens > 0
     assert all(len(o.logprobs) == len(o.token_ids) for row in batch.outputs for o in row)
     assert "cache actor died" in caplog.text
+
+
+def async_generator(engine, policy, generate=None, seed=0):
+    max_token_id, max_model_len = engine_limits(engine.model_config, engine.tokenizer)
+    planner = sr.SpeculativePlanner(policy, seed=seed, max_token_id=max_token_id, max_model_len=max_model_len)
+    return AsyncSpeculativeGenerator(
+        generate or engine_generate(engine), policy, LocalDraftStore(), samples_per_visit=4, planner=planner
+    )
+
+
+def check_well_formed(batch, prompts, cache, max_tokens):
+    """Each sample is its own draft's verified prefix plus its continuation, with aligned logprobs; no two samples
+    of a prompt started from the same draft."""
+    for prompt, row in zip(prompts, batch.outputs):
+        drafts = {(d.visit, d.index): d.token_ids.tolist() for d in cache.drafts(prompt_key(prompt))}
+        ids = [o.draft_id for o in row if o.draft_id is not None]
+        assert len(ids) == len(set(ids))
+        for out in row:
+            assert 0 < len(out.token_ids) <= max_tokens and len(out.logprobs) == len(out.token_ids)
+            assert all(np.isfinite(out.logprobs))
+            if out.draft_id is not None:
+                prefix = out.token_ids[: out.verified_prefix_len]
+                assert prefix == drafts[out.draft_id][: out.verified_prefix_len]
+            if out.finish_reason == "stop":
+                assert out.token_ids[-1] == EOS_ID and EOS_ID not in out.token_ids[:-1]
+
+
+def test_weight_update_between_scoring_and_continuation(async_engine, tiny_model_dir, tmp_path):
+    """Async training can land a weight update between a sample's scoring pass and its continuation."""
+    from safetensors.torch import save_file
+
+    engine, runner = async_engine
+    plain = engine_generate(engine)
+    updates = []
+
+    async def generate(prompt, params):
+        output = await plain(prompt, params)
+        if params.prompt_logprobs is not None and len(updates) < 3:  # a scoring request just returned
+            path = tmp_path / f"w{len(updates)}.safetensors"
+            save_file(perturbed_state_dict(tiny_model_dir, 0.3, seed=len(updates)), str(path))
+            updates.append(path)
+            await engine.collective_rpc("reload_safetensors", args=(str(path),))
+            await engine.reset_prefix_cache()
+        return output
+
+    generator = async_generator(engine, sr.make("spec", lenience=1.0), generate)
+    sp = params(n=4, max_tokens=64)
+    try:
+        runner.run(gather_samples(generator, PROMPTS[:3], sp))
+        second = runner.run(gather_samples(generator, PROMPTS[:3], sp))
+    finally:
+        path = tmp_path / "original.safetensors"
+        save_file(perturbed_state_dict(tiny_model_dir, 0.0, 0), str(path))
+        runner.run(engine.collective_rpc("reload_safetensors", args=(str(path),)))
+        runner.run(engine.reset_prefix_cache())
+    assert len(updates) == 3 and second.stats.drafts_found == 12 and second.stats.fallbacks == 0
+    check_well_formed(second, PROMPTS[:3], generator.store.cache, 64)
+
+
+def test_aborted_requests_become_drafts(async_engine):
+    """Requests aborted mid-decode (finish_reason 'abort') come back as partial samples, serve as drafts, and the
+    next visit continues them."""
+    import uuid
+
+    from vllm.inputs import TokensPrompt
+
+    engine, runner = async_engine
+    aborted, aborting = [], [True]
+
+    async def generate(prompt, params):
+        request_id, final = uuid.uuid4().hex, None
+        abort = aborting[0] and params.prompt_logprobs is None and len(aborted) < 6
+        async for output in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=request_id):
+            final = output
+            if abort and len(output.outputs[0].token_ids) >= 5 and output.outputs[0].finish_reason is None:
+                abort = False
+                aborted.append(request_id)
+                await engine.abort(request_id)
+        return final
+
+    generator = async_generator(engine, sr.make("exact"), generate)
+    sp = params(n=4, max_tokens=64)
+    first = runner.run(gather_samples(generator, PROMPTS[:3], sp))
+    partial = [o for row in first.outputs for o in row if o.finish_reason == "abort"]
+    assert len(partial) == len(aborted) > 0
+    assert all(5 <= len(o.token_ids) < 64 and len(o.logprobs) == len(o.token_ids) for o in partial)
+    aborting[0] = False
+    second = runner.run(gather_samples(generator, PROMPTS[:3], sp))
+    check_well_formed(second, PROMPTS[:3], generator.store.cache, 64)
+    kept_whole = [o for row in second.outputs for o in row if o.stats.fully_reused]
+    assert second.stats.drafts_found == 12 and len(kept_whole) <= 12 - len(partial)  # aborted drafts were continued

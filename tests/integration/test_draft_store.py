@@ -1,0 +1,112 @@
+"""The Ray draft cache under faults: a soak of many visits with shard kills, aborted requests and weight updates."""
+
+import asyncio
+import random
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import specrl_openrlhf as sr
+
+pytestmark = pytest.mark.ray
+ray = pytest.importorskip("ray")
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+
+from specrl_openrlhf.integration.cpu.tiny_model import EOS_ID  # noqa: E402
+from specrl_openrlhf.integration.cpu.weights import perturbed_state_dict  # noqa: E402
+from specrl_openrlhf.integration.draft_store import RayDraftStore, create_draft_cache  # noqa: E402
+from specrl_openrlhf.integration.vllm_rollout import (  # noqa: E402
+    AsyncSpeculativeGenerator,
+    engine_limits,
+    gather_samples,
+)
+
+PROMPTS = [[3 + p, 40, 41, 42, 43] * 7 for p in range(3)]  # revisited every visit
+N, MAX_TOKENS, VISITS, SHARD_BYTES = 4, 48, 50, 14_000  # a shard holds the revisited prompts and a few one-offs
+
+
+def settled_stats(shard, timeout=120.0):
+    """The shard's stats once it answers (a shard killed late in the soak may still be restarting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get(shard.stats.remote())
+        except ray.exceptions.RayActorError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    engine, runner = async_engine
+    rng = random.Random(0)
+    settings = {"reuse_config": sr.ReuseConfig(policy="spec").to_json(), "num_shards": 2}
+    shards = create_draft_cache(settings, num_shards=2, max_bytes=2 * SHARD_BYTES, run="soak")
+    max_token_id, max_model_len = engine_limits(engine.model_config, engine.tokenizer)
+    policy = sr.make("spec", lenience=1.65)
+    planner = sr.SpeculativePlanner(policy, seed=1, max_token_id=max_token_id, max_model_len=max_model_len)
+    aborted = []
+
+    async def generate(prompt, params):  # about 1 request in 10 is aborted after a few tokens
+        request_id, final = uuid.uuid4().hex, None
+        abort_at = rng.randrange(2, 20) if rng.random() < 0.1 and params.prompt_logprobs is None else None
+        async for output in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=request_id):
+            final = output
+            if abort_at is not None and len(output.outputs[0].token_ids) >= abort_at and not output.finished:
+                abort_at = None
+                aborted.append(request_id)
+                await engine.abort(request_id)
+        return final
+
+    generator = AsyncSpeculativeGenerator(
+        generate, policy, RayDraftStore(2, "soak"), samples_per_visit=N, planner=planner
+    )
+    sp = SamplingParams(n=N, max_tokens=MAX_TOKENS, logprobs=0)
+    history = {}  # every response returned so far, per prompt
+    kills, totals = 0, sr.ReuseStats()
+    try:
+        for visit in range(VISITS):
+            path = tmp_path / "w.safetensors"
+            save_file(perturbed_state_dict(tiny_model_dir, 0.05, seed=visit), str(path))  # a small RL step
+            runner.run(engine.collective_rpc("reload_safetensors", args=(str(path),)))
+            runner.run(engine.reset_prefix_cache())
+            prompts = PROMPTS + [[50 + visit % 40, 60 + visit // 40, 41] * 7]  # and a one-off prompt, as in long tails
+            pending = asyncio.run_coroutine_threadsafe(gather_samples(generator, prompts, sp), runner.loop)
+            if rng.random() < 0.2:  # kill a shard somewhere in the visit; Ray restarts it
+                time.sleep(rng.uniform(0.0, 0.3))
+                ray.kill(shards[rng.randrange(2)], no_restart=False)
+                kills += 1
+            batch = pending.result(timeout=300)
+            totals = totals + batch.stats
+            for prompt, row in zip(prompts, batch.outputs):
+                assert len(row) == N  # every sample comes back
+                ids = [o.draft_id for o in row if o.draft_id is not None]
+                assert len(ids) == len(set(ids))  # no two samples share a draft
+                for out in row:
+                    assert 0 < len(out.token_ids) <= MAX_TOKENS and len(out.logprobs) == len(out.token_ids)
+                    assert np.isfinite(out.logprobs).all() and out.finish_reason in ("stop", "length", "abort")
+                    if out.finish_reason == "stop":
+                        assert out.token_ids[-1] == EOS_ID and EOS_ID not in out.token_ids[:-1]
+                    prefix = tuple(out.token_ids[: out.verified_prefix_len])
+                    if prefix:  # a verified prefix comes from this prompt's own earlier responses, never another's
+                        assert any(old[: len(prefix)] == prefix for old in history[tuple(prompt)])
+                history.setdefault(tuple(prompt), []).extend(tuple(o.token_ids) for o in row)
+            assert len(generator.visits) == 0  # every visit closed
+    finally:
+        save_file(perturbed_state_dict(tiny_model_dir, 0.0, seed=0), str(path))
+        runner.run(engine.collective_rpc("reload_safetensors", args=(str(path),)))
+        runner.run(engine.reset_prefix_cache())
+    stats = [settled_stats(s) for s in shards]
+    assert 0 < sum(s["restarts"] for s in stats) <= kills and len(aborted) > 0  # a kill while restarting merges
+    assert all(s["bytes"] <= s["max_bytes"] for s in stats)  # memory stays under the cap
+    assert sum(s["evicted_prompts"] for s in stats) > 0  # ...which the one-off prompts did reach
+    # Reuse survives it all: most samples found a draft and kept part of it.
+    assert totals.drafts_found > totals.samples // 2 and totals.reused_tokens > totals.decoded_tokens // 4
+    for shard in shards:
+        ray.kill(shard, no_restart=True)

@@ -1,4 +1,5 @@
-"""`python -m specrl_openrlhf COMMAND`: list the reuse policies, or show the OpenRLHF command hook."""
+"""`python -m specrl_openrlhf COMMAND`: list the reuse policies, replay rules on draft traces, or show the OpenRLHF
+command hook."""
 
 import argparse
 import sys
@@ -25,15 +26,101 @@ def show_hook() -> int:
     return 0
 
 
+def parse_rule(text: str, lenience: float | None):
+    """`NAME`, `NAME@LENIENCE` or `path/rule.py:Class[@LENIENCE]` -> a policy (the config validates it)."""
+    from .config import ReuseConfig
+
+    name, _, value = text.partition("@")
+    if value:
+        try:
+            lenience = float(value)
+        except ValueError:
+            raise ValueError(
+                f"--rollout_reuse {text}: the lenience after @ must be a number, e.g. spec@1.65"
+            ) from None
+    return ReuseConfig(policy=name, lenience=lenience).build_policy()
+
+
+def replay_command(args) -> int:
+    import time
+
+    from .replay import ReplayError, format_table, replay, tally
+    from .trace import read_traces
+
+    try:
+        for path in args.plugin:
+            load_plugin(path)
+        policies = [parse_rule(text, args.lenience) for text in args.rollout_reuse]
+        records = read_traces(args.trace_dir)
+        results = [tally("recorded (the run's own cuts)", records, records.cut)]
+        for policy in policies:
+            start = time.perf_counter()
+            cuts = replay(policy, records, batch_size=args.batch_size, update_every=args.update_every)
+            results.append(tally(policy.describe(), records, cuts))
+            results[-1].seconds = time.perf_counter() - start
+    except (PluginError, ReplayError, FileNotFoundError, ValueError, TypeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(format_table(results, records))
+    if args.csv:
+        import csv
+
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(
+                [
+                    "rule",
+                    "drafts",
+                    "draft_tokens",
+                    "reused_tokens",
+                    "fully_reused",
+                    "reuse_ratio",
+                    "mean_verified_prefix",
+                    "full_reuse_ratio",
+                ]
+            )
+            for r in results:
+                writer.writerow(
+                    [
+                        r.rule,
+                        r.drafts,
+                        r.draft_tokens,
+                        r.reused_tokens,
+                        r.fully_reused,
+                        f"{r.reuse_ratio:.6f}",
+                        f"{r.mean_verified_prefix:.4f}",
+                        f"{r.full_reuse_ratio:.6f}",
+                    ]
+                )
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specrl_openrlhf")
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("policies", help="list the registered reuse policies")
     listing.add_argument("--plugin", action="append", default=[], help="also load this policy plugin file")
     commands.add_parser("hook", help="show the hook that adds our flags to `python -m openrlhf.cli.train_ppo_ray`")
+    replaying = commands.add_parser(
+        "replay",
+        help="compare acceptance rules on draft traces (recorded with --reuse.trace_dir), no engine needed",
+        description="Each rule cuts the recorded drafts with the uniforms the run drew: the run's own rule "
+        "reproduces the run's cuts. Rules: a name (spec), NAME@LENIENCE (spec@2.0) or path/rule.py:Class.",
+    )
+    replaying.add_argument("trace_dir", help="the folder given to --reuse.trace_dir")
+    replaying.add_argument("--rollout_reuse", nargs="+", required=True, metavar="RULE", help="rules to replay")
+    replaying.add_argument("--lenience", type=float, default=None, help="lenience for rules without @LENIENCE")
+    replaying.add_argument("--reuse.plugin", dest="plugin", action="append", default=[], metavar="FILE.py")
+    replaying.add_argument("--batch-size", type=int, default=256, help="drafts per policy call (default 256)")
+    replaying.add_argument(
+        "--update-every", type=int, default=None, help="drafts per update of a stateful rule (default: batch size)"
+    )
+    replaying.add_argument("--csv", default=None, help="also write the table to this CSV file")
     args = parser.parse_args(argv)
     if args.command == "hook":
         return show_hook()
+    if args.command == "replay":
+        return replay_command(args)
     try:
         for path in args.plugin:
             load_plugin(path)

@@ -151,6 +151,10 @@ class DraftCache:
         self.hits += 1
         return source.responses[slot]
 
+    def claim_many(self, key: bytes, visit_id: str, age: int, count: int) -> list[Draft | None]:
+        """`count` claims at once: the drafts of a whole visit's samples, in slot order."""
+        return [self.claim(key, visit_id, age) for _ in range(count)]
+
     def commit(self, key: bytes, visit_id: str, draft: Draft) -> None:
         """Record a finished sample of visit `visit_id`; it can serve as a draft once that visit is completed."""
         self.commits += 1

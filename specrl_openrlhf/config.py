@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from .policies import ReusePolicy, check_lenience, load_plugin, make
+from .policies.registry import absolute_reference
 from .rollout import REUSED_LOGPROBS
 
 
@@ -27,18 +28,25 @@ class ReuseConfig:
     cache_shards: int = 1
     cache_dir: str | None = None  # load drafts from here at start (a run resumed from a checkpoint sets it)
     plugins: tuple[str, ...] = ()
+    trace_dir: str | None = None  # record every cut draft here, for `python -m specrl_openrlhf replay`
+    update_every: int | None = None  # samples per update of a stateful rule (None: one training step's samples)
 
     def __post_init__(self):
         if not isinstance(self.policy, str) or not self.policy:
-            raise TypeError(f"--rollout_reuse must be a policy name, got {self.policy!r}")
+            raise TypeError(f"--rollout_reuse must be a policy name or path/to/rule.py:ClassName, got {self.policy!r}")
+        object.__setattr__(self, "policy", absolute_reference(self.policy))
         if self.lenience is not None:
             check_lenience("--lenience", self.lenience)
         if self.reused_logprobs not in REUSED_LOGPROBS:
             raise ValueError(
                 f"--reuse.logprobs must be one of {', '.join(REUSED_LOGPROBS)}, got {self.reused_logprobs!r}"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"--reuse.seed must be an integer, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"--reuse.seed must be an integer >= 0, got {self.seed!r}")
+        if self.update_every is not None and (
+            isinstance(self.update_every, bool) or not isinstance(self.update_every, int) or self.update_every < 1
+        ):
+            raise ValueError(f"--reuse.update_every must be an integer >= 1, got {self.update_every!r}")
         if not (isinstance(self.cache_max_gb, (int, float)) and math.isfinite(self.cache_max_gb)) or (
             self.cache_max_gb <= 0
         ):

@@ -21,6 +21,7 @@ class ReuseStats:
     scored_tokens: int = 0  # draft tokens scored by the current policy
     log_ratio_sum: float = 0.0  # sum over scored tokens of log p_curr - log p_prev
     acceptance_sum: float = 0.0  # sum over scored tokens of min(1, lenience * p_curr / p_prev)
+    lenience_sum: float = 0.0  # sum over drafts of the (finite) lenience the rule applied to them
     invalid_drafts: int = 0  # drafts cut short because they held token ids the engine rejects
     cached_prompt_tokens: int = 0  # continuation prompt tokens served from vLLM's prefix cache
     fallbacks: int = 0  # samples generated normally after an error in the reuse path
@@ -51,6 +52,7 @@ class ReuseStats:
             f"{PREFIX}reused_token_fraction": ratio(self.reused_tokens, self.reused_tokens + self.decoded_tokens),
             f"{PREFIX}mean_log_ratio": ratio(self.log_ratio_sum, self.scored_tokens),
             f"{PREFIX}acceptance_rate": ratio(self.acceptance_sum, self.scored_tokens),
+            f"{PREFIX}lenience": ratio(self.lenience_sum, self.drafts_found),
             f"{PREFIX}invalid_drafts": float(self.invalid_drafts),
             f"{PREFIX}cached_prompt_tokens": float(self.cached_prompt_tokens),
             f"{PREFIX}fallbacks": float(self.fallbacks),

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .adaptive import FeedbackBuffer
 from .cache import Draft
 from .metrics import ReuseStats
 from .policies import DraftBatch, ReusePolicy
 from .policies.base import lenient_acceptance_logprob
+from .trace import TraceWriter, uniforms_for
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class Sample:
     draft_ended: bool = False  # the (untruncated) draft ended by a stop condition (EOS or stop string)
     scored: np.ndarray | None = None  # [L] float32 current-policy logprobs of the draft tokens
     uniforms: np.ndarray | None = None  # [L] float64
+    entropy: tuple[int, ...] = ()  # what the uniforms were drawn from (traces store it)
     cut: int = 0
     stats: ReuseStats = field(default_factory=ReuseStats)
 
@@ -101,6 +104,7 @@ class SpeculativePlanner:
         max_token_id: largest token id the engine accepts in a prompt; drafts are cut before the first id
             outside [0, max_token_id].
         max_model_len: the engine's context length; a scoring request (prompt + draft + 1) must fit in it.
+        trace: where to record every cut draft (`--reuse.trace_dir`), or None.
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class SpeculativePlanner:
         reused_logprobs: str = "auto",
         max_token_id: int | None = None,
         max_model_len: int | None = None,
+        trace: TraceWriter | None = None,
     ):
         if reused_logprobs not in REUSED_LOGPROBS:
             raise ValueError(f"reused_logprobs must be one of {REUSED_LOGPROBS}, got {reused_logprobs!r}")
@@ -122,7 +127,8 @@ class SpeculativePlanner:
             reused_logprobs = "scored" if policy.needs_scores else "draft"
         self.reused_logprobs = reused_logprobs
         self.scores_drafts = policy.needs_scores or reused_logprobs == "scored"
-        self.lenience = float(getattr(policy.params, "lenience", 1.0))
+        self.trace = trace
+        self.feedback = FeedbackBuffer()  # a stateful rule's reports, until the rollout sends them on
 
     # ---- step 1: drafts -----------------------------------------------------------------------------------------
 
@@ -147,8 +153,8 @@ class SpeculativePlanner:
         sample.draft = Draft(tokens, draft.logprobs[: len(tokens)], draft.finish_reason, draft.visit, draft.index)
         sample.stats.drafts_found = 1
         sample.stats.draft_tokens = len(tokens)
-        entropy = [self.seed, int.from_bytes(key[:8] or b"\0", "little"), draft.visit, draft.index, len(tokens)]
-        sample.uniforms = np.random.default_rng(entropy).random(len(tokens))
+        sample.entropy = (self.seed, int.from_bytes(key[:8] or b"\0", "little"), draft.visit, draft.index, len(tokens))
+        sample.uniforms = uniforms_for(sample.entropy, len(tokens))
         return sample
 
     # ---- step 2: scoring ----------------------------------------------------------------------------------------
@@ -194,15 +200,31 @@ class SpeculativePlanner:
         if cuts.shape != lengths.shape:
             raise ValueError(f"policy {self.policy.name!r} returned cuts of shape {tuple(cuts.shape)}, want [B]")
         cuts = torch.minimum(cuts.long().clamp(min=0), lengths)  # a plugin must never overrun a draft
+        if self.policy.keeps_state:
+            self.feedback.add(self.policy.feedback(batch, cuts), len(drafted))
+        lenience = self.policy.lenience
         for row, s in enumerate(drafted):
             s.cut = int(cuts[row])
             s.stats.reused_tokens = s.cut
+            if lenience is not None and math.isfinite(lenience):
+                s.stats.lenience_sum = lenience
             if s.scored is not None:
                 log_ratio = s.scored.astype(np.float64) - s.draft.logprobs.astype(np.float64)
                 s.stats.scored_tokens = s.draft_len
                 s.stats.log_ratio_sum = float(log_ratio.sum())
-                accept = lenient_acceptance_logprob(torch.from_numpy(log_ratio), torch.zeros(1), self.lenience)
+                accept = lenient_acceptance_logprob(torch.from_numpy(log_ratio), torch.zeros(1), lenience or 1.0)
                 s.stats.acceptance_sum = float(torch.exp(accept).sum())
+            if self.trace is not None:
+                self.trace.record(
+                    draft_logprobs=s.draft.logprobs,
+                    scored_logprobs=s.scored,
+                    budget=s.max_tokens,
+                    draft_ended=s.draft_ended,
+                    finish=s.draft.finish_reason,
+                    entropy=s.entropy,
+                    cut=s.cut,
+                    lenience=lenience,
+                )
 
     # ---- step 4: continuation -----------------------------------------------------------------------------------
 

@@ -3,7 +3,15 @@ import math
 import numpy as np
 import pytest
 
-from specrl_openrlhf import Draft, ReuseConfig, SpeculativePlanner, UnsupportedSamplingError, check_sampling, make
+from specrl_openrlhf import (
+    Draft,
+    ReuseConfig,
+    ReusePolicy,
+    SpeculativePlanner,
+    UnsupportedSamplingError,
+    check_sampling,
+    make,
+)
 
 
 def draft(tokens, logprobs=None, finish="stop"):
@@ -88,8 +96,8 @@ def test_uniforms_are_reproducible_and_fresh_per_visit():
     assert np.array_equal(a, b) and not np.array_equal(a, later) and not np.array_equal(a, other_seed)
 
 
-class Overrun:
-    name, needs_scores, draft_age, params = "overrun", False, 1, None
+class Overrun(ReusePolicy):
+    needs_scores = False
 
     def cut(self, batch):
         return batch.lengths + 5

@@ -13,6 +13,7 @@ generated normally, and reuse resumes from the next visit of each prompt.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import ray
 
+from ..adaptive import FeedbackCoordinator
 from ..cache import Draft, DraftCache, shard_of
+from ..config import ReuseConfig
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,7 @@ class DraftCacheActor:
             False: DraftCache(max(max_bytes - follow_up_bytes, 1), keep_visits),
             True: DraftCache(follow_up_bytes, keep_visits),
         }
+        self.coordinator: FeedbackCoordinator | None = None  # shard 0 only, built on the first report
         self.restarts = int(json.loads(_kv_get(f"starts{shard}", run) or b"0"))
         _kv_put(f"starts{shard}", run, json.dumps(self.restarts + 1).encode())
         source = _drafts_dir(run)
@@ -111,12 +115,32 @@ class DraftCacheActor:
         if self.restarts:
             logger.warning("draft cache shard %d restarted (%d restarts so far)", shard, self.restarts)
 
-    async def claim(self, key: bytes, visit_id: str, age: int, follow_up: bool = False) -> tuple[Draft | None, int]:
-        """(the draft, this shard's restart count)."""
-        return self.caches[follow_up].claim(key, visit_id, age), self.restarts
+    async def claim(
+        self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False
+    ) -> tuple[list[Draft | None], int]:
+        """(drafts for `count` samples of the visit, this shard's restart count)."""
+        return self.caches[follow_up].claim_many(key, visit_id, age, count), self.restarts
 
-    async def commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool = False) -> None:
-        self.caches[follow_up].commit(key, visit_id, draft)
+    async def commit(self, items: list[tuple[bytes, str, Draft, bool]]) -> None:
+        """Store finished samples, (key, visit id, draft, follow_up) each."""
+        for key, visit_id, draft, follow_up in items:
+            self.caches[follow_up].commit(key, visit_id, draft)
+
+    async def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
+        """A stateful rule's feedback from one engine (shard 0 coordinates the run's rule); returns its state.
+        The state is kept in Ray's key-value store after each update, so a restarted shard carries on from it."""
+        if self.coordinator is None:
+            settings = read_settings(self.run)
+            config = ReuseConfig.from_json(settings["reuse_config"])
+            self.coordinator = FeedbackCoordinator(config.build_policy(), int(settings["update_every"]))
+            saved = _kv_get("rule_state", self.run)
+            if saved is not None:
+                self.coordinator.policy.load_state_dict(json.loads(saved))
+        updates = self.coordinator.updates
+        state = self.coordinator.report(feedback, samples)
+        if self.coordinator.updates != updates:
+            _kv_put("rule_state", self.run, json.dumps(state).encode())
+        return state
 
     async def save(self, directory: str) -> str:
         return str(self.caches[False].save(shard_file(directory, self.shard, self.num_shards)))
@@ -159,38 +183,82 @@ def save_draft_cache(shards, directory: str | Path, run: str = "") -> list[str]:
     return paths
 
 
+class CommitBatcher:
+    """Coalesces commits to one shard: they leave together once `max_items` are waiting or `delay_s` after the
+    first, as one actor call. Each caller still learns whether its own commit failed."""
+
+    def __init__(self, send, max_items: int = 64, delay_s: float = 0.005):
+        self.send, self.max_items, self.delay_s = send, max_items, delay_s
+        self._waiting: list[tuple[tuple, asyncio.Future]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def commit(self, item: tuple) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._waiting.append((item, done))
+        if len(self._waiting) >= self.max_items:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.delay_s, self._flush)
+        await done
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiting, self._waiting = self._waiting, []
+        if not waiting:
+            return
+
+        def settle(task: asyncio.Future) -> None:
+            for _, done in waiting:
+                if done.done():
+                    continue
+                if task.cancelled():
+                    done.cancel()
+                elif task.exception() is not None:
+                    done.set_exception(task.exception())
+                else:
+                    done.set_result(None)
+
+        asyncio.ensure_future(self.send([item for item, _ in waiting])).add_done_callback(settle)
+
+
 class RayDraftStore:
-    """Async claim/commit against the shards, for `AsyncSpeculativeGenerator`. Shards are looked up by name on
-    first use and again after a failure, so a store built while a shard was down recovers once it is back."""
+    """Async claim/commit against the shards, for `AsyncSpeculativeGenerator`: one call per visit to claim its
+    drafts, and commits coalesced per shard. Shards are looked up by name on first use and again after a failure,
+    so a store built while a shard was down recovers once it is back."""
 
     def __init__(self, num_shards: int, run: str = ""):
         self.num_shards, self.run = num_shards, run
         self._handles: dict[int, ray.actor.ActorHandle] = {}
         self._restarts: dict[int, int] = {}
+        self._batchers = {shard: CommitBatcher(functools.partial(self._send, shard)) for shard in range(num_shards)}
 
     @property
     def restarts(self) -> int:
         """Shard restarts seen so far, over all shards."""
         return sum(self._restarts.values())
 
-    def _shard(self, key: bytes) -> tuple[int, ray.actor.ActorHandle]:
-        shard = shard_of(key, self.num_shards)
+    async def _call(self, shard: int, method: str, *args):
         if shard not in self._handles:
             self._handles[shard] = ray.get_actor(actor_name(shard, self.run))
-        return shard, self._handles[shard]
-
-    async def _call(self, key: bytes, method: str, *args):
-        shard, handle = self._shard(key)
         try:
-            return await asyncio.wait_for(getattr(handle, method).remote(key, *args), timeout=CALL_TIMEOUT_S)
+            return await asyncio.wait_for(getattr(self._handles[shard], method).remote(*args), timeout=CALL_TIMEOUT_S)
         except Exception:
             self._handles.pop(shard, None)
             raise
 
-    async def claim(self, key: bytes, visit_id: str, age: int, follow_up: bool = False) -> Draft | None:
+    async def _send(self, shard: int, items: list) -> None:
+        await self._call(shard, "commit", items)
+
+    async def claim(self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False) -> list:
         shard = shard_of(key, self.num_shards)
-        draft, self._restarts[shard] = await self._call(key, "claim", visit_id, age, follow_up)
-        return draft
+        drafts, self._restarts[shard] = await self._call(shard, "claim", key, visit_id, age, count, follow_up)
+        return drafts
 
     async def commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool = False) -> None:
-        await self._call(key, "commit", visit_id, draft, follow_up)
+        await self._batchers[shard_of(key, self.num_shards)].commit((key, visit_id, draft, follow_up))
+
+    async def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
+        return await self._call(0, "report", feedback, samples)

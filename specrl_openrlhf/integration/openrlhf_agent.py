@@ -19,6 +19,7 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from ..config import ReuseConfig
 from ..metrics import PREFIX, ReuseStats
 from ..rollout import SampleOutput, SpeculativePlanner, UnsupportedSamplingError
+from ..trace import TraceWriter
 from .openrlhf_eval import is_evaluation
 from .vllm_rollout import AsyncSpeculativeGenerator
 
@@ -128,12 +129,18 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
             reused_logprobs=config.reused_logprobs,
             max_token_id=max_token_id,
             max_model_len=max_model_len,
+            trace=TraceWriter(config.trace_dir, policy.describe()) if config.trace_dir else None,
         )
         store = RayDraftStore(settings["num_shards"], current_run())
         self._generator = AsyncSpeculativeGenerator(
             None, policy, store, samples_per_visit=settings["samples_per_visit"], planner=planner
         )
         logger.info("speculative rollouts on: %s", policy.describe())
+
+    def flush_traces(self) -> None:
+        """Write out the draft traces recorded so far (also done every few seconds and at exit)."""
+        if self._generator is not None and self._generator.planner.trace is not None:
+            self._generator.planner.trace.flush()
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
         if self._generator is None and not self._unavailable:

@@ -16,6 +16,7 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import sys
 import threading
 import types
@@ -70,6 +71,19 @@ def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
         "--reuse.checkpoint_poll_s", type=float, default=10.0, help="how often to look for new checkpoints to save"
     )
     group.add_argument(
+        "--reuse.trace_dir",
+        default=None,
+        metavar="DIR",
+        help="record every cut draft here (p_prev, p_curr, length, finish) for `python -m specrl_openrlhf replay`",
+    )
+    group.add_argument(
+        "--reuse.update_every",
+        type=int,
+        default=None,
+        metavar="SAMPLES",
+        help="samples per update of a stateful rule (default: one step, rollout.batch_size x n_samples_per_prompt)",
+    )
+    group.add_argument(
         "--reuse.dry_run", action="store_true", help="print the resolved configuration, then exit before Ray starts"
     )
 
@@ -95,6 +109,8 @@ def reuse_config_from(namespace) -> ReuseConfig:
         cache_shards=get("reuse.cache_shards"),
         cache_dir=get("reuse.cache_dir"),
         plugins=tuple(get("reuse.plugin")),
+        trace_dir=get("reuse.trace_dir"),
+        update_every=get("reuse.update_every"),
     )
 
 
@@ -117,6 +133,14 @@ def check_combination(namespace) -> list[str]:
         raise ValueError(f"--train.agent_func_path {agent}: no such file (your agent composes with --rollout_reuse)")
     if config.cache_dir and not Path(config.cache_dir).is_dir():
         raise ValueError(f"--reuse.cache_dir {config.cache_dir}: no such directory")
+    if config.trace_dir:
+        existing = next(
+            p for p in [Path(config.trace_dir).resolve(), *Path(config.trace_dir).resolve().parents] if p.exists()
+        )
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise ValueError(
+                f"--reuse.trace_dir {config.trace_dir}: {existing} is not a writable folder; pass another"
+            )
     return warnings
 
 
@@ -185,6 +209,8 @@ def run_settings(args, config: ReuseConfig) -> dict:
         "training_signature": [args.rollout.temperature, args.rollout.top_p, -1],
         "remote_url": args.reward.remote_url,
         "inner_agent_func_path": args.train.agent_func_path,
+        # a stateful rule updates once per training step's samples unless told otherwise
+        "update_every": config.update_every or args.rollout.batch_size * args.rollout.n_samples_per_prompt,
     }
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
+from ..adaptive import FeedbackCoordinator
 from ..cache import Draft, DraftCache, prompt_key
 from ..metrics import ReuseStats
 from ..policies import ReusePolicy
@@ -106,6 +107,7 @@ class SpeculativeLLM:
         cache: DraftCache | None = None,
         seed: int = 0,
         reused_logprobs: str = "auto",
+        trace=None,
     ):
         self.llm = llm
         self.policy = policy
@@ -117,7 +119,9 @@ class SpeculativeLLM:
             reused_logprobs=reused_logprobs,
             max_token_id=max_token_id,
             max_model_len=max_model_len,
+            trace=trace,
         )
+        self.coordinator = FeedbackCoordinator(policy, 1) if policy.keeps_state else None
 
     def _run(self, prompts: list[list[int]], params: list[SamplingParams]):
         return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
@@ -178,8 +182,10 @@ class SpeculativeLLM:
                 sample.scored = self.planner.scored_from_prompt_logprobs(sample, output.prompt_logprobs)
         stats.time_scoring_s = time.perf_counter() - start
 
-        # 3. Cut, then 4. continue every sample that needs it in one batch.
+        # 3. Cut (a stateful rule updates after each batch), then 4. continue every sample that needs it in one batch.
         self.planner.decide(samples)
+        if self.coordinator is not None:
+            self.coordinator.report(*self.planner.feedback.take())
         start = time.perf_counter()
         requests = [(i, c) for i, s in enumerate(samples) if (c := self.planner.continuation(s)) is not None]
         continued = {}
@@ -206,35 +212,46 @@ class SpeculativeLLM:
         return RolloutBatch([flat[p * n : (p + 1) * n] for p in range(len(prompts))], stats)
 
 
+@dataclass
+class OpenVisit:
+    """A visit whose samples are still arriving. `drafts` is the one claim made for all of its samples."""
+
+    visit_id: str
+    joined: int = 0
+    drafts: asyncio.Future | None = None
+
+
 class VisitTracker:
     """Groups per-request calls into visits: the n concurrent samples of one prompt share a visit id.
 
     In OpenRLHF the n samples of a prompt arrive as n concurrent calls on one engine; the visit closes after
-    its n-th claim, so the next call for the prompt opens a new visit whatever order earlier ones finish in.
+    its n-th sample joins, so the next call for the prompt opens a new visit whatever order earlier ones finish in.
     Prompts that never reach n calls (an agent's later turns, whose prompts hold one sample's history) would stay
-    open forever: at most `max_open` visits are kept, the least recently claimed closing first.
+    open forever: at most `max_open` visits are kept, the least recently joined closing first.
     """
 
     def __init__(self, samples_per_visit: int, max_open: int = 1 << 16):
         self.samples_per_visit = samples_per_visit
         self.max_open = max_open
-        self._open: OrderedDict[bytes, list] = OrderedDict()
+        self._open: OrderedDict[bytes, OpenVisit] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def visit_for(self, key: bytes) -> str:
-        entry = self._open.get(key)
-        if entry is None:
-            entry = self._open[key] = [uuid.uuid4().hex, 0]
+    def join(self, key: bytes) -> tuple[OpenVisit, int]:
+        """The visit a new sample of prompt `key` belongs to, and the sample's slot in it (0 for the first)."""
+        visit = self._open.get(key)
+        if visit is None:
+            visit = self._open[key] = OpenVisit(uuid.uuid4().hex)
             while len(self._open) > self.max_open:
                 self._open.popitem(last=False)
         else:
             self._open.move_to_end(key)
-        entry[1] += 1
-        if entry[1] >= self.samples_per_visit:
+        slot = visit.joined
+        visit.joined += 1
+        if visit.joined >= self.samples_per_visit:
             del self._open[key]
-        return entry[0]
+        return visit, slot
 
 
 class LocalDraftStore:
@@ -252,16 +269,23 @@ class LocalDraftStore:
             False: cache if cache is not None else DraftCache(keep_visits=keep_visits),
             True: follow_up_cache if follow_up_cache is not None else DraftCache(keep_visits=keep_visits),
         }
+        self.coordinator: FeedbackCoordinator | None = None
 
     @property
     def cache(self) -> DraftCache:
         return self.caches[False]
 
-    async def claim(self, key: bytes, visit_id: str, age: int, follow_up: bool = False) -> Draft | None:
-        return self.caches[follow_up].claim(key, visit_id, age)
+    async def claim(self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False) -> list:
+        """Drafts for `count` samples of a visit (None where there is none)."""
+        return self.caches[follow_up].claim_many(key, visit_id, age, count)
 
     async def commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool = False) -> None:
         self.caches[follow_up].commit(key, visit_id, draft)
+
+    async def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
+        """A stateful rule's feedback; the answer is the rule's state to load. Here the generator's own rule is the
+        coordinator's copy (one process), set by `AsyncSpeculativeGenerator`."""
+        return self.coordinator.report(feedback, samples)
 
 
 class AsyncSpeculativeGenerator:
@@ -272,13 +296,31 @@ class AsyncSpeculativeGenerator:
     means no draft for the next visit; the sample itself is always returned.
     """
 
-    def __init__(self, generate, policy: ReusePolicy, store, *, samples_per_visit: int, planner: SpeculativePlanner):
+    def __init__(
+        self,
+        generate,
+        policy: ReusePolicy,
+        store,
+        *,
+        samples_per_visit: int,
+        planner: SpeculativePlanner,
+        update_every: int | None = None,
+    ):
         self.generate_fn = generate
         self.policy = policy
         self.store = store
         self.visits = VisitTracker(samples_per_visit)
         self.planner = planner
         self.failures = 0
+        if policy.keeps_state and isinstance(store, LocalDraftStore):  # one process: this rule is the coordinator's
+            store.coordinator = FeedbackCoordinator(policy, update_every or samples_per_visit)
+
+    async def _report_feedback(self) -> None:
+        feedback, samples = self.planner.feedback.take()
+        try:
+            self.policy.load_state_dict(await self.store.report(feedback, samples))
+        except Exception as error:  # the rule keeps its current state; the sample goes on
+            self._warn("reuse rule feedback could not be reported; the rule keeps its state", error)
 
     def _warn(self, what: str, error: Exception) -> None:
         self.failures += 1
@@ -304,10 +346,20 @@ class AsyncSpeculativeGenerator:
 
     async def _speculative(self, prompt_ids: list[int], params: SamplingParams, follow_up: bool) -> SampleOutput:
         key = prompt_key(prompt_ids)
-        visit_id = self.visits.visit_for(key)
+        visit, slot = self.visits.join(key)
+        age = self.policy.draft_age
+        if follow_up:  # a later turn's prompt holds one sample's history: its samples claim one by one
+            claim, slot = self.store.claim(key, visit.visit_id, age, 1, follow_up), 0
+        else:  # the visit's first sample claims for all of them: one cache call per visit
+            if visit.drafts is None:
+                visit.drafts = asyncio.ensure_future(
+                    self.store.claim(key, visit.visit_id, age, self.visits.samples_per_visit)
+                )
+            claim = asyncio.shield(visit.drafts)
         draft, cache_errors = None, 0
         try:
-            draft = await self.store.claim(key, visit_id, self.policy.draft_age, follow_up)
+            drafts = await claim
+            draft = drafts[slot] if slot < len(drafts) else None
         except Exception as error:  # the cache is unreachable: this sample has no draft
             self._warn("draft cache claim failed; this sample is generated normally", error)
             cache_errors = 1
@@ -322,6 +374,8 @@ class AsyncSpeculativeGenerator:
         sample.stats.time_scoring_s = time.perf_counter() - start
 
         self.planner.decide([sample])
+        if self.planner.feedback.samples >= self.visits.samples_per_visit:  # a stateful rule reports once a visit
+            await self._report_feedback()
         start = time.perf_counter()
         new_ids, new_lp, finish = (), None, None
         request = self.planner.continuation(sample)
@@ -336,7 +390,7 @@ class AsyncSpeculativeGenerator:
             sample, new_ids, new_lp, finish, want_logprobs=params.logprobs is not None
         )
         try:
-            await self.store.commit(key, visit_id, next_draft, follow_up)
+            await self.store.commit(key, visit.visit_id, next_draft, follow_up)
         except Exception as error:  # the sample is fine; only its next visit loses a draft
             self._warn("draft cache commit failed; the sample is kept", error)
             output.stats.cache_errors = 1

@@ -53,6 +53,16 @@ class ReusePolicy(ABC):
     # 0 = no drafts at all (the rollout then behaves exactly like stock generation).
     draft_age: ClassVar[int] = 1
 
+    # Whether the cut of a draft's first k tokens never depends on the tokens after them (true of every rule that
+    # stops at the first rejection). Such a rule lets the rollout score a draft in chunks and stop scoring at the
+    # first rejection; any other rule gets every draft scored in full.
+    prefix_decidable: ClassVar[bool] = False
+    # Rules that adapt across batches set this and override `feedback`, `update`, `state_dict` and
+    # `load_state_dict` (worked example: policies/adaptive_lenience.py). Every engine reports `feedback` for the
+    # batches it cut; one coordinator adds the reports of all engines, calls `update` once per `--reuse.update_every`
+    # samples and hands the new `state_dict()` back to every engine.
+    keeps_state: ClassVar[bool] = False
+
     def __init__(self, params=None):
         params = self.Params() if params is None else params
         if not isinstance(params, self.Params):
@@ -62,6 +72,29 @@ class ReusePolicy(ABC):
     @abstractmethod
     def cut(self, batch: DraftBatch) -> torch.Tensor:
         """Return the number of leading draft tokens to keep, [B] int64 with 0 <= cut <= lengths."""
+
+    @property
+    def lenience(self) -> float | None:
+        """The lenience the rule applies now (reported as `reuse/lenience`), or None if it has none."""
+        value = getattr(self.params, "lenience", None)
+        return None if value is None else float(value)
+
+    def feedback(self, batch: DraftBatch, cuts: torch.Tensor) -> dict[str, float]:
+        """Statistics of one cut batch that `update` needs. Values must be sums (counts, totals): reports from
+        several batches and engines combine by adding them."""
+        return {}
+
+    def update(self, feedback: dict[str, float]) -> None:
+        """Adapt the rule's state to the summed feedback of the samples since the last update."""
+        return None
+
+    def state_dict(self) -> dict[str, float]:
+        """The rule's state, JSON-serialisable (it travels to every engine and into checkpoints)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Take over a state produced by `state_dict` (of the coordinator's copy of the rule)."""
+        return None
 
     def describe(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.params, f.name)!r}" for f in dataclasses.fields(self.params))

@@ -39,6 +39,7 @@ class Spec(ReusePolicy):
     """Lenient speculative acceptance: keep token i while u_i <= min(1, lenience * p_curr / p_prev)."""
 
     Params = LenienceParams
+    prefix_decidable = True
 
     def cut(self, batch: DraftBatch) -> torch.Tensor:
         return lenient_cut(batch, self.params.lenience)
@@ -47,6 +48,12 @@ class Spec(ReusePolicy):
 @register("exact")
 class Exact(ReusePolicy):
     """Vanilla speculative acceptance (lenience 1): keep token i while u_i <= min(1, p_curr / p_prev)."""
+
+    prefix_decidable = True
+
+    @property
+    def lenience(self) -> float:
+        return 1.0
 
     def cut(self, batch: DraftBatch) -> torch.Tensor:
         return lenient_cut(batch, 1.0)

@@ -12,6 +12,7 @@ from pathlib import Path
 from .base import ReusePolicy
 
 _REGISTRY: dict[str, type[ReusePolicy]] = {}
+_ALIASES: dict[str, type[ReusePolicy]] = {}  # rule references (rule.py:Class) already loaded
 
 
 class UnknownPolicyError(ValueError):
@@ -49,16 +50,67 @@ def registered() -> dict[str, type[ReusePolicy]]:
 
 
 def policy_class(name: str) -> type[ReusePolicy]:
-    """The class registered under `name`; an unknown name suggests the closest one and lists the valid ones."""
-    try:
+    """The class registered under `name`, or named by a rule reference `path/to/rule.py:Class` or
+    `package.module:Class` (loaded on first use, in every process that asks). An unknown name suggests the closest
+    one and lists the valid ones."""
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise UnknownPolicyError(
-            f"unknown reuse policy {name!r}.{hint} Valid names: {', '.join(_REGISTRY)}. "
-            f"Plugins register more names: load them with --reuse.plugin FILE.py."
-        ) from None
+    if isinstance(name, str) and ":" in name:
+        return rule_class(name)
+    close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownPolicyError(
+        f"unknown reuse policy {name!r}.{hint} Valid names: {', '.join(_REGISTRY)}. "
+        f"A rule of your own: --rollout_reuse path/to/rule.py:ClassName (or package.module:ClassName), "
+        f"or register names with --reuse.plugin FILE.py."
+    )
+
+
+def is_rule_reference(name: str) -> bool:
+    return isinstance(name, str) and ":" in name and name not in _REGISTRY
+
+
+def absolute_reference(name: str) -> str:
+    """`rule.py:Class` with the file made absolute, so that Ray processes with another working folder find it."""
+    if not is_rule_reference(name):
+        return name
+    target, _, attr = name.rpartition(":")
+    if not target.endswith(".py"):
+        return name
+    return f"{Path(target).expanduser().resolve()}:{attr}"
+
+
+def rule_class(reference: str) -> type[ReusePolicy]:
+    """Load the `ReusePolicy` subclass a rule reference names. Errors name the reference and the fix."""
+    if reference in _ALIASES:
+        return _ALIASES[reference]
+    flag = f"--rollout_reuse {reference}"
+    target, _, attr = reference.rpartition(":")
+    if not target or not attr.isidentifier():
+        raise PluginError(f"{flag}: write a rule as path/to/rule.py:ClassName or package.module:ClassName")
+    if target.endswith(".py"):
+        module = _execute_file(Path(target), flag)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as error:
+            raise PluginError(f"{flag}: cannot import {target} ({type(error).__name__}: {error})") from error
+    cls = getattr(module, attr, None)
+    if cls is None:
+        defined = sorted(
+            n
+            for n, v in vars(module).items()
+            if isinstance(v, type) and issubclass(v, ReusePolicy) and v is not ReusePolicy
+        )
+        raise PluginError(f"{flag}: {target} has no {attr!r}; the rules it defines: {', '.join(defined) or 'none'}")
+    if not (isinstance(cls, type) and issubclass(cls, ReusePolicy)):
+        raise PluginError(f"{flag}: {attr} is not a ReusePolicy subclass (see policies/template.py)")
+    if not dataclasses.is_dataclass(cls.Params) or not cls.Params.__dataclass_params__.frozen:
+        raise PluginError(f"{flag}: {attr}.Params must be a frozen dataclass")
+    if cls not in _REGISTRY.values():  # not registered under a name of its own: it goes by its reference
+        cls.name = reference
+    _ALIASES[reference] = cls
+    return cls
 
 
 def make(name: str, **params) -> ReusePolicy:
@@ -100,19 +152,16 @@ def describe_policies() -> str:
     return "\n".join(lines)
 
 
-def load_plugin(path: str | Path) -> list[str]:
-    """Execute a plugin file that registers policies and return the names it added.
-
-    Safe to call again with the same file (in every Ray process, for example): it is executed once per process.
-    """
+def _execute_file(path: Path, flag: str):
+    """Run a Python file as a module, once per process (Ray workers call this again and again)."""
     path = Path(path).expanduser().resolve()
     if path.suffix != ".py":
-        raise PluginError(f"--reuse.plugin {path}: a plugin must be a Python file ending in .py")
+        raise PluginError(f"{flag}: a plugin must be a Python file ending in .py")
     if not path.is_file():
-        raise PluginError(f"--reuse.plugin {path}: no such file; pass the path to a file like policies/template.py")
+        raise PluginError(f"{flag}: no such file {path}; pass the path to a file like policies/template.py")
     module_name = "specrl_plugin_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
     if module_name in sys.modules:
-        return list(getattr(sys.modules[module_name], "_specrl_registered", []))
+        return sys.modules[module_name]
     before = set(_REGISTRY)
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
@@ -121,13 +170,23 @@ def load_plugin(path: str | Path) -> list[str]:
     except Exception as error:  # a plugin may fail in any way; report it as the plugin's fault
         for name in set(_REGISTRY) - before:
             del _REGISTRY[name]
-        raise PluginError(f"--reuse.plugin {path} failed to load: {type(error).__name__}: {error}") from error
-    added = [name for name in _REGISTRY if name not in before]
-    if not added:
-        raise PluginError(
-            f"--reuse.plugin {path} registered no policy; decorate a ReusePolicy subclass with "
-            f"@specrl_openrlhf.register('name') (see policies/template.py)"
-        )
-    module._specrl_registered = added
+        raise PluginError(f"{flag} failed to load: {type(error).__name__}: {error}") from error
+    module._specrl_registered = [name for name in _REGISTRY if name not in before]
     sys.modules[module_name] = module
-    return added
+    return module
+
+
+def load_plugin(path: str | Path) -> list[str]:
+    """Execute a plugin file that registers policies and return the names it added.
+
+    Safe to call again with the same file (in every Ray process, for example): it is executed once per process.
+    """
+    flag = f"--reuse.plugin {Path(path).expanduser().resolve()}"
+    module = _execute_file(Path(path), flag)
+    if not module._specrl_registered:
+        raise PluginError(
+            f"{flag} registered no policy; decorate a ReusePolicy subclass with "
+            f"@specrl_openrlhf.register('name') (see policies/template.py), or name the class directly with "
+            f"--rollout_reuse FILE.py:ClassName"
+        )
+    return list(module._specrl_registered)

@@ -15,12 +15,16 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("openrlhf")
 
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
-from openrlhf.trainer.ray.vllm_engine import RolloutRayActor  # noqa: E402
 from openrlhf.utils.agent import AgentInstanceBase  # noqa: E402
 
 import specrl_openrlhf as sr  # noqa: E402
 from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs  # noqa: E402
-from specrl_openrlhf.integration.cpu.weights import EXTENSION, perturbed_state_dict  # noqa: E402
+from specrl_openrlhf.integration.cpu.weights import (  # noqa: E402
+    EXTENSION,
+    perturbed_state_dict,
+    rollout_actor_class,
+    write_weights,
+)
 from specrl_openrlhf.integration.draft_store import create_draft_cache, save_draft_cache  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_eval import install_in_worker  # noqa: E402
@@ -29,15 +33,6 @@ from specrl_openrlhf.integration.vllm_rollout import engine_generate  # noqa: E4
 N_SAMPLES = 4
 PROMPTS = [f"Q{i}: what is {i}+{i}? " * 3 for i in range(6)]
 LABELS = [str(2 * i) for i in range(6)]
-
-
-@ray.remote(num_cpus=0)
-class TestRolloutActor(RolloutRayActor.__ray_actor_class__):
-    """The real RolloutRayActor plus a CPU weight-reload hook (OpenRLHF's own update path needs NCCL)."""
-
-    async def reload_weights(self, path):
-        await self.llm.collective_rpc("reload_safetensors", args=(path,))
-        await self.llm.reset_prefix_cache()
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +66,7 @@ def engines(ray_cluster, tiny_model_dir, reward_file, tmp_path_factory):
     }
     shards = create_draft_cache(settings, num_shards=2, max_bytes=1 << 30)
     actors = [
-        TestRolloutActor.remote(
+        rollout_actor_class().remote(
             model=str(tiny_model_dir),
             num_gpus=0,
             distributed_executor_backend="uni",
@@ -101,7 +96,6 @@ def samples_generator(actors, tokenizer, eval_prompts=None):
 
 
 def test_three_visits_through_openrlhf(engines, tiny_model_dir):
-    from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
     actors, shards, scratch = engines
@@ -110,7 +104,7 @@ def test_three_visits_through_openrlhf(engines, tiny_model_dir):
     visits = []
     for visit in range(3):
         path = scratch / f"w{visit}.safetensors"
-        save_file(perturbed_state_dict(tiny_model_dir, 0.3 * (visit > 0), visit), str(path))
+        write_weights(perturbed_state_dict(tiny_model_dir, 0.3 * (visit > 0), visit), path)
         ray.get([a.reload_weights.remote(str(path)) for a in actors])
         experiences, _, _, _ = samples_generator(actors, tokenizer).generate_samples(**kwargs)
         visits.append(experiences)
@@ -306,6 +300,9 @@ def test_dead_cache_actor_falls_back_to_normal_generation(engines, tiny_model_di
         assert end > start and len(response["rollout_log_probs"]) == end
 
 
+MAX_LENGTH = 400
+
+
 class TwoTurnInstance(AgentInstanceBase):
     """Answers once with a fixed feedback, then ends: reward 1 per turn."""
 
@@ -357,17 +354,22 @@ def test_two_turn_agent_stays_bounded_and_reuses_its_first_turns(async_engine, t
     prompts = [f"two turns {i}: " for i in range(3)]
 
     async def visit():
-        calls = [executor.execute(p, "x", params, 400, tokenizer, llm) for p in prompts for _ in range(N_SAMPLES)]
+        calls = [
+            executor.execute(p, "x", params, MAX_LENGTH, tokenizer, llm) for p in prompts for _ in range(N_SAMPLES)
+        ]
         return await asyncio.gather(*calls)
 
     feedback = tokenizer(TwoTurnInstance.FEEDBACK, add_special_tokens=False)["input_ids"]
     hits = []
     for _ in range(12):
         for result in runner.run(visit()):  # the agent's own output is intact
-            (a1, b1), (a2, b2) = result["action_ranges"]
-            tokens = result["observation_tokens"]
+            tokens, ranges = result["observation_tokens"], result["action_ranges"]
+            assert len(result["rollout_log_probs"]) == len(tokens) and result["reward"] == len(ranges)
+            if len(ranges) == 1:  # OpenRLHF gives each turn the whole remaining budget: this one used it all
+                assert len(tokens) >= MAX_LENGTH and tokens[ranges[0][1] :] == feedback
+                continue
+            (a1, b1), (a2, b2) = ranges
             assert tokens[b1:a2] == feedback and b2 == len(tokens) and a1 < b1 < a2 <= b2
-            assert len(result["rollout_log_probs"]) == len(tokens) and result["reward"] == 2.0
         hits.append(first.hits)
         assert len(generator.visits) <= 16  # follow-up prompts (one sample's history) never fill a visit
         assert first.nbytes <= first.max_bytes and follow_up.nbytes <= follow_up.max_bytes

@@ -295,9 +295,11 @@ def test_train_with_reuse_starts_ray_with_the_eval_marking_hook(monkeypatch):
             plugin=[],
             dry_run=False,
             checkpoint_poll_s=10.0,
+            trace_dir=None,
+            update_every=None,
         ),
         ckpt=ns(load_enable=False, path="/nonexistent"),
-        rollout=ns(n_samples_per_prompt=4, temperature=1.0, top_p=1.0),
+        rollout=ns(batch_size=8, n_samples_per_prompt=4, temperature=1.0, top_p=1.0),
         reward=ns(remote_url=None),
         train=ns(agent_func_path=None),
     )

@@ -7,7 +7,7 @@ import torch
 import specrl_openrlhf as sr
 from specrl_openrlhf.cache import Draft, DraftCache, prompt_key
 from specrl_openrlhf.integration.cpu.tiny_model import EOS_ID
-from specrl_openrlhf.integration.cpu.weights import perturbed_state_dict, update_llm_weights
+from specrl_openrlhf.integration.cpu.weights import perturbed_state_dict, update_llm_weights, write_weights
 from specrl_openrlhf.integration.vllm_rollout import (
     AsyncSpeculativeGenerator,
     LocalDraftStore,
@@ -241,8 +241,6 @@ def check_well_formed(batch, prompts, cache, max_tokens):
 
 def test_weight_update_between_scoring_and_continuation(async_engine, tiny_model_dir, tmp_path):
     """Async training can land a weight update between a sample's scoring pass and its continuation."""
-    from safetensors.torch import save_file
-
     engine, runner = async_engine
     plain = engine_generate(engine)
     updates = []
@@ -251,7 +249,7 @@ def test_weight_update_between_scoring_and_continuation(async_engine, tiny_model
         output = await plain(prompt, params)
         if params.prompt_logprobs is not None and len(updates) < 3:  # a scoring request just returned
             path = tmp_path / f"w{len(updates)}.safetensors"
-            save_file(perturbed_state_dict(tiny_model_dir, 0.3, seed=len(updates)), str(path))
+            write_weights(perturbed_state_dict(tiny_model_dir, 0.3, seed=len(updates)), path)
             updates.append(path)
             await engine.collective_rpc("reload_safetensors", args=(str(path),))
             await engine.reset_prefix_cache()
@@ -264,7 +262,7 @@ def test_weight_update_between_scoring_and_continuation(async_engine, tiny_model
         second = runner.run(gather_samples(generator, PROMPTS[:3], sp))
     finally:
         path = tmp_path / "original.safetensors"
-        save_file(perturbed_state_dict(tiny_model_dir, 0.0, 0), str(path))
+        write_weights(perturbed_state_dict(tiny_model_dir, 0.0, 0), path)
         runner.run(engine.collective_rpc("reload_safetensors", args=(str(path),)))
         runner.run(engine.reset_prefix_cache())
     assert len(updates) == 3 and second.stats.drafts_found == 12 and second.stats.fallbacks == 0

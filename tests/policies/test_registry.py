@@ -1,5 +1,6 @@
 import dataclasses
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.policies import PluginError, UnknownPolicyError, load_plugin, make, registered
+from specrl_openrlhf.policies import PluginError, UnknownPolicyError, load_plugin, make, policy_class, registered
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,12 +55,19 @@ def test_params_are_frozen_and_keyword_only():
         type(params)(2.0)
 
 
-def test_worked_examples_and_template_load(tmp_path):
-    for path in sorted((REPO / "policies").glob("*.py")):
-        names = load_plugin(path)
-        for name in names:
-            assert name in registered()
-        assert load_plugin(path) == names  # idempotent, as in every Ray process
+@pytest.mark.parametrize("path", sorted((REPO / "policies").glob("*.py")), ids=lambda p: p.name)
+def test_worked_examples_and_template_load(path):
+    """Every rule in the sandbox loads by reference (FILE.py:Class) with its default parameters; names it registers
+    are in the registry; loading twice, as every Ray process does, changes nothing."""
+    source = path.read_text()
+    classes = re.findall(r"^class (\w+)\(sr\.ReusePolicy\)", source, re.M)
+    assert classes, f"{path.name} defines no rule"
+    for name in classes:
+        cls = policy_class(f"{path}:{name}")
+        assert policy_class(f"{path}:{name}") is cls
+        assert isinstance(cls(), sr.ReusePolicy)
+    for name in re.findall(r'@sr\.register\("(\w+)"\)', source):
+        assert name in registered()
 
 
 def test_bad_plugin_files(tmp_path):

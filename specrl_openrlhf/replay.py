@@ -1,0 +1,112 @@
+"""Offline replay of acceptance rules on recorded draft traces: `python -m specrl_openrlhf replay DIR --rollout_reuse
+spec exact random my_rule.py:MyRule`. No engine: each rule cuts the recorded drafts with the uniforms the run drew,
+so replaying the rule a run used reproduces that run's cuts, and any other rule sees the very same drafts.
+
+What replay can't know is what a continuation would have generated: "decoded tokens saved" counts the draft tokens
+a rule keeps, which the engine would otherwise have decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .adaptive import FeedbackCoordinator
+from .policies import DraftBatch, ReusePolicy
+from .trace import TraceRecords, uniforms_for
+
+
+class ReplayError(ValueError):
+    """A rule that the traces can't answer for (it needs scores the run never computed)."""
+
+
+@dataclass
+class ReplayResult:
+    rule: str
+    drafts: int
+    draft_tokens: int
+    reused_tokens: int  # = decoded tokens saved
+    fully_reused: int  # drafts kept whole that needed no continuation
+    seconds: float = 0.0
+
+    @property
+    def reuse_ratio(self) -> float:
+        return self.reused_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_verified_prefix(self) -> float:
+        return self.reused_tokens / self.drafts if self.drafts else 0.0
+
+    @property
+    def full_reuse_ratio(self) -> float:
+        return self.fully_reused / self.drafts if self.drafts else 0.0
+
+
+def tally(name: str, records: TraceRecords, cuts: np.ndarray) -> ReplayResult:
+    """Metrics of a set of cuts, one per record; a draft is fully reused when it is kept whole and either ended by a
+    stop condition or filled the sample's budget (the rollout then skips generation, as here)."""
+    whole = cuts == records.lengths
+    complete = records.draft_ended | (records.lengths >= records.budget)
+    return ReplayResult(
+        rule=name,
+        drafts=len(records),
+        draft_tokens=int(records.lengths.sum()),
+        reused_tokens=int(cuts.sum()),
+        fully_reused=int((whole & complete).sum()),
+    )
+
+
+def replay(
+    policy: ReusePolicy, records: TraceRecords, *, batch_size: int = 256, update_every: int | None = None
+) -> np.ndarray:
+    """The cut `policy` makes on every record, [N] int64, in trace order. A stateful rule gets its feedback and
+    updates as in a run: one update per `update_every` drafts (default: `batch_size`)."""
+    if policy.needs_scores and not records.scored.all():
+        raise ReplayError(
+            f"rule {policy.describe()} reads p_curr, but {int((~records.scored).sum())} of {len(records)} traced "
+            f"drafts were never scored (the run's rule did not score them). Record traces with a rule that scores "
+            f"drafts (spec, exact, delayed), or replay rules that don't (random, full)."
+        )
+    coordinator = FeedbackCoordinator(policy, update_every or batch_size) if policy.keeps_state else None
+    cuts = np.zeros(len(records), np.int64)
+    for start in range(0, len(records), batch_size):
+        rows = range(start, min(start + batch_size, len(records)))
+        lengths = records.lengths[start : rows.stop]  # [B]
+        width = int(lengths.max()) if len(lengths) else 0
+        draft_lp = np.zeros((len(rows), width), np.float32)  # [B, T]
+        scored_lp = np.zeros((len(rows), width), np.float32)  # [B, T]
+        uniforms = np.zeros((len(rows), width), np.float64)  # [B, T]
+        for b, r in enumerate(rows):
+            lo, hi = records.offsets[r], records.offsets[r + 1]
+            draft_lp[b, : hi - lo] = records.draft_logprobs[lo:hi]
+            scored_lp[b, : hi - lo] = np.nan_to_num(records.scored_logprobs[lo:hi], nan=0.0)
+            uniforms[b, : hi - lo] = uniforms_for(records.entropy[r], int(hi - lo))
+        batch = DraftBatch(
+            draft_logprobs=torch.from_numpy(draft_lp),
+            scored_logprobs=torch.from_numpy(scored_lp) if policy.needs_scores else None,
+            lengths=torch.from_numpy(lengths.astype(np.int64)),
+            uniforms=torch.from_numpy(uniforms),
+        )
+        batch_cuts = torch.minimum(policy.cut(batch).long().clamp(min=0), batch.lengths)
+        if coordinator is not None:
+            coordinator.report(policy.feedback(batch, batch_cuts), len(rows))
+        cuts[start : rows.stop] = batch_cuts.numpy()
+    return cuts
+
+
+def format_table(results: list[ReplayResult], records: TraceRecords) -> str:
+    lines = [
+        f"{len(records)} traced drafts, {int(records.lengths.sum())} draft tokens "
+        f"(recorded by: {', '.join(p for p in records.policies if p)})",
+        "",
+        "| rule | reuse ratio | mean verified prefix | full-reuse ratio | decoded tokens saved | replay s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.rule} | {r.reuse_ratio:.3f} | {r.mean_verified_prefix:.1f} | {r.full_reuse_ratio:.3f} | "
+            f"{r.reused_tokens} | {r.seconds:.2f} |"
+        )
+    return "\n".join(lines)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job on an embedded default: speculative rollouts of a tiny local model over several visits,
-# with the weights changing between visits, printing a per-visit reuse table. Extra flags go to the demo
-# (for example --policy exact, --lenience 2.0, --visits 6).
+# The main job: GRPO on CPU with stock rollouts and with speculative ones, side by side, on a tiny model
+# warm-started on a local math task (built and cached on first use). Prints a table per epoch, writes
+# metrics.csv/json and plots to --out (default runs/quickstart), and ends with one RESULT line.
+#   bash scripts/quickstart.sh [--policy exact] [--lenience 2.0] [--epochs 6] [--seed 1] [--out DIR]
+#   bash scripts/quickstart.sh --grid lenience     # the paper's lenience ablation in miniature
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR} TOKENIZERS_PARALLELISM=false
-python -m specrl_openrlhf.integration.cpu.demo "$@"
+python -m specrl_openrlhf.integration.cpu.quickstart "$@"

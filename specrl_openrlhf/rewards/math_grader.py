@@ -17,33 +17,48 @@ import concurrent.futures
 import multiprocessing
 import threading
 
-TIMEOUT_S = 5.0
+TIMEOUT_S = 5  # per parse and per comparison, enforced inside the worker (math-verify's own signal alarm)
+WORKERS = 2
+STARTUP_TIMEOUT_S = 300.0  # a new worker imports math-verify (and re-imports the parent's main module)
+STUCK_S = 120.0  # a caller gives up after this long, queueing included, and replaces the pool
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
 def _grade(response: str, label: str) -> float:
-    """Runs in a worker process, so a pathological parse can be abandoned and the worker killed."""
-    import logging
-
+    """Runs in a worker process's main thread, where math-verify's alarm-based timeouts work: a pathological parse
+    gives up after TIMEOUT_S and scores 0, and the worker lives on."""
     from math_verify import parse, verify
 
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that we handle timeouts ourselves
-
-    gold = parse(label if "\\boxed" in label or "$" in label else f"${label}$", parsing_timeout=None)
-    answer = parse(response, parsing_timeout=None)
+    gold = parse(label if "\\boxed" in label or "$" in label else f"${label}$", parsing_timeout=TIMEOUT_S)
+    answer = parse(response, parsing_timeout=TIMEOUT_S)
     if not gold or not answer:
         return 0.0
-    return 1.0 if verify(gold, answer, timeout_seconds=None) else 0.0
+    return 1.0 if verify(gold, answer, timeout_seconds=TIMEOUT_S) else 0.0
+
+
+def _warm() -> bool:
+    import math_verify  # noqa: F401
+
+    return True
 
 
 def _get_pool() -> concurrent.futures.ProcessPoolExecutor:
+    """The grading pool, its workers started and warm: `TIMEOUT_S` then bounds a parse, never a worker's start-up
+    (otherwise a slow start times out, the pool is replaced, and the next start times out again)."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=2, mp_context=multiprocessing.get_context("spawn")
+            pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=WORKERS, mp_context=multiprocessing.get_context("spawn")
             )
+            try:
+                for future in [pool.submit(_warm) for _ in range(WORKERS)]:
+                    future.result(timeout=STARTUP_TIMEOUT_S)
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            _pool = pool
         return _pool
 
 
@@ -65,14 +80,14 @@ def response_of(query: str, prompt: str) -> str:
     return query[len(prompt) :] if query.startswith(prompt) else query
 
 
-def score(response: str, label, timeout_s: float = TIMEOUT_S) -> float:
+def score(response: str, label) -> float:
     """1.0 or 0.0 for one response; 0.0 on malformed input, errors and timeouts."""
     if not isinstance(response, str) or label is None or not str(label).strip():
         return 0.0
     try:
-        return _get_pool().submit(_grade, response[-4000:], str(label)).result(timeout=timeout_s)
+        return _get_pool().submit(_grade, response[-4000:], str(label)).result(timeout=STUCK_S)
     except concurrent.futures.TimeoutError:
-        _reset_pool()  # the stuck worker can't be interrupted: kill it
+        _reset_pool()  # a worker stuck past its own alarm can't be interrupted: kill it
         return 0.0
     except Exception:
         return 0.0

@@ -48,8 +48,25 @@ def test_reward_func_in_openrlhf_format(reward):
     assert out["extra_logs"]["reward/math_verify_accuracy"].item() == 0.5
 
 
-def test_timeout_scores_zero_and_recovers(reward):
-    assert reward.score("\\boxed{2}", "2", timeout_s=1e-6) == 0.0  # far too short: times out, worker killed
+def test_many_concurrent_callers_all_get_their_grade(reward):
+    """OpenRLHF grades each sample in its own thread: hundreds of calls at once must not time each other out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [(f"\\boxed{{{i % 7}}}", str(i % 5)) for i in range(300)]
+    with ThreadPoolExecutor(64) as threads:
+        got = list(threads.map(lambda case: reward.score(*case), cases))
+    assert got == [float(i % 7 == i % 5) for i in range(300)]
+
+
+def test_a_stuck_pool_scores_zero_and_recovers(reward, monkeypatch):
+    import time
+
+    pool = reward._get_pool()
+    for _ in range(reward.WORKERS):  # both workers busy well past the caller's patience
+        pool.submit(time.sleep, 3)
+    monkeypatch.setattr(reward, "STUCK_S", 0.5)
+    assert reward.score("\\boxed{2}", "2") == 0.0  # gave up; the pool was replaced
+    monkeypatch.undo()
     assert reward.score("\\boxed{2}", "2") == 1.0
 
 

@@ -1,4 +1,4 @@
-"""Builds a tiny Qwen2 model and a character-level tokenizer on local disk.
+"""Builds a tiny Qwen3 model and a character-level tokenizer on local disk.
 
 Tests, the quickstart and the benchmark use it because no model hub is reachable. The shape respects what
 vLLM's CPU backend accepts (head_dim 64, see ../shared/FACTS.md).
@@ -6,6 +6,7 @@ vLLM's CPU backend accepts (head_dim 64, see ../shared/FACTS.md).
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
 
@@ -29,14 +30,14 @@ def build_tiny_model(
     eos_logit: float = 1.0,
     seed: int = 0,
 ) -> Path:
-    """Write a random tiny Qwen2 model and its tokenizer to ``path`` and return the path.
+    """Write a random tiny Qwen3 model and its tokenizer to ``path`` and return the path.
 
     ``embedding_scale`` sets how peaked next-token distributions are (2.0 gives about 2 nats of entropy);
     ``eos_logit`` raises the EOS logit on typical hidden states so samples end at varied lengths.
     Existing models are left as they are, so repeated calls are cheap.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     path = Path(path)
     if (path / "config.json").exists() and (path / "model.safetensors").exists():
@@ -51,15 +52,22 @@ def build_tiny_model(
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=pad, bos_token=bos, eos_token=eos).save_pretrained(
         path
     )
+    # Name the class: otherwise transformers 5 may pick the model type's own tokenizer class, whose byte-level
+    # pre-tokenizer drops every space and newline. (For Qwen2 it does so even then; hence a Qwen3 model.)
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(config, indent=2))
 
     num_heads = hidden_size // 64  # vLLM's CPU attention needs head_dim 64
-    config = Qwen2Config(
+    config = Qwen3Config(
         vocab_size=MODEL_VOCAB_SIZE,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
+        head_dim=64,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         bos_token_id=BOS_ID,
@@ -68,7 +76,7 @@ def build_tiny_model(
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).eval()
+    model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(embedding_scale)
         # Point the EOS row along the mean final hidden state so its logit is about `eos_logit` on typical inputs.

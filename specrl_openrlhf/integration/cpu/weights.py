@@ -35,16 +35,42 @@ def perturbed_state_dict(model_dir: str | Path, noise: float, seed: int) -> dict
     for name, tensor in state.items():
         scale = noise * tensor.float().std() if tensor.numel() > 1 else 0.0
         out[name] = (tensor.float() + scale * torch.randn(tensor.shape, generator=generator)).to(tensor.dtype)
-    if "lm_head.weight" not in out and "model.embed_tokens.weight" in out:  # tied embeddings: vLLM wants both
-        out["lm_head.weight"] = out["model.embed_tokens.weight"].clone()
     return out
+
+
+def write_weights(state: dict[str, torch.Tensor], path: str | Path) -> str:
+    """Save a checkpoint-format state dict as safetensors, with `lm_head.weight` present (vLLM wants both halves of
+    tied embeddings)."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous() for k, v in state.items()}
+    if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    save_file(state, str(path))
+    return str(path)
 
 
 def update_llm_weights(llm, state: dict[str, torch.Tensor], scratch_dir: str | Path) -> None:
     """Load `state` into a `vllm.LLM` started with `worker_extension_cls=EXTENSION`, and drop its prefix cache."""
-    from safetensors.torch import save_file
-
-    path = Path(scratch_dir) / "weights.safetensors"
-    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
-    llm.collective_rpc("reload_safetensors", args=(str(path),))
+    path = write_weights(state, Path(scratch_dir) / "weights.safetensors")
+    llm.collective_rpc("reload_safetensors", args=(path,))
     llm.reset_prefix_cache()
+
+
+def rollout_actor_class():
+    """OpenRLHF's `RolloutRayActor` with `reload_weights(path)` added: its own weight sync (NCCL, CUDA IPC) needs
+    GPUs. Start it with `worker_extension_cls=EXTENSION`."""
+    import ray
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+    class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
+        async def reload_weights(self, path: str) -> None:
+            await self.llm.collective_rpc("reload_safetensors", args=(path,))
+            await self.llm.reset_prefix_cache()  # as OpenRLHF's broadcast does: cached blocks hold old weights
+
+        def flush_traces(self) -> None:
+            """Write out our executor's draft traces before the actor is killed."""
+            if hasattr(self.executor, "flush_traces"):
+                self.executor.flush_traces()
+
+    return ray.remote(num_cpus=0)(CPURolloutActor)

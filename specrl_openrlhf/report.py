@@ -72,19 +72,23 @@ class RunSeries:
 def load_cpu_metrics(path: Path) -> list[RunSeries]:
     """The runs of one `metrics.json` (quickstart or grid cell)."""
     data = json.loads(path.read_text())
+    cell_file = path.parent / "cell.json"  # a grid cell: one run, named by its cell
+    cell = json.loads(cell_file.read_text()) if cell_file.is_file() and len(data.get("runs", [])) == 1 else {}
     runs = []
     for info in data.get("runs", []):
         rows = [r for r in data["rows"] if r.get("run") == info["name"]]
         runs.append(
             RunSeries(
-                name=info["name"],
+                name=cell.get("name") or info["name"],
                 policy=info["policy"],
                 lenience=info.get("lenience"),
                 group=f"{info.get('group_key') or path.parent}#{info.get('group', 0)}",
                 source=str(path),
                 steps=[r for r in rows if r.get("kind") == "step"],
                 evals=[
-                    {"epoch": r["epoch"], "held_out": r["held_out_accuracy"]} for r in rows if r.get("kind") == "epoch"
+                    {"step": r["step"], "epoch": r["epoch"], "held_out": r["held_out_accuracy"]}
+                    for r in rows
+                    if r.get("kind") == "epoch"
                 ],
                 accuracy_before=data.get("summary", {}).get("acc_before"),
             )
@@ -114,7 +118,10 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
 
     samples = series("train/rollout/num_samples")
     per_sample = {  # OpenRLHF logs sample-level info as means over samples: times num_samples gives the totals
-        "decoded_tokens": series("train/reuse/decoded_tokens") or series("train/response_length"),
+        # a stock run decodes every response token (OpenRLHF's rollout stats, before any dynamic batching)
+        "decoded_tokens": series("train/reuse/decoded_tokens")
+        or series("train/rollout/response_length_mean")
+        or series("train/response_length"),
         "reused_tokens": series("train/reuse/reused_tokens"),
     }
     plain = {
@@ -138,10 +145,13 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
         for step, value in series(tag).items():
             evals.setdefault(step, {"step": step})[dataset] = value
     cell = read_cell(directory)
+    lenience = cell.get("lenience")
+    if lenience is None and plain["lenience"]:  # the preset's lenience: the run logged what it applied
+        lenience = sum(plain["lenience"].values()) / len(plain["lenience"])
     return RunSeries(
         name=cell.get("name") or directory.name,
         policy=cell.get("policy", "off"),
-        lenience=cell.get("lenience"),
+        lenience=lenience,
         group=cell.get("group") or str(directory.parent),
         source=str(directory),
         steps=steps,
@@ -255,6 +265,7 @@ def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     curves = [(k, t) for k, t in CURVES if any(k in r for run in runs for r in run.steps)]
+    colors = {run.name: f"C{i % 10}" for i, run in enumerate(runs)}  # one colour per run on every panel
     panels = len(curves) + 1
     columns = 3
     figure, axes = plt.subplots((panels + columns - 1) // columns, columns, figsize=(15, 4 * ((panels + 2) // 3)))
@@ -263,16 +274,20 @@ def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
         for run in runs:
             points = [(r["step"], r[key]) for r in run.steps if key in r and r[key] is not None]
             if points:
-                axis.plot(*zip(*points), label=run.name)
+                axis.plot(*zip(*points), label=run.name, color=colors[run.name])
         axis.set_title(name)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
     accuracy_axis = axes[len(curves)]
     for run in runs:
-        for dataset in sorted({k for e in run.evals for k in e if k not in ("step", "epoch")}):
-            x_key = "step" if run.evals and "step" in run.evals[0] else "epoch"
-            points = [(e[x_key], e[dataset]) for e in run.evals if dataset in e]
-            accuracy_axis.plot(*zip(*points), marker="o", label=f"{run.name} {dataset}")
+        datasets = sorted({k for e in run.evals for k in e if k not in ("step", "epoch")})
+        for dataset, style in zip(datasets, ("o-", "s--", "^:", "d-.")):
+            points = [(e["step"], e[dataset]) for e in run.evals if dataset in e]
+            if run.accuracy_before is not None and len(datasets) == 1:
+                points.insert(0, (0, run.accuracy_before))  # the starting policy
+            label = run.name if len(datasets) == 1 else f"{run.name} {dataset}"
+            accuracy_axis.plot(*zip(*points), style, label=label, color=colors[run.name])
+    accuracy_axis.set_xlabel("step")
     accuracy_axis.set_title("held-out accuracy")
     accuracy_axis.grid(alpha=0.3)
     for axis in axes[len(curves) + 1 :]:

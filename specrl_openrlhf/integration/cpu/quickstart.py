@@ -49,6 +49,7 @@ class Run:
     actor: object = None
     trainer: object = None
     shards: list = field(default_factory=list)  # held here: Ray ends an actor when its last handle goes
+    tensorboard: object = None  # OpenRLHF's TensorboardLogger, with --tensorboard
     rows: list[dict] = field(default_factory=list)
 
     @property
@@ -80,6 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--grid", choices=["lenience"], default=None, help="run the lenience ablation instead")
     parser.add_argument("--only", action="store_true", help="train --policy alone, without the baseline (a grid cell)")
     parser.add_argument("--trace-dir", default=None, help="record every cut draft here (--reuse.trace_dir)")
+    parser.add_argument(
+        "--tensorboard", default=None, metavar="DIR", help="also log as OpenRLHF does, with its TensorboardLogger"
+    )
     parser.add_argument("--group-key", default=None, help=argparse.SUPPRESS)  # grid cells that share a baseline
     parser.add_argument("--train-size", type=int, default=384, help="train prompts (default: 384)")
     parser.add_argument("--held-out-size", type=int, default=200, help="held-out prompts (default: 200)")
@@ -87,6 +91,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default: 8)")
     parser.add_argument("--warm-start-steps", type=int, default=400, help="supervised steps of the warm start")
     parser.add_argument("--lr", type=float, default=1.5e-4, help="GRPO learning rate (default: 1.5e-4)")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="sequences the engine runs at once (default: a quarter of a step's samples, as KV-cache memory limits "
+        "an engine of the paper's runs to a fraction of its 1024 samples per step)",
+    )
     args = parser.parse_args(argv)
     for flag, value, low in [
         ("--epochs", args.epochs, 1),
@@ -96,6 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         ("--rollout-batch", args.rollout_batch, 1),
         ("--samples", args.samples, 2),
         ("--warm-start-steps", args.warm_start_steps, 1),
+        ("--max-num-seqs", args.max_num_seqs or 1, 1),
     ]:
         if value < low:
             parser.error(f"{flag} must be >= {low}, got {value}")
@@ -107,10 +119,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.groups = planned_groups(args)
     except (UnknownPolicyError, PluginError, ValueError, TypeError) as error:
         flag = "--policy" if isinstance(error, (UnknownPolicyError, PluginError)) else "--lenience"
-        parser.error(f"{flag}: {error}")
+        parser.error(str(error) if str(error).startswith("--") else f"{flag}: {error}")
     if not args.only and args.grid is None and args.groups[0][1].config.policy == "off":
         parser.error("--policy off is the baseline, which always runs; pick a reuse policy such as spec")
-    for flag, folder in (("--out", args.out), ("--trace-dir", args.trace_dir)):
+    for flag, folder in (("--out", args.out), ("--trace-dir", args.trace_dir), ("--tensorboard", args.tensorboard)):
         if folder is not None:
             check_writable(parser, flag, Path(folder))
     return args
@@ -225,7 +237,7 @@ def start_runs(runs: list[Run], model_dir: Path, args, progress) -> None:
             **cpu_engine_kwargs(
                 kv_cache_bytes=128 << 20,
                 max_model_len=256,
-                max_num_seqs=args.rollout_batch * args.samples,  # a whole step in one engine batch
+                max_num_seqs=args.max_num_seqs or max(args.rollout_batch * args.samples // 4, 1),
                 max_num_batched_tokens=8192,
                 seed=args.seed + index,
                 worker_extension_cls=EXTENSION,
@@ -233,6 +245,15 @@ def start_runs(runs: list[Run], model_dir: Path, args, progress) -> None:
         )
     for run in runs:
         run.trainer = GRPOTrainer(model_dir, GRPOConfig(lr=args.lr, seed=args.seed))
+        if args.tensorboard:
+            from openrlhf.utils.logging_utils import TensorboardLogger
+
+            logger_args = types.SimpleNamespace(tensorboard_dir=args.tensorboard, wandb=types.SimpleNamespace())
+            logger_args.wandb.run_name = run.name
+            run.tensorboard = TensorboardLogger(types.SimpleNamespace(logger=logger_args))
+            cell = {**run.describe(), "group": f"quickstart#{run.group}"}  # what `report` groups runs by
+            (Path(args.tensorboard) / run.name).mkdir(parents=True, exist_ok=True)
+            (Path(args.tensorboard) / run.name / "cell.json").write_text(json.dumps(cell))
     ray.get([run.actor.get_num_unfinished_requests.remote() for run in runs])  # engines up
     progress(f"{len(runs)} engines up")
 
@@ -246,46 +267,42 @@ def stop_runs(runs: list[Run]) -> None:
         for handle in [run.actor, *run.shards]:
             if handle is not None:
                 ray.kill(handle, no_restart=True)
-        run.actor, run.shards, run.trainer = None, [], None
+        if run.tensorboard is not None:
+            run.tensorboard.close()
+        run.actor, run.shards, run.trainer, run.tensorboard = None, [], None, None
 
 
 def reuse_sums(experiences) -> dict[str, float]:
-    """Batch totals from the per-sample `reuse/` metrics in each Experience's info (stock runs have none)."""
+    """Batch totals of the per-sample `reuse/` metrics in each Experience's info (stock runs have none)."""
 
-    def total(key):
-        return sum(float(e.info[key].item()) for e in experiences if key in e.info)
+    def total(key, weight=None):
+        return sum(
+            float(e.info[key].item()) * (float(e.info[weight].item()) if weight else 1.0)
+            for e in experiences
+            if key in e.info
+        )
 
-    scored = total("reuse/scored_tokens")
-    found = total("reuse/drafts_found")
-    latency = {k: total(f"reuse/time_{k}_s") for k in ("scoring", "generation", "assembly")}
+    def ratio(numerator, denominator):
+        return numerator / denominator if denominator else 0.0
+
+    found, scored = total("reuse/drafts_found"), total("reuse/scored_tokens")
+    latency = {phase: total(f"reuse/time_{phase}_s") for phase in ("scoring", "generation", "assembly")}
     return {
         "drafts_found": found,
-        "full_reuse_ratio": total("reuse/full_reuse_ratio") / max(len(experiences), 1),
+        "full_reuse_ratio": ratio(total("reuse/full_reuse_ratio"), len(experiences)),
         "reused_tokens": total("reuse/reused_tokens"),
         "scored_tokens": scored,
-        "mean_verified_prefix_len": total("reuse/reused_tokens") / found if found else 0.0,
-        "acceptance_rate": sum(
-            float(e.info["reuse/acceptance_rate"].item() * e.info["reuse/scored_tokens"].item())
-            for e in experiences
-            if "reuse/acceptance_rate" in e.info
-        )
-        / scored
-        if scored
-        else 0.0,
-        "scoring_share": latency["scoring"] / sum(latency.values()) if sum(latency.values()) else 0.0,
+        "mean_verified_prefix_len": ratio(total("reuse/reused_tokens"), found),
+        "acceptance_rate": ratio(total("reuse/acceptance_rate", "reuse/scored_tokens"), scored),
+        # nonzero only if the engine's weights changed since the drafts were written: the weight sync at work
+        "mean_log_ratio": ratio(total("reuse/mean_log_ratio", "reuse/scored_tokens"), scored),
+        "scoring_share": ratio(latency["scoring"], sum(latency.values())),  # of the samples' summed latency
         "fallbacks": total("reuse/fallbacks"),
-        "lenience": sum(
-            float(e.info["reuse/lenience"].item() * e.info["reuse/drafts_found"].item())
-            for e in experiences
-            if "reuse/lenience" in e.info
-        )
-        / found
-        if found
-        else None,
+        "lenience": ratio(total("reuse/lenience", "reuse/drafts_found"), found) if found else None,
     }
 
 
-def train_step(run: Run, generator, args, scratch: Path) -> dict | None:
+def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) -> dict | None:
     """One rollout batch, one GRPO step, one weight sync. None when the epoch's data is used up."""
     import ray
 
@@ -298,13 +315,19 @@ def train_step(run: Run, generator, args, scratch: Path) -> dict | None:
         return None
     start = time.perf_counter()
     losses = run.trainer.step(experiences)
+    train_s = time.perf_counter() - start
+    start = time.perf_counter()
     path = write_weights(run.trainer.state_dict(), scratch / f"{run.name}.safetensors")
     ray.get(run.actor.reload_weights.remote(path))
-    train_s = time.perf_counter() - start
+    sync_s = time.perf_counter() - start
     sums = reuse_sums(experiences)
     response_tokens = sum(int(e.response_length.item()) for e in experiences)
     decoded = sum(float(e.info["reuse/decoded_tokens"].item()) for e in experiences) if run.reuses else response_tokens
-    return {
+    row = {
+        "kind": "step",
+        "run": run.name,
+        "epoch": epoch,
+        "step": step,
         "samples": len(experiences),
         "response_tokens": response_tokens,
         "decoded_tokens": decoded,
@@ -312,10 +335,30 @@ def train_step(run: Run, generator, args, scratch: Path) -> dict | None:
         "rollout_s": rollout_s,
         "scoring_s": rollout_s * sums["scoring_share"],
         "train_s": train_s,
+        "sync_s": sync_s,
         "reward": sum(float(e.rewards.sum()) for e in experiences) / len(experiences),
         **losses,
         "exhausted": exhausted,
     }
+    if run.tensorboard is not None:
+        run.tensorboard.log_train(step, openrlhf_train_logs(row, experiences))
+    return row
+
+
+def openrlhf_train_logs(row: dict, experiences) -> dict[str, float]:
+    """One step's logs in the shape OpenRLHF's trainer gives its loggers: per-sample info as means over samples,
+    `rollout/*` stats and `timing/*` per phase."""
+    logs = {
+        "rollout/reward_mean": row["reward"],
+        "rollout/num_samples": float(len(experiences)),
+        "rollout/response_length_mean": row["response_tokens"] / len(experiences),
+        "timing/generation": row["rollout_s"],
+        "timing/ppo_train": row["train_s"],
+        "timing/broadcast": row["sync_s"],
+    }
+    for key in sorted({k for e in experiences for k in e.info if k.startswith("reuse/")}):
+        logs[key] = sum(float(e.info[key].item()) for e in experiences if key in e.info) / len(experiences)
+    return logs
 
 
 def warm_up(runs: list[Run], held_out, args, tokenizer) -> None:
@@ -345,6 +388,7 @@ def epoch_row(run: Run, epoch: int, steps: list[dict], accuracy: float) -> dict:
         "kind": "epoch",
         "run": run.name,
         "epoch": epoch,
+        "step": steps[-1]["step"] + 1,  # training steps done when it was evaluated
         "decoded_tokens": total("decoded_tokens"),
         "reused_tokens": total("reused_tokens"),
         "scored_tokens": total("scored_tokens"),
@@ -413,16 +457,17 @@ def train_group(group: list[Run], train, held_out, args, tokenizer, scratch: Pat
         steps = {run.name: [] for run in group}
         for step in range(steps_per_epoch):
             for run in group:
-                row = train_step(run, generators[run.name], args, scratch)
+                row = train_step(run, generators[run.name], args, scratch, epoch, epoch * steps_per_epoch + step)
                 if row is None:
                     continue
-                row.update(kind="step", run=run.name, epoch=epoch, step=epoch * steps_per_epoch + step)
                 run.rows.append(row)
                 steps[run.name].append(row)
                 bar.update()
                 bar.set_postfix(epoch=epoch, run=run.name, reward=f"{row['reward']:.2f}")
         for run in group:
             row = epoch_row(run, epoch, steps[run.name], held_out_accuracy(run, held_out, args, tokenizer))
+            if run.tensorboard is not None:
+                run.tensorboard.log_eval(row["step"], {"eval_held_out_pass1": row["held_out_accuracy"]})
             run.rows.append(row)
             table.append(row)
         bar.write(format_table([r for r in table if r["epoch"] == epoch and any(r["run"] == g.name for g in group)]))
@@ -438,12 +483,14 @@ def main(argv=None) -> int:
     from openrlhf.trainer.ppo_utils import samples_generator
     from tqdm import tqdm
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     from ... import report
     from ..openrlhf_eval import WORKER_SETUP_HOOK, install_in_worker
 
     samples_generator.tqdm = functools.partial(tqdm, disable=True)  # OpenRLHF's per-batch bars; ours is below
     logging.getLogger("openrlhf").setLevel(logging.WARNING)
+    transformers_logging.disable_progress_bar()  # its per-load bars would break up ours
     out, groups = Path(args.out).resolve(), args.groups
     runs = [run for group in groups for run in group]
     task = TaskConfig(train_size=args.train_size, held_out_size=args.held_out_size, seed=args.seed)
@@ -500,29 +547,57 @@ def main(argv=None) -> int:
     files = report.write_report(series, out)
     rows = report.table_rows(series)
     print("\n" + format_table(table))
-    print("\nwhole run, against each group's baseline:")
+    print("\nwhole run, against each group's baseline (the paper's Table 3 shape):")
     print(report.markdown(rows))
-    print(
-        f"\nheld-out accuracy: warm start {accuracy_before:.3f}, "
-        + ", ".join(f"{r['run']} {r['acc_held_out']:.3f}" for r in rows)
-    )
-    print(f"outputs: {out}/metrics.csv, metrics.json, " + ", ".join(p.name for p in files.values()))
-    print(f"wall time {summary['wall_s']:.0f}s")
-    by_name = {r["run"]: r for r in rows}
     if args.grid is None and not args.only:
-        method, base = series[1], series[0]
-        step_ratio = (base.total("rollout_s") + base.total("train_s")) / (
-            method.total("rollout_s") + method.total("train_s")
-        )
+        base, method = series
+        result = comparison(base, method, accuracy_before)
         print(
-            f"RESULT token_ratio={by_name[method.name]['token_ratio']:.2f} "
-            f"time_ratio={by_name[method.name]['speedup']:.2f} step_time_ratio={step_ratio:.2f} "
-            f"acc_before={accuracy_before:.3f} acc_off={by_name[base.name]['acc_held_out']:.3f} "
-            f"acc_spec={by_name[method.name]['acc_held_out']:.3f} policy={method.name} out={out}"
+            f"\nsummary ({method.name} against {base.name}):\n"
+            f"  decoded tokens   {base.total('decoded_tokens'):,.0f} / {method.total('decoded_tokens'):,.0f}"
+            f" = {result['token_ratio']:.2f}x fewer ({result['token_ratio_later']:.2f}x from the 2nd epoch on, when"
+            f" drafts exist)\n"
+            f"  rollout time     {base.total('rollout_s'):.1f}s / {method.total('rollout_s'):.1f}s"
+            f" = ratio {result['time_ratio']:.2f}\n"
+            f"  step time        {result['base_step_s']:.1f}s / {result['method_step_s']:.1f}s"
+            f" = ratio {result['step_time_ratio']:.2f} (rollout + training + weight sync)\n"
+            f"  held-out acc.    warm start {accuracy_before:.3f}, {base.name} {result['acc_off']:.3f},"
+            f" {method.name} {result['acc_spec']:.3f}"
+        )
+    print(f"outputs: {out}/ metrics.csv, metrics.json, " + ", ".join(str(p.relative_to(out)) for p in files.values()))
+    print(f"wall time {summary['wall_s']:.0f}s")
+    if args.grid is None and not args.only:
+        print(
+            f"RESULT token_ratio={result['token_ratio']:.2f} time_ratio={result['time_ratio']:.2f} "
+            f"step_time_ratio={result['step_time_ratio']:.2f} acc_before={accuracy_before:.3f} "
+            f"acc_off={result['acc_off']:.3f} acc_spec={result['acc_spec']:.3f} policy={method.name} out={out}"
         )
     else:
         print(f"RESULT grid={args.grid or 'cell'} runs={len(runs)} out={out}")
     return 0
+
+
+def comparison(base, method, accuracy_before: float) -> dict[str, float]:
+    """Ratios of a method's run against its baseline (baseline / method: above 1 means the method is cheaper)."""
+
+    def ratio(a, b):
+        return a / b if b else math.nan
+
+    def later(run, key):  # from the second epoch on, when the method has drafts
+        return sum(r[key] for r in run.steps if r["epoch"] > 0)
+
+    base_step = base.total("rollout_s") + base.total("train_s")
+    method_step = method.total("rollout_s") + method.total("train_s")
+    return {
+        "token_ratio": ratio(base.total("decoded_tokens"), method.total("decoded_tokens")),
+        "token_ratio_later": ratio(later(base, "decoded_tokens"), later(method, "decoded_tokens")),
+        "time_ratio": ratio(base.total("rollout_s"), method.total("rollout_s")),
+        "base_step_s": base_step,
+        "method_step_s": method_step,
+        "step_time_ratio": ratio(base_step, method_step),
+        "acc_off": base.final_accuracy()["held_out"],
+        "acc_spec": method.final_accuracy()["held_out"],
+    }
 
 
 if __name__ == "__main__":

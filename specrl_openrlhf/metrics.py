@@ -46,6 +46,7 @@ class ReuseStats:
             f"{PREFIX}draft_hit_rate": ratio(self.drafts_found, self.samples),
             f"{PREFIX}full_reuse_ratio": ratio(self.fully_reused, self.samples),
             f"{PREFIX}mean_verified_prefix_len": ratio(self.reused_tokens, self.drafts_found),
+            f"{PREFIX}draft_tokens": float(self.draft_tokens),
             f"{PREFIX}reused_tokens": float(self.reused_tokens),
             f"{PREFIX}decoded_tokens": float(self.decoded_tokens),
             f"{PREFIX}scored_tokens": float(self.scored_tokens),

@@ -30,6 +30,7 @@ CURVES = (  # (key, title) of the per-step plots
     ("decoded_tokens", "decoded tokens per step"),
     ("full_reuse_ratio", "full-reuse ratio"),
     ("mean_verified_prefix_len", "mean verified prefix length"),
+    ("kept_share", "share of draft tokens kept"),
     ("reward", "train reward"),
     ("lenience", "lenience applied"),
 )
@@ -123,6 +124,7 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
         or series("train/rollout/response_length_mean")
         or series("train/response_length"),
         "reused_tokens": series("train/reuse/reused_tokens"),
+        "draft_tokens": series("train/reuse/draft_tokens"),
     }
     plain = {
         "full_reuse_ratio": series("train/reuse/full_reuse_ratio"),
@@ -138,6 +140,8 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
         row.update({k: v[step] * n for k, v in per_sample.items() if step in v})
         row.update({k: v[step] for k, v in plain.items() if step in v})
         row.update({k: v[step] for k, v in stages.items() if step in v})
+        if row.get("draft_tokens"):
+            row["kept_share"] = row.get("reused_tokens", 0.0) / row["draft_tokens"]
         steps.append(row)
     evals: dict[int, dict] = {}
     for tag in sorted(t for t in tags if t.startswith("eval/") and t.endswith("_pass1")):

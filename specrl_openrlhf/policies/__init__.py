@@ -1,7 +1,15 @@
 """Reuse policies: one interface (`ReusePolicy`), a registry and the built-ins."""
 
 from . import builtin  # noqa: F401  (registers the built-ins)
-from .base import DraftBatch, NoParams, ReusePolicy, check_lenience, first_rejection, lenient_cut
+from .base import (
+    DraftBatch,
+    NoParams,
+    ReusePolicy,
+    check_lenience,
+    first_rejection,
+    lenient_acceptance_logprob,
+    lenient_cut,
+)
 from .builtin import DEFAULT_LENIENCE, LenienceParams
 from .registry import (
     PluginError,
@@ -25,6 +33,7 @@ __all__ = [
     "check_lenience",
     "describe_policies",
     "first_rejection",
+    "lenient_acceptance_logprob",
     "lenient_cut",
     "load_plugin",
     "make",

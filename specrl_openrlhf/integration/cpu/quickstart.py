@@ -290,7 +290,9 @@ def reuse_sums(experiences) -> dict[str, float]:
     return {
         "drafts_found": found,
         "full_reuse_ratio": ratio(total("reuse/full_reuse_ratio"), len(experiences)),
+        "draft_tokens": total("reuse/draft_tokens"),
         "reused_tokens": total("reuse/reused_tokens"),
+        "kept_share": ratio(total("reuse/reused_tokens"), total("reuse/draft_tokens")),  # of the draft tokens offered
         "scored_tokens": scored,
         "mean_verified_prefix_len": ratio(total("reuse/reused_tokens"), found),
         "acceptance_rate": ratio(total("reuse/acceptance_rate", "reuse/scored_tokens"), scored),

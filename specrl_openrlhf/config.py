@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .policies import ReusePolicy, check_lenience, load_plugin, make
 from .policies.registry import absolute_reference
-from .rollout import REUSED_LOGPROBS
+from .rollout import REUSED_LOGPROBS, SCORING_MODES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +24,7 @@ class ReuseConfig:
     lenience: float | None = None  # None: the policy's default
     seed: int = 0
     reused_logprobs: str = "auto"
+    scoring: str = "chunked"  # see SpeculativePlanner
     cache_max_gb: float = 4.0  # across all shards
     cache_shards: int = 1
     cache_dir: str | None = None  # load drafts from here at start (a run resumed from a checkpoint sets it)
@@ -41,6 +42,8 @@ class ReuseConfig:
             raise ValueError(
                 f"--reuse.logprobs must be one of {', '.join(REUSED_LOGPROBS)}, got {self.reused_logprobs!r}"
             )
+        if self.scoring not in SCORING_MODES:
+            raise ValueError(f"--reuse.scoring must be one of {', '.join(SCORING_MODES)}, got {self.scoring!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"--reuse.seed must be an integer >= 0, got {self.seed!r}")
         if self.update_every is not None and (

@@ -307,7 +307,8 @@ def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
 
 
 def plot_lenience(runs: list[RunSeries], path: Path) -> Path | None:
-    """Decoded tokens and final accuracy against lenience, over the spec runs (the lenience ablation)."""
+    """Decoded tokens and final accuracy against lenience over the spec runs, `full` at ℓ = ∞ on the right, and the
+    baselines' values as flat lines (the lenience ablation)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -316,19 +317,26 @@ def plot_lenience(runs: list[RunSeries], path: Path) -> Path | None:
     spec = sorted((r for r in runs if r.policy == "spec" and r.lenience), key=lambda r: r.lenience)
     if len(spec) < 2:
         return None
-    lenience = [r.lenience for r in spec]
+    points = [(r.lenience, r) for r in spec]
+    infinity = spec[-1].lenience * 2.5  # where ℓ = ∞ (the policy `full`) is drawn
+    points += [(infinity, r) for r in runs if r.policy == "full"]
+    x = [p for p, _ in points]
     figure, left = plt.subplots(figsize=(7, 4))
-    left.semilogx(lenience, [r.total("decoded_tokens") for r in spec], "o-", color="tab:blue")
+    left.semilogx(x, [r.total("decoded_tokens") for _, r in points], "o-", color="tab:blue")
     left.set_xlabel("lenience ℓ")
     left.set_ylabel("decoded tokens", color="tab:blue")
     right = left.twinx()
     first = next(iter(spec[0].final_accuracy()), None)
     if first is not None:
-        right.semilogx(lenience, [r.final_accuracy().get(first, math.nan) for r in spec], "s--", color="tab:red")
+        right.semilogx(x, [r.final_accuracy().get(first, math.nan) for _, r in points], "s--", color="tab:red")
         right.set_ylabel(f"{first} accuracy", color="tab:red")
-        for base in {id(b): b for r in spec if (b := baseline_of(r, runs))}.values():
+    left.set_xticks(x, [f"{p:.3g}" if p != infinity else "∞" for p in x])
+    left.minorticks_off()
+    for base in {id(b): b for _, r in points if (b := baseline_of(r, runs))}.values():
+        left.axhline(base.total("decoded_tokens"), color="tab:blue", alpha=0.3)
+        if first is not None:
             right.axhline(base.final_accuracy().get(first, math.nan), color="tab:red", alpha=0.3)
-    left.set_title("lenience ablation (flat lines: baseline accuracy)")
+    left.set_title("lenience ablation (flat lines: the baselines)")
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)

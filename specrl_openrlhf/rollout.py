@@ -25,6 +25,9 @@ from .trace import TraceWriter, uniforms_for
 logger = logging.getLogger(__name__)
 
 REUSED_LOGPROBS = ("auto", "scored", "draft")
+SCORING_MODES = ("chunked", "full")
+MAX_NEXT_TOKEN_IDS = 128  # vLLM's cap on `logprob_token_ids`
+MAX_POINT_PROBES = 4  # more positions missing than this: rescore them without reading the prefix cache
 
 
 class UnsupportedSamplingError(ValueError):
@@ -81,15 +84,71 @@ class Sample:
     max_tokens: int
     draft: Draft | None = None  # already truncated to what this visit can use
     draft_ended: bool = False  # the (untruncated) draft ended by a stop condition (EOS or stop string)
-    scored: np.ndarray | None = None  # [L] float32 current-policy logprobs of the draft tokens
+    scored: np.ndarray | None = None  # [L] float32 log p_curr of the draft tokens, NaN where not scored (yet)
     uniforms: np.ndarray | None = None  # [L] float64
     entropy: tuple[int, ...] = ()  # what the uniforms were drawn from (traces store it)
     cut: int = 0
+    decided: bool = False  # the cut is final
     stats: ReuseStats = field(default_factory=ReuseStats)
 
     @property
     def draft_len(self) -> int:
         return 0 if self.draft is None else len(self.draft)
+
+    @property
+    def scored_upto(self) -> int:
+        """How many leading draft tokens have p_curr."""
+        if self.scored is None:
+            return 0
+        unknown = np.flatnonzero(np.isnan(self.scored))
+        return int(unknown[0]) if len(unknown) else len(self.scored)
+
+
+@dataclass(frozen=True)
+class ScoringRequest:
+    """Score draft[start:end]: send prompt + draft[:end] with `max_tokens=1, prompt_logprobs=0`. With `read_cache`,
+    the request may read vLLM's prefix cache: positions served from it come back without logprobs.
+    `next_token_ids` are scored as the token that follows (vLLM's `logprob_token_ids` on the one generated token):
+    draft[end], so that the next chunk can start after it, or every sample's first token in a visit's prompt probe."""
+
+    token_ids: list[int]
+    start: int
+    end: int
+    read_cache: bool
+    next_token_ids: tuple[int, ...] = ()
+
+
+class ChunkSchedule:
+    """How many draft tokens one scoring request covers, for rules whose first rejection decides the cut.
+
+    Such a rule needs p_curr only up to the first rejection. Drafts are scored in chunks of about `factor / q`
+    tokens, q being this engine's recent rate of rejections per scored token; a chunk that is all accepted is
+    followed by the next. With little drift q is tiny and a draft is scored in one request, as without chunks; with
+    strong drift a draft rejected at its 3rd token costs a few scored tokens instead of its whole length. For
+    rejections that come at a constant rate, `factor` 0.5 scores about 1.25 tokens per needed one, in 2-3 requests
+    per draft. The prefix cache serves each later chunk its prompt and earlier chunks.
+    """
+
+    def __init__(self, factor: float = 0.5, min_chunk: int = 1, half_life_tokens: float = 16384.0):
+        if not (factor > 0 and min_chunk >= 1 and half_life_tokens > 0):
+            raise ValueError(
+                f"bad chunk schedule: factor={factor}, min_chunk={min_chunk}, half_life={half_life_tokens}"
+            )
+        self.factor, self.min_chunk, self.half_life_tokens = factor, int(min_chunk), half_life_tokens
+        self.rejections = 0.0  # decayed counts over recently scored tokens
+        self.tokens = 0.0
+
+    def chunk(self) -> int | None:
+        """Draft tokens for the next request, or None for the whole rest of the draft."""
+        if self.rejections <= 0.0:
+            return None
+        return max(self.min_chunk, math.ceil(self.factor * self.tokens / self.rejections))
+
+    def observe(self, examined: int, rejected: bool) -> None:
+        """One cut draft: the tokens the rule examined (up to and including its first rejection)."""
+        decay = 0.5 ** (examined / self.half_life_tokens)
+        self.tokens = self.tokens * decay + examined
+        self.rejections = self.rejections * decay + float(rejected)
 
 
 class SpeculativePlanner:
@@ -104,7 +163,10 @@ class SpeculativePlanner:
         max_token_id: largest token id the engine accepts in a prompt; drafts are cut before the first id
             outside [0, max_token_id].
         max_model_len: the engine's context length; a scoring request (prompt + draft + 1) must fit in it.
-        trace: where to record every cut draft (`--reuse.trace_dir`), or None.
+        trace: where to record every cut draft (`--reuse.trace_dir`), or None. Traces need p_curr of whole drafts, so
+            tracing scores drafts in one piece.
+        scoring: "chunked" (score drafts in chunks for rules whose first rejection decides the cut, reading the
+            prefix cache) or "full" (every draft in one request that never reads the prefix cache).
     """
 
     def __init__(
@@ -116,9 +178,12 @@ class SpeculativePlanner:
         max_token_id: int | None = None,
         max_model_len: int | None = None,
         trace: TraceWriter | None = None,
+        scoring: str = "chunked",
     ):
         if reused_logprobs not in REUSED_LOGPROBS:
             raise ValueError(f"reused_logprobs must be one of {REUSED_LOGPROBS}, got {reused_logprobs!r}")
+        if scoring not in SCORING_MODES:
+            raise ValueError(f"scoring must be one of {SCORING_MODES}, got {scoring!r}")
         self.policy = policy
         self.seed = int(seed)
         self.max_token_id = max_token_id
@@ -127,6 +192,12 @@ class SpeculativePlanner:
             reused_logprobs = "scored" if policy.needs_scores else "draft"
         self.reused_logprobs = reused_logprobs
         self.scores_drafts = policy.needs_scores or reused_logprobs == "scored"
+        self.read_cache = scoring == "chunked"
+        self.chunks = (
+            ChunkSchedule()
+            if scoring == "chunked" and policy.needs_scores and policy.prefix_decidable and trace is None
+            else None
+        )
         self.trace = trace
         self.feedback = FeedbackBuffer()  # a stateful rule's reports, until the rollout sends them on
 
@@ -155,65 +226,173 @@ class SpeculativePlanner:
         sample.stats.draft_tokens = len(tokens)
         sample.entropy = (self.seed, int.from_bytes(key[:8] or b"\0", "little"), draft.visit, draft.index, len(tokens))
         sample.uniforms = uniforms_for(sample.entropy, len(tokens))
+        if self.scores_drafts:
+            sample.scored = np.full(len(tokens), np.nan, np.float32)
         return sample
 
     # ---- step 2: scoring ----------------------------------------------------------------------------------------
 
-    def scoring_prompt(self, sample: Sample) -> list[int] | None:
-        """Token ids to score (prompt + draft, with max_tokens=1 and prompt_logprobs=0), or None."""
-        if sample.draft is None or not self.scores_drafts:
+    def prompt_probe(self, samples: list[Sample]) -> ScoringRequest | None:
+        """One request for a visit's samples (same prompt) before their own: it computes the prompt once, so that
+        theirs read it from the prefix cache, and scores every sample's first draft token, which a request that reads
+        the prompt from the cache can't give (vLLM has no logits for the last cached position). None unless two or
+        more samples will score."""
+        needy = [s for s in samples if self.read_cache and self.next_scoring(s) is not None]
+        if len(needy) < 2:
             return None
-        return sample.prompt_ids + sample.draft.token_ids.tolist()
+        first_tokens = tuple(sorted({int(s.draft.token_ids[0]) for s in needy}))
+        return ScoringRequest(list(needy[0].prompt_ids), 0, 0, True, first_tokens[:MAX_NEXT_TOKEN_IDS])
 
     @staticmethod
-    def scored_from_prompt_logprobs(sample: Sample, prompt_logprobs) -> np.ndarray:
-        """Pick each draft token's logprob out of vLLM's `prompt_logprobs` (index i: {token_id: Logprob})."""
-        start = len(sample.prompt_ids)
-        return np.array(
-            [prompt_logprobs[start + i][token].logprob for i, token in enumerate(sample.draft.token_ids.tolist())],
-            dtype=np.float32,
-        )
+    def take_probe(samples: list[Sample], request: ScoringRequest, next_logprobs, num_cached_tokens) -> None:
+        """Store each sample's first-token logprob from a prompt probe (`next_logprobs`: {token_id: Logprob}); the
+        probe's cost is counted on the first sample that scores."""
+        scoring = [s for s in samples if s.scored is not None]
+        if not scoring:
+            return
+        scoring[0].stats.scoring_requests += 1
+        scoring[0].stats.scoring_prefill_tokens += len(request.token_ids) - int(num_cached_tokens or 0)
+        for s in scoring:
+            token = int(s.draft.token_ids[0])
+            if token in request.next_token_ids and np.isnan(s.scored[0]):
+                s.scored[0] = next_logprobs[token].logprob
+
+    def next_scoring(self, sample: Sample) -> ScoringRequest | None:
+        """The next scoring request the sample needs, or None. A rule that reads p_curr gets the draft chunk by chunk
+        until it decides; a rule that does not gets, once it has cut, the kept prefix scored when reused tokens
+        report p_curr (`reused_logprobs="scored"`)."""
+        if sample.draft is None or sample.scored is None:
+            return None
+        start = sample.scored_upto
+        if self.policy.needs_scores:
+            if sample.decided:
+                return None
+            chunk = self.chunks.chunk() if self.chunks is not None else None
+            # a chunk's last token comes as the token that follows the request (see below): chunk 1 = a point probe
+            end = sample.draft_len if chunk is None else min(sample.draft_len, start + chunk - 1)
+        else:
+            if not sample.decided or start >= sample.cut:
+                return None
+            end = sample.cut
+        tokens = sample.prompt_ids + sample.draft.token_ids[:end].tolist()
+        follows = (int(sample.draft.token_ids[end]),) if self.read_cache and end < sample.draft_len else ()
+        return ScoringRequest(tokens, start, end, self.read_cache, follows)
+
+    def take_scores(
+        self, sample: Sample, request: ScoringRequest, prompt_logprobs, num_cached_tokens, next_logprobs=None
+    ) -> np.ndarray:
+        """Store p_curr of draft[request.start:request.end] from vLLM's `prompt_logprobs` (index i: {token_id:
+        Logprob} of prompt token i), and of draft[request.end] from `next_logprobs` when the request asked for it.
+        Returns the draft positions the request could not give, [k] int64: those served from the prefix cache,
+        whose entries vLLM leaves uninitialised (only positions after the cached tokens hold logprobs)."""
+        sample.stats.scoring_requests += 1
+        cached = int(num_cached_tokens or 0) if request.read_cache else 0
+        sample.stats.scoring_prefill_tokens += len(request.token_ids) - cached
+        offset = len(sample.prompt_ids)
+        first = max(request.start, cached + 1 - offset)  # the first draft position the request computed
+        tokens = sample.draft.token_ids
+        for position in range(first, request.end):
+            if np.isnan(sample.scored[position]):
+                sample.scored[position] = prompt_logprobs[offset + position][int(tokens[position])].logprob
+        if request.next_token_ids and request.end < sample.draft_len:
+            sample.scored[request.end] = next_logprobs[int(tokens[request.end])].logprob
+        missing = np.arange(request.start, min(first, request.end), dtype=np.int64)
+        return missing[np.isnan(sample.scored[missing])]
+
+    @staticmethod
+    def recover_scores(sample: Sample, missing: np.ndarray, siblings) -> np.ndarray:
+        """Fill positions that a request read from the prefix cache with a sibling's p_curr of the same tokens (a
+        draft that shares the sample's prompt and draft up to the position, scored under the same weights: its
+        logprob there is the same). Returns the positions still missing."""
+        for sibling in siblings:
+            if not len(missing):
+                break
+            if sibling is sample or sibling.scored is None or sibling.prompt_ids != sample.prompt_ids:
+                continue
+            width = min(sibling.draft_len, sample.draft_len)
+            differs = np.flatnonzero(sibling.draft.token_ids[:width] != sample.draft.token_ids[:width])
+            shared = int(differs[0]) if len(differs) else width
+            usable = missing[missing < shared]
+            known = usable[~np.isnan(sibling.scored[usable])]
+            sample.scored[known] = sibling.scored[known]
+            missing = np.setdiff1d(missing, known)
+        return missing
+
+    def rescoring(self, sample: Sample, missing: np.ndarray) -> list[ScoringRequest]:
+        """Requests for positions that neither a request nor a sibling gave: a point probe each (prompt + draft up to
+        the position, scoring the position as the next token: it reads all before it from the cache), or, when
+        many are missing, one request that does not read the prefix cache."""
+        tokens = sample.draft.token_ids
+        if len(missing) <= MAX_POINT_PROBES:
+            return [
+                ScoringRequest(sample.prompt_ids + tokens[:p].tolist(), p, p, True, (int(tokens[p]),))
+                for p in missing.tolist()
+            ]
+        start, end = int(missing.min()), int(missing.max()) + 1
+        return [ScoringRequest(sample.prompt_ids + tokens[:end].tolist(), start, end, False)]
 
     # ---- step 3: the policy cuts --------------------------------------------------------------------------------
 
     def decide(self, samples: list[Sample]) -> None:
-        """One vectorised policy call for every sample that has a draft; sets `cut` and the scoring stats."""
-        drafted = [s for s in samples if s.draft is not None]
-        if not drafted:
+        """One vectorised policy call for every sample whose draft can be cut now; sets `cut`, `decided` and the
+        scoring stats. A rule that reads p_curr sees each draft's scored prefix: if it keeps all of it and more of
+        the draft is unscored, the sample stays undecided and needs its next chunk (`next_scoring`)."""
+        needs_scores = self.policy.needs_scores
+        ready = [
+            s for s in samples if s.draft is not None and not s.decided and (not needs_scores or s.scored_upto > 0)
+        ]
+        if not ready:
             return
-        width = max(s.draft_len for s in drafted)
-        lengths = np.array([s.draft_len for s in drafted], dtype=np.int64)  # [B]
-        draft_lp = np.zeros((len(drafted), width), dtype=np.float32)  # [B, T]
-        uniforms = np.zeros((len(drafted), width), dtype=np.float64)  # [B, T]
-        scored = np.zeros((len(drafted), width), dtype=np.float32) if self.policy.needs_scores else None  # [B, T]
-        for row, s in enumerate(drafted):
-            draft_lp[row, : s.draft_len] = s.draft.logprobs
-            uniforms[row, : s.draft_len] = s.uniforms
-            if scored is not None:
-                if s.scored is None:
-                    raise RuntimeError("policy needs scores but a draft was not scored")
-                scored[row, : s.draft_len] = s.scored
-        lengths, draft_lp, uniforms = torch.from_numpy(lengths), torch.from_numpy(draft_lp), torch.from_numpy(uniforms)
-        scored = None if scored is None else torch.from_numpy(scored)
-        batch = DraftBatch(draft_logprobs=draft_lp, scored_logprobs=scored, lengths=lengths, uniforms=uniforms)
+        lengths = np.array([s.scored_upto if needs_scores else s.draft_len for s in ready], np.int64)  # [B]
+        batch = self._batch(ready, lengths, needs_scores)
         cuts = self.policy.cut(batch)
-        if cuts.shape != lengths.shape:
+        if cuts.shape != batch.lengths.shape:
             raise ValueError(f"policy {self.policy.name!r} returned cuts of shape {tuple(cuts.shape)}, want [B]")
-        cuts = torch.minimum(cuts.long().clamp(min=0), lengths)  # a plugin must never overrun a draft
-        if self.policy.keeps_state:
-            self.feedback.add(self.policy.feedback(batch, cuts), len(drafted))
+        cuts = torch.minimum(cuts.long().clamp(min=0), batch.lengths).tolist()  # a plugin must never overrun a draft
+        decided = []
+        for s, cut, seen in zip(ready, cuts, lengths.tolist()):
+            if needs_scores and cut == seen < s.draft_len:
+                continue  # all of the scored prefix kept: score the next chunk
+            s.cut, s.decided = cut, True
+            decided.append(s)
+        if decided:
+            self._record(decided)
+
+    def _batch(self, samples: list[Sample], lengths: np.ndarray, with_scores: bool) -> DraftBatch:
+        """Right-padded tensors of `samples`' first `lengths` draft tokens."""
+        width = int(lengths.max())
+        draft_lp = np.zeros((len(samples), width), dtype=np.float32)  # [B, T]
+        uniforms = np.zeros((len(samples), width), dtype=np.float64)  # [B, T]
+        scored = np.zeros((len(samples), width), dtype=np.float32) if with_scores else None  # [B, T]
+        for row, (s, length) in enumerate(zip(samples, lengths.tolist())):
+            draft_lp[row, :length] = s.draft.logprobs[:length]
+            uniforms[row, :length] = s.uniforms[:length]
+            if scored is not None:
+                scored[row, :length] = s.scored[:length]
+        return DraftBatch(
+            draft_logprobs=torch.from_numpy(draft_lp),
+            scored_logprobs=None if scored is None else torch.from_numpy(scored),
+            lengths=torch.from_numpy(lengths),
+            uniforms=torch.from_numpy(uniforms),
+        )
+
+    def _record(self, decided: list[Sample]) -> None:
+        """Stats, the chunk schedule's estimate, a stateful rule's feedback and the trace of finally cut drafts."""
         lenience = self.policy.lenience
-        for row, s in enumerate(drafted):
-            s.cut = int(cuts[row])
+        for s in decided:
             s.stats.reused_tokens = s.cut
             if lenience is not None and math.isfinite(lenience):
                 s.stats.lenience_sum = lenience
-            if s.scored is not None:
-                log_ratio = s.scored.astype(np.float64) - s.draft.logprobs.astype(np.float64)
-                s.stats.scored_tokens = s.draft_len
+            seen = s.scored_upto if self.policy.needs_scores else 0
+            if seen:
+                log_ratio = s.scored[:seen].astype(np.float64) - s.draft.logprobs[:seen].astype(np.float64)
+                s.stats.scored_tokens = seen
                 s.stats.log_ratio_sum = float(log_ratio.sum())
                 accept = lenient_acceptance_logprob(torch.from_numpy(log_ratio), torch.zeros(1), lenience or 1.0)
                 s.stats.acceptance_sum = float(torch.exp(accept).sum())
+                if self.chunks is not None:  # tokens past the first rejection tell nothing about the rate
+                    rejected = s.cut < s.draft_len
+                    self.chunks.observe(min(seen, s.cut + rejected), rejected)
             if self.trace is not None:
                 self.trace.record(
                     draft_logprobs=s.draft.logprobs,
@@ -225,6 +404,10 @@ class SpeculativePlanner:
                     cut=s.cut,
                     lenience=lenience,
                 )
+        if self.policy.keeps_state:  # the whole drafts, p_curr NaN where it was not needed
+            lengths = np.array([s.draft_len for s in decided], np.int64)
+            batch = self._batch(decided, lengths, self.policy.needs_scores)
+            self.feedback.add(self.policy.feedback(batch, torch.tensor([s.cut for s in decided])), len(decided))
 
     # ---- step 4: continuation -----------------------------------------------------------------------------------
 
@@ -258,6 +441,8 @@ class SpeculativePlanner:
         if sample.draft is not None and cut:
             prefix_ids = sample.draft.token_ids[:cut].tolist()
             stored_prefix_lp = sample.scored[:cut] if sample.scored is not None else sample.draft.logprobs[:cut]
+            if np.isnan(stored_prefix_lp).any():
+                raise RuntimeError("a kept draft token has no p_curr: its scoring request did not complete")
             reported_prefix_lp = sample.draft.logprobs[:cut] if self.reused_logprobs == "draft" else stored_prefix_lp
         else:
             prefix_ids, stored_prefix_lp = [], np.zeros(0, np.float32)

@@ -1,4 +1,5 @@
 import math
+from collections import namedtuple
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ def test_no_draft_is_plain_generation():
     planner = SpeculativePlanner(make("spec"))
     sample = planner.new_sample([1, 2], 5, None)
     planner.decide([sample])
-    assert planner.scoring_prompt(sample) is None and planner.continuation(sample) == ([1, 2], 5)
+    assert planner.next_scoring(sample) is None and planner.continuation(sample) == ([1, 2], 5)
 
 
 def test_uniforms_are_reproducible_and_fresh_per_visit():
@@ -131,3 +132,154 @@ def test_config_validation():
         ReuseConfig(reused_logprobs="mine")
     with pytest.raises(ValueError, match="--reuse.cache_max_gb"):
         ReuseConfig(cache_max_gb=-1)
+
+
+# ---- scoring in chunks, reading the prefix cache -------------------------------------------------------------------
+
+Logprob = namedtuple("Logprob", "logprob")
+GARBAGE = {987654321: Logprob(1e-38)}  # what vLLM leaves in positions served from the prefix cache
+
+
+class FakeEngine:
+    """Answers scoring requests as vLLM does with prefix caching: whole blocks computed by an earlier request are
+    read from the cache (never the last token), and their positions come back without logprobs."""
+
+    def __init__(self, p_curr: dict, block: int = 4):
+        self.p_curr, self.block = p_curr, block  # p_curr: token tuple (prompt + draft prefix) -> logprob of its end
+        self.cached: set[tuple] = set()
+        self.computed = 0
+
+    def score(self, request):
+        """(prompt logprobs, tokens read from the cache, logprobs of the tokens asked to follow)."""
+        tokens = tuple(request.token_ids)
+        hit = 0
+        if request.read_cache:
+            while hit + self.block < len(tokens) and tokens[: hit + self.block] in self.cached:
+                hit += self.block
+        self.cached.update(tokens[:b] for b in range(self.block, len(tokens) + 1, self.block))
+        self.computed += len(tokens) - hit
+        logprobs = [None] + [
+            GARBAGE if i <= hit else {tokens[i]: Logprob(self.p_curr.get(tokens[: i + 1], -0.1))}
+            for i in range(1, len(tokens))
+        ]
+        following = {t: Logprob(self.p_curr.get(tokens + (t,), -0.1)) for t in request.next_token_ids}
+        return logprobs, hit, following
+
+
+def drive(planner, samples, engine, groups):
+    """The batched driver's loop: a prompt probe per group, then rounds until every draft is cut."""
+    planner.decide(samples)
+    for group in groups:
+        if (probe := planner.prompt_probe(group)) is not None:
+            _, hit, following = engine.score(probe)
+            planner.take_probe(group, probe, following, hit)
+    planner.decide(samples)
+    while requests := [(s, r) for s in samples if (r := planner.next_scoring(s)) is not None]:
+        gaps = [(s, planner.take_scores(s, r, *engine.score(r))) for s, r in requests]
+        for sample, missing in gaps:
+            missing = planner.recover_scores(sample, missing, next(g for g in groups if sample in g))
+            for retry in planner.rescoring(sample, missing) if len(missing) else ():
+                assert not len(planner.take_scores(sample, retry, *engine.score(retry)))
+        planner.decide(samples)
+
+
+def visit_of(planner, prompt, drafts, p_curr_of, key=b"v" * 16):
+    samples = [planner.new_sample(prompt, 400, d, key) for d in drafts]
+    p_curr = {}
+    for d in drafts:
+        for i in range(len(d)):
+            seq = tuple(prompt) + tuple(d.token_ids[: i + 1].tolist())
+            p_curr[seq] = p_curr_of(seq)
+    return samples, p_curr
+
+
+@pytest.mark.parametrize("drift", [0.01, 0.3, 2.0])
+def test_chunked_scoring_makes_the_same_cuts_as_one_shot(drift):
+    rng = np.random.default_rng(0)
+    prompt = list(range(10, 74))  # 64 tokens: whole blocks
+    shared = rng.integers(3, 90, 20).tolist()  # the drafts' common beginning
+    drafts = []
+    for j in range(8):
+        tokens = shared + rng.integers(3, 90, int(rng.integers(0, 200))).tolist()
+        drafts.append(
+            Draft(np.array(tokens, np.int32), rng.uniform(-2, 0, len(tokens)).astype(np.float32), "stop", 0, j)
+        )
+    p_curr_rng = np.random.default_rng(1)
+    table = {}
+
+    def p_curr_of(seq):  # a fixed p_curr per context, drifting from p_prev by about `drift` nats
+        if seq not in table:
+            table[seq] = -float(p_curr_rng.exponential(drift)) - 1.0
+        return table[seq]
+
+    cuts, engines = {}, {}
+    for mode in ("full", "chunked"):
+        planner = SpeculativePlanner(make("exact"), seed=5, scoring=mode)
+        for _ in range(3):  # later visits: the chunk schedule has seen rejections
+            samples, p_curr = visit_of(planner, prompt, drafts, p_curr_of)
+            engines[mode] = FakeEngine(p_curr)
+            drive(planner, samples, engines[mode], [samples])
+        cuts[mode] = [s.cut for s in samples]
+        for s in samples:
+            seen = s.scored_upto
+            expected = [p_curr[tuple(prompt) + tuple(s.draft.token_ids[: i + 1].tolist())] for i in range(seen)]
+            assert s.scored[:seen] == pytest.approx(expected)  # recovered and computed positions alike
+        scored = sum(s.stats.scored_tokens for s in samples)
+        needed = sum(s.cut + (s.cut < s.draft_len) for s in samples)
+        if mode == "chunked" and drift >= 0.3:
+            assert scored <= 1.6 * needed  # strong drift: about the tokens the rule needed, not whole drafts
+        if mode == "full":
+            assert scored == sum(s.draft_len for s in samples)
+    assert cuts["chunked"] == cuts["full"]
+    assert engines["chunked"].computed <= engines["full"].computed
+
+
+def test_siblings_read_the_prompt_from_the_cache_and_share_their_common_prefix():
+    prompt = list(range(10, 74))
+    drafts = [
+        Draft(np.array([5] * 12 + [6 + j], np.int32), np.full(13, -1.0, np.float32), "stop", 0, j) for j in range(4)
+    ]
+    planner = SpeculativePlanner(make("spec", lenience=math.inf), scoring="chunked")
+    samples, p_curr = visit_of(planner, prompt, drafts, lambda seq: -0.5)
+    engine = FakeEngine(p_curr)
+    drive(planner, samples, engine, [samples])
+    # The probe computes the prompt (counted on the first sample) and every first token; the first sample computes
+    # its draft; a sibling reads the prompt and the 12 shared tokens' whole blocks and computes its last token, then
+    # a point probe (4 tokens: a block boundary) scores it: 5 tokens instead of 77.
+    assert samples[0].stats.scoring_prefill_tokens == 64 + 13
+    assert [s.stats.scoring_prefill_tokens for s in samples[1:]] == [5, 5, 5]
+    assert all(np.array_equal(s.scored, np.full(13, -0.5, np.float32)) for s in samples)
+    assert [s.cut for s in samples] == [13] * 4
+
+
+def test_take_scores_never_reads_positions_served_from_the_cache():
+    planner = SpeculativePlanner(make("exact"), scoring="chunked")
+    sample = planner.new_sample([1, 2, 3, 4], 10, draft([5, 6, 7, 8, 9]))
+    request = planner.next_scoring(sample)
+    assert (request.start, request.end, request.read_cache, request.next_token_ids) == (0, 5, True, ())
+    logprobs = [None] + [GARBAGE] * 5 + [{t: Logprob(-0.25)} for t in (7, 8, 9)]  # 6 tokens cached
+    missing = planner.take_scores(sample, request, logprobs, 6)
+    assert missing.tolist() == [0, 1, 2] and np.isnan(sample.scored[:3]).all() and sample.scored_upto == 0
+    probes = planner.rescoring(sample, missing)  # a point probe per position: all before it comes from the cache
+    assert [(r.token_ids, r.start, r.end, r.read_cache, r.next_token_ids) for r in probes] == [
+        ([1, 2, 3, 4], 0, 0, True, (5,)),
+        ([1, 2, 3, 4, 5], 1, 1, True, (6,)),
+        ([1, 2, 3, 4, 5, 6], 2, 2, True, (7,)),
+    ]
+    for probe in probes:
+        assert not len(
+            planner.take_scores(sample, probe, [], len(probe.token_ids) - 1, {probe.next_token_ids[0]: Logprob(-0.5)})
+        )
+    assert sample.scored.tolist() == [-0.5, -0.5, -0.5, -0.25, -0.25]
+    many = planner.new_sample([1, 2, 3, 4], 10, draft([5] * 9))
+    [full] = planner.rescoring(many, np.arange(9))  # many positions: one request that does not read the cache
+    assert (full.start, full.end, full.read_cache) == (0, 9, False)
+
+
+def test_a_kept_token_without_p_curr_is_an_error_not_a_guess():
+    planner = SpeculativePlanner(make("full"), reused_logprobs="scored")
+    sample = planner.new_sample([1], 10, draft([5, 6, 7]))
+    planner.decide([sample])
+    assert planner.next_scoring(sample).end == 3  # only the kept prefix is scored, after the cut
+    with pytest.raises(RuntimeError, match="no p_curr"):
+        planner.assemble(sample)

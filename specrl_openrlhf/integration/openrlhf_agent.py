@@ -130,6 +130,7 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
             max_token_id=max_token_id,
             max_model_len=max_model_len,
             trace=TraceWriter(config.trace_dir, policy.describe()) if config.trace_dir else None,
+            scoring=config.scoring,
         )
         store = RayDraftStore(settings["num_shards"], current_run())
         self._generator = AsyncSpeculativeGenerator(

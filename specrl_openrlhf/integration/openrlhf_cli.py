@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..config import ReuseConfig
 from ..policies import DEFAULT_LENIENCE, PluginError, UnknownPolicyError, registered
-from ..rollout import REUSED_LOGPROBS, UnsupportedSamplingError, check_sampling
+from ..rollout import REUSED_LOGPROBS, SCORING_MODES, UnsupportedSamplingError, check_sampling
 from .openrlhf_eval import WORKER_SETUP_HOOK
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,13 @@ def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="rollout logprobs reported for reused tokens: scored (current policy), draft (the draft's own), auto "
         "(scored when the policy scores drafts)",
+    )
+    group.add_argument(
+        "--reuse.scoring",
+        choices=SCORING_MODES,
+        default="chunked",
+        help="chunked: score drafts chunk by chunk up to the first rejection, reading the prompt from vLLM's prefix "
+        "cache; full: each draft in one request that recomputes its prompt",
     )
     group.add_argument("--reuse.cache_max_gb", type=float, default=4.0, help="draft cache memory cap, all shards")
     group.add_argument("--reuse.cache_shards", type=int, default=1, help="draft cache actors (shards)")
@@ -105,6 +112,7 @@ def reuse_config_from(namespace) -> ReuseConfig:
         lenience=get("lenience"),
         seed=get("reuse.seed"),
         reused_logprobs=get("reuse.logprobs"),
+        scoring=get("reuse.scoring"),
         cache_max_gb=get("reuse.cache_max_gb"),
         cache_shards=get("reuse.cache_shards"),
         cache_dir=get("reuse.cache_dir"),

@@ -21,6 +21,7 @@ from ..rollout import SampleOutput, SpeculativePlanner, check_sampling
 logger = logging.getLogger(__name__)
 
 SUPPORTED_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+LEADER_WAIT_S = 60.0  # a sample never waits longer than this for a sibling's request
 
 
 def engine_limits(model_config, tokenizer) -> tuple[int, int]:
@@ -50,8 +51,23 @@ def check_sampling_params(policy: ReusePolicy, params: SamplingParams) -> None:
     )
 
 
-def scoring_params() -> SamplingParams:
-    return SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+def scoring_params(request) -> SamplingParams:
+    """The SamplingParams of a `ScoringRequest`: the prompt logprobs of prompt + draft, and of the tokens asked to
+    follow it. Reading the prefix cache saves recomputing what an earlier request computed (the prompt, earlier
+    chunks); vLLM then leaves those positions without logprobs."""
+    return SamplingParams(
+        max_tokens=1,
+        prompt_logprobs=0,
+        detokenize=False,
+        skip_reading_prefix_cache=not request.read_cache,
+        logprob_token_ids=list(request.next_token_ids) or None,
+    )
+
+
+def next_logprobs(request_output) -> dict | None:
+    """{token_id: Logprob} of the generated position: the tokens a request asked to score after its prompt."""
+    logprobs = request_output.outputs[0].logprobs
+    return logprobs[0] if logprobs else None
 
 
 def continuation_params(
@@ -108,6 +124,7 @@ class SpeculativeLLM:
         seed: int = 0,
         reused_logprobs: str = "auto",
         trace=None,
+        scoring: str = "chunked",
     ):
         self.llm = llm
         self.policy = policy
@@ -120,6 +137,7 @@ class SpeculativeLLM:
             max_token_id=max_token_id,
             max_model_len=max_model_len,
             trace=trace,
+            scoring=scoring,
         )
         self.coordinator = FeedbackCoordinator(policy, 1) if policy.keeps_state else None
 
@@ -138,6 +156,24 @@ class SpeculativeLLM:
         except Exception as error:  # never lose a batch to the reuse path: regenerate it normally
             logger.warning("speculative rollout failed (%s: %s); generating normally", type(error).__name__, error)
             return self._plain(prompts, params, fallback=True)
+
+    def _score(self, requests, groups) -> None:
+        """One batched call for `requests` ((sample, ScoringRequest) each); positions the prefix cache served come from
+        a sibling of the same prompt, or from more requests (`SpeculativePlanner.rescoring`)."""
+        outputs = self._run([r.token_ids for _, r in requests], [scoring_params(r) for _, r in requests])
+        gaps = [
+            (sample, self.planner.take_scores(sample, r, o.prompt_logprobs, o.num_cached_tokens, next_logprobs(o)))
+            for (sample, r), o in zip(requests, outputs)
+        ]
+        rescore = []
+        for sample, missing in gaps:  # after every output is in: a sibling's may fill the gap
+            if len(missing):
+                siblings = next(g for g in groups if any(s is sample for s in g))
+                missing = self.planner.recover_scores(sample, missing, siblings)
+            if len(missing):
+                rescore += [(sample, r) for r in self.planner.rescoring(sample, missing)]
+        if rescore:
+            self._score(rescore, groups)
 
     def _plain(self, prompts: list[list[int]], params: SamplingParams, *, fallback: bool) -> RolloutBatch:
         """Stock generation: the `off` policy, and the fallback when the reuse path fails."""
@@ -173,19 +209,25 @@ class SpeculativeLLM:
                 keys.append(key)
                 visits.append(visit_id)
 
-        # 2. Score every draft in one batch.
+        # 2-3. Score and cut, in rounds of batched scoring requests until every draft is cut. A prompt probe per
+        # prompt comes first, so that the samples' own requests read the prompt from the prefix cache.
         start = time.perf_counter()
-        to_score = [(s, p) for s in samples if (p := self.planner.scoring_prompt(s)) is not None]
-        if to_score:
-            scored = self._run([p for _, p in to_score], [scoring_params()] * len(to_score))
-            for (sample, _), output in zip(to_score, scored):
-                sample.scored = self.planner.scored_from_prompt_logprobs(sample, output.prompt_logprobs)
+        self.planner.decide(samples)  # rules that do not read p_curr cut now
+        groups = [samples[p * n : (p + 1) * n] for p in range(len(prompts))]
+        probes = [(group, r) for group in groups if (r := self.planner.prompt_probe(group)) is not None]
+        if probes:
+            outputs = self._run([r.token_ids for _, r in probes], [scoring_params(r) for _, r in probes])
+            for (group, request), output in zip(probes, outputs):
+                self.planner.take_probe(group, request, next_logprobs(output), output.num_cached_tokens)
+            self.planner.decide(samples)  # a first token rejected by the probe's score decides its draft
+        while requests := [(s, r) for s in samples if (r := self.planner.next_scoring(s)) is not None]:
+            self._score(requests, groups)
+            self.planner.decide(samples)
+        if self.coordinator is not None:  # a stateful rule updates after each batch
+            self.coordinator.report(*self.planner.feedback.take())
         stats.time_scoring_s = time.perf_counter() - start
 
-        # 3. Cut (a stateful rule updates after each batch), then 4. continue every sample that needs it in one batch.
-        self.planner.decide(samples)
-        if self.coordinator is not None:
-            self.coordinator.report(*self.planner.feedback.take())
+        # 4. Continue every sample that needs it, in one batch.
         start = time.perf_counter()
         requests = [(i, c) for i, s in enumerate(samples) if (c := self.planner.continuation(s)) is not None]
         continued = {}
@@ -214,11 +256,16 @@ class SpeculativeLLM:
 
 @dataclass
 class OpenVisit:
-    """A visit whose samples are still arriving. `drafts` is the one claim made for all of its samples."""
+    """A visit whose samples are still arriving. `drafts` is the one claim made for all of its samples; its first
+    sample builds every sample's `Sample` and sends the prompt probe, then sets `ready`. `samples` and `scoring`
+    (their scoring requests in flight) let a sample take p_curr of tokens it shares with a sibling."""
 
     visit_id: str
     joined: int = 0
     drafts: asyncio.Future | None = None
+    samples: list = field(default_factory=list)
+    scoring: set = field(default_factory=set)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class VisitTracker:
@@ -322,6 +369,26 @@ class AsyncSpeculativeGenerator:
         except Exception as error:  # the rule keeps its current state; the sample goes on
             self._warn("reuse rule feedback could not be reported; the rule keeps its state", error)
 
+    async def _score(self, sample, request, visit: OpenVisit) -> None:
+        """One scoring request; positions the prefix cache served come from a sibling that scored the same tokens
+        (waiting for siblings' requests in flight), or from more requests (`SpeculativePlanner.rescoring`)."""
+        task = asyncio.ensure_future(self.generate_fn(request.token_ids, scoring_params(request)))
+        visit.scoring.add(task)
+        try:
+            output = await task
+        finally:
+            visit.scoring.discard(task)
+        missing = self.planner.take_scores(
+            sample, request, output.prompt_logprobs, output.num_cached_tokens, next_logprobs(output)
+        )
+        if len(missing):
+            missing = self.planner.recover_scores(sample, missing, visit.samples)
+        if len(missing) and visit.scoring:  # a sibling whose blocks we read may not have returned yet
+            await asyncio.wait(set(visit.scoring), timeout=LEADER_WAIT_S)
+            missing = self.planner.recover_scores(sample, missing, visit.samples)
+        for retry in self.planner.rescoring(sample, missing) if len(missing) else ():
+            await self._score(sample, retry, visit)
+
     def _warn(self, what: str, error: Exception) -> None:
         self.failures += 1
         if self.failures & (self.failures - 1) == 0:  # 1st, 2nd, 4th, 8th...: loud but not flooding
@@ -347,6 +414,14 @@ class AsyncSpeculativeGenerator:
     async def _speculative(self, prompt_ids: list[int], params: SamplingParams, follow_up: bool) -> SampleOutput:
         key = prompt_key(prompt_ids)
         visit, slot = self.visits.join(key)
+        leader = slot == 0 or follow_up
+        try:
+            return await self._sample(key, prompt_ids, params, follow_up, visit, slot, leader)
+        finally:
+            if leader:  # whatever happened to the leader, its siblings must not wait for it
+                visit.ready.set()
+
+    async def _sample(self, key, prompt_ids, params, follow_up: bool, visit: OpenVisit, slot: int, leader: bool):
         age = self.policy.draft_age
         if follow_up:  # a later turn's prompt holds one sample's history: its samples claim one by one
             claim, slot = self.store.claim(key, visit.visit_id, age, 1, follow_up), 0
@@ -356,24 +431,38 @@ class AsyncSpeculativeGenerator:
                     self.store.claim(key, visit.visit_id, age, self.visits.samples_per_visit)
                 )
             claim = asyncio.shield(visit.drafts)
-        draft, cache_errors = None, 0
+        cache_errors = 0
         try:
-            drafts = await claim
-            draft = drafts[slot] if slot < len(drafts) else None
+            drafts = list(await claim)
         except Exception as error:  # the cache is unreachable: this sample has no draft
             self._warn("draft cache claim failed; this sample is generated normally", error)
-            cache_errors = 1
-        sample = self.planner.new_sample(prompt_ids, params.max_tokens, draft, key)
-        sample.stats.cache_errors = sample.stats.fallbacks = cache_errors
-
+            drafts, cache_errors = [], 1
         start = time.perf_counter()
-        scoring_prompt = self.planner.scoring_prompt(sample)
-        if scoring_prompt is not None:
-            scored = await self.generate_fn(scoring_prompt, scoring_params())
-            sample.scored = self.planner.scored_from_prompt_logprobs(sample, scored.prompt_logprobs)
+        if leader and not follow_up:  # the visit's samples, built once, so that one prompt probe serves them all
+            n = self.visits.samples_per_visit
+            visit.samples = [
+                self.planner.new_sample(prompt_ids, params.max_tokens, d, key) for d in (drafts + [None] * n)[:n]
+            ]
+            self.planner.decide(visit.samples)  # rules that do not read p_curr cut now
+            probe = self.planner.prompt_probe(visit.samples)
+            if probe is not None:
+                output = await self.generate_fn(probe.token_ids, scoring_params(probe))
+                self.planner.take_probe(visit.samples, probe, next_logprobs(output), output.num_cached_tokens)
+            visit.ready.set()
+        elif not follow_up:
+            await _wait(visit.ready, LEADER_WAIT_S)
+        built = visit.samples[slot] if slot < len(visit.samples) else None
+        if built is None or built.max_tokens != params.max_tokens:  # no probe for this one: it scores on its own
+            built = self.planner.new_sample(
+                prompt_ids, params.max_tokens, drafts[slot] if slot < len(drafts) else None, key
+            )
+        sample = built
+        sample.stats.cache_errors = sample.stats.fallbacks = cache_errors
+        self.planner.decide([sample])  # the probe may have scored all this sample needs
+        while (request := self.planner.next_scoring(sample)) is not None:
+            await self._score(sample, request, visit)
+            self.planner.decide([sample])
         sample.stats.time_scoring_s = time.perf_counter() - start
-
-        self.planner.decide([sample])
         if self.planner.feedback.samples >= self.visits.samples_per_visit:  # a stateful rule reports once a visit
             await self._report_feedback()
         start = time.perf_counter()
@@ -397,6 +486,13 @@ class AsyncSpeculativeGenerator:
         output.stats.cache_restarts = getattr(self.store, "restarts", 0)
         output.stats.time_assembly_s = time.perf_counter() - start
         return output
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        pass
 
 
 def engine_generate(engine):

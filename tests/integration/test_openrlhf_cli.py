@@ -297,6 +297,7 @@ def test_train_with_reuse_starts_ray_with_the_eval_marking_hook(monkeypatch):
             checkpoint_poll_s=10.0,
             trace_dir=None,
             update_every=None,
+            scoring="chunked",
         ),
         ckpt=ns(load_enable=False, path="/nonexistent"),
         rollout=ns(batch_size=8, n_samples_per_prompt=4, temperature=1.0, top_p=1.0),

@@ -301,3 +301,76 @@ def test_aborted_requests_become_drafts(async_engine):
     check_well_formed(second, PROMPTS[:3], generator.store.cache, 64)
     kept_whole = [o for row in second.outputs for o in row if o.stats.fully_reused]
     assert second.stats.drafts_found == 12 and len(kept_whole) <= 12 - len(partial)  # aborted drafts were continued
+
+
+# ---- scoring that reads the prefix cache, in chunks ----------------------------------------------------------------
+
+
+def test_prompt_logprobs_read_from_the_prefix_cache_match_uncached_ones(llm):
+    """vLLM has had bugs in prompt logprobs with prefix caching (its issue 8268): check the combination we rely on.
+    Positions after the cached tokens, and a token asked to follow the prompt, equal an uncached scoring exactly."""
+    from specrl_openrlhf.integration.vllm_rollout import next_logprobs, scoring_params
+    from specrl_openrlhf.rollout import ScoringRequest
+
+    prompt = [3 + i % 90 for i in range(70)]
+    shared = [10 + i % 40 for i in range(30)]
+    first, second = prompt + shared + [50] * 10, prompt + shared + [60] * 10
+    reference = {tuple(seq): score(llm, seq[:1], seq[1:]) for seq in (first, second)}  # [i]: token i + 1
+    llm.reset_prefix_cache()
+    run = lambda r: llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=r.token_ids)], scoring_params(r))[0]  # noqa: E731
+    probe = run(ScoringRequest(prompt, 0, 0, True, (10, 7)))
+    assert next_logprobs(probe)[10].logprob == reference[tuple(first)][69]  # token 70 = shared[0]
+    run(ScoringRequest(first, 0, 40, True))
+    out = run(ScoringRequest(second, 0, 40, True))
+    assert out.num_cached_tokens == 96  # three whole blocks of the first request
+    computed = [out.prompt_logprobs[i][second[i]].logprob for i in range(out.num_cached_tokens + 1, len(second))]
+    assert computed == reference[tuple(second)][out.num_cached_tokens : len(second) - 1]
+
+
+def spec_rollouts_on_the_same_drafts(llm, restore_weights, policy, modes, rejections_seen=True):
+    """One visit that writes drafts, then the weights change and each scoring mode cuts copies of the same drafts.
+    `rejections_seen`: the chunk schedule starts as after visits with frequent rejections (else it scores whole
+    drafts in one request)."""
+    import copy
+
+    writer = SpeculativeLLM(llm, policy, seed=4)
+    sp = params(n=4, max_tokens=80)
+    writer.generate(PROMPTS, sp)
+    restore_weights(0.3, 7)
+    batches = {}
+    for mode in modes:
+        rollout = SpeculativeLLM(llm, policy, seed=4, cache=copy.deepcopy(writer.cache), scoring=mode)
+        if rollout.planner.chunks is not None and rejections_seen:
+            rollout.planner.chunks.observe(examined=40, rejected=True)
+        llm.reset_prefix_cache()
+        batches[mode] = rollout.generate(PROMPTS, sp)
+    return batches
+
+
+def test_chunked_cached_scoring_cuts_as_one_shot_scoring_does(llm, restore_weights):
+    batches = spec_rollouts_on_the_same_drafts(llm, restore_weights, sr.make("exact"), ("full", "chunked"))
+    full, chunked = batches["full"], batches["chunked"]
+    assert full.stats.fallbacks == chunked.stats.fallbacks == 0
+    for row_full, row_chunked in zip(full.outputs, chunked.outputs):
+        for a, b in zip(row_full, row_chunked):
+            assert a.verified_prefix_len == b.verified_prefix_len and a.draft_id == b.draft_id
+            k = a.verified_prefix_len
+            np.testing.assert_allclose(a.logprobs[:k], b.logprobs[:k], atol=1e-6)  # reused tokens' p_curr
+    # exact under drift rejects early: chunks score about what the rule needed, one-shot scoring whole drafts
+    needed = chunked.stats.reused_tokens + chunked.stats.drafts_found - chunked.stats.fully_reused
+    assert chunked.stats.scored_tokens <= 1.5 * needed < full.stats.scored_tokens
+    assert chunked.stats.scoring_prefill_tokens < full.stats.scoring_prefill_tokens
+
+
+def test_siblings_read_the_prompt_from_the_cache(llm, restore_weights):
+    """Every draft kept whole (lenience infinite but scored): one prompt probe per prompt, then each sample's
+    request reads the prompt from the cache, so the prompt is computed once per visit instead of once per sample."""
+    batches = spec_rollouts_on_the_same_drafts(
+        llm, restore_weights, sr.make("spec", lenience=float("inf")), ("full", "chunked"), rejections_seen=False
+    )
+    full, chunked = batches["full"].stats, batches["chunked"].stats
+    assert full.scored_tokens == chunked.scored_tokens == full.draft_tokens
+    prompt_tokens = len(PROMPTS[0]) * len(PROMPTS) * 4
+    assert full.scoring_prefill_tokens == full.scored_tokens + prompt_tokens
+    # per visit: the prompt once, and at most its last partial block (35 = 32 + 3) again for each of 4 samples
+    assert chunked.scoring_prefill_tokens <= chunked.scored_tokens + len(PROMPTS) * (35 + 4 * 3)

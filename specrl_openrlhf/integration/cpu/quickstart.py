@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 import types
 from dataclasses import dataclass, field
@@ -524,10 +525,9 @@ def main(argv=None) -> int:
     install_in_worker()  # SamplesGenerator runs here: its evaluation requests carry the mark too
     table: list[dict] = []
     accuracy_before = None
-    try:
+    with tempfile.TemporaryDirectory(prefix="specrl-weights-") as scratch_dir:  # weights on their way to an engine
+        scratch = Path(scratch_dir)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        scratch = out / "weights"
-        scratch.mkdir(exist_ok=True)
         bar = tqdm(total=args.epochs * steps_per_epoch * len(runs), desc="GRPO", unit="step", mininterval=1.0)
         for group in groups:
             start_runs(group, model_dir, args, lambda message: bar.write(f"[quickstart] {message}"))
@@ -540,8 +540,7 @@ def main(argv=None) -> int:
             finally:
                 stop_runs(group)
         bar.close()
-    finally:
-        ray.shutdown()
+    ray.shutdown()
 
     summary = {"acc_before": accuracy_before, "wall_s": time.perf_counter() - started}
     metrics = write_outputs(out, groups, summary, settings)

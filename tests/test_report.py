@@ -1,0 +1,77 @@
+"""The report on metrics from a real CPU run: the quickstart's lenience grid (tests/data, recorded on a 2-core
+machine with `bash scripts/quickstart.sh --grid lenience`). The TensorBoard reader is tested end to end on a fresh
+run in tests/integration/cpu/test_quickstart.py."""
+
+import csv
+import gzip
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specrl_openrlhf import report
+
+DATA = Path(__file__).parent / "data" / "lenience_grid_metrics.json.gz"
+
+
+@pytest.fixture
+def grid_run(tmp_path) -> Path:
+    folder = tmp_path / "lenience_grid"
+    folder.mkdir()
+    (folder / "metrics.json").write_bytes(gzip.decompress(DATA.read_bytes()))
+    return folder
+
+
+def totals(metrics: dict, run: str, key: str) -> float:
+    return sum(r[key] for r in metrics["rows"] if r["run"] == run and r["kind"] == "step")
+
+
+def test_table_matches_the_runs_own_rows_against_its_groups_baseline(grid_run):
+    metrics = json.loads((grid_run / "metrics.json").read_text())
+    rows = {r["run"]: r for r in report.table_rows(report.load_cpu_metrics(grid_run / "metrics.json"))}
+    assert list(rows) == metrics["settings"]["runs"]
+    groups = {r["name"]: r["group"] for r in metrics["runs"]}
+    for name, row in rows.items():
+        base = "off" if groups[name] == 0 else "off_g1"  # each group trained beside its own baseline
+        assert row["tokens_decoded_M"] == pytest.approx(totals(metrics, name, "decoded_tokens") / 1e6)
+        assert row["speedup"] == pytest.approx(totals(metrics, base, "rollout_s") / totals(metrics, name, "rollout_s"))
+        final = [r for r in metrics["rows"] if r["run"] == name and r["kind"] == "epoch"][-1]
+        assert row["acc_held_out"] == final["held_out_accuracy"]
+    assert rows["off"]["speedup"] == rows["off_g1"]["speedup"] == 1.0
+    assert rows["spec_l1.65"]["lenience"] == "1.65" and rows["full"]["lenience"] == ""
+
+
+def test_markdown_and_csv_have_the_papers_table_shape(grid_run):
+    rows = report.table_rows(report.load_cpu_metrics(grid_run / "metrics.json"))
+    text = report.markdown(rows)
+    assert text.splitlines()[0] == "| run | policy | ℓ | Tokens (M) | Speedup | held_out |"
+    assert "| run | rollout_s | scoring_s | sync_s | train_s |" in text  # the time breakdown by stage
+    parsed = list(csv.DictReader(io.StringIO(report.to_csv(rows))))
+    assert [r["run"] for r in parsed] == [r["run"] for r in rows]
+    assert all(math.isclose(float(p["speedup"]), r["speedup"]) for p, r in zip(parsed, rows))
+
+
+def test_plots_per_run_per_grid_and_against_lenience(grid_run, tmp_path):
+    files = report.write_report(report.load_cpu_metrics(grid_run / "metrics.json"), tmp_path / "out")
+    assert sorted(files) == ["csv", "lenience", "markdown", "plot"]
+    pngs = [files["plot"], files["lenience"], *sorted((tmp_path / "out" / "per_run").glob("*.png"))]
+    assert len(pngs) == 2 + 10
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_command_line(grid_run, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "specrl_openrlhf.report", *args], capture_output=True, text=True)
+
+    done = run(str(grid_run))
+    assert done.returncode == 0 and "| spec_l7.39 | spec | 7.39 |" in done.stdout
+    assert (grid_run / "report" / "table.md").read_text().startswith("| run | policy | ℓ |")
+    missing = run(str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "no such folder" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    empty = run(str(tmp_path / "empty"))
+    assert empty.returncode == 2 and "no metrics.json or TensorBoard event files" in empty.stderr

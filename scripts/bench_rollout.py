@@ -43,9 +43,13 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--visits", type=int, default=3, help="visits after the first (which only writes drafts)")
     parser.add_argument("--policy", default="spec")
+    parser.add_argument("--scoring", choices=["chunked", "full"], default="chunked", help="see --reuse.scoring")
     parser.add_argument("--lenience", type=float, default=None)
     parser.add_argument("--noise", type=float, default=None, help="relative weight noise per visit (regime default)")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="engine concurrency (default: all samples)")
+    parser.add_argument(
+        "--priority", action="store_true", help="priority scheduling: scoring first, then the longest continuations"
+    )
     parser.add_argument("--model-dir", default=None, help="where the random model is built (default: a temp folder)")
     return parser.parse_args(argv)
 
@@ -99,6 +103,7 @@ async def run(args) -> int:
                 max_model_len=args.prompt_len + args.max_tokens + 8,
                 max_num_seqs=args.max_num_seqs or samples,
                 max_num_batched_tokens=16384,
+                scheduling_policy="priority" if args.priority else "fcfs",
             ),
         )
     )
@@ -110,7 +115,10 @@ async def run(args) -> int:
         policy,
         LocalDraftStore(keep_visits=max(policy.draft_age, 1)),
         samples_per_visit=args.n,
-        planner=sr.SpeculativePlanner(policy, max_token_id=max_token_id, max_model_len=max_model_len),
+        prioritize=args.priority,
+        planner=sr.SpeculativePlanner(
+            policy, max_token_id=max_token_id, max_model_len=max_model_len, scoring=args.scoring
+        ),
     )
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 100) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
@@ -124,7 +132,8 @@ async def run(args) -> int:
         await engine.reset_prefix_cache()
 
     print(
-        f"{args.regime} regime: {policy.describe()}, {args.prompts} prompts x {args.n} samples, prompt "
+        f"{args.regime} regime: {policy.describe()} ({args.scoring} scoring), {args.prompts} prompts x {args.n} "
+        f"samples, prompt "
         f"{args.prompt_len} tokens, up to {args.max_tokens} new, weight noise {noise} per visit"
     )
     print(" visit  method   wall_s  decoded   reused   scored  prefill  full  score_s  gen_s  (per-sample sums)")

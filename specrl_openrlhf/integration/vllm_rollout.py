@@ -21,6 +21,7 @@ from ..rollout import SampleOutput, SpeculativePlanner, check_sampling
 logger = logging.getLogger(__name__)
 
 SUPPORTED_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+SCORING_PRIORITY = -(1 << 30)  # vLLM serves lower values first
 LEADER_WAIT_S = 60.0  # a sample never waits longer than this for a sibling's request
 
 
@@ -339,6 +340,10 @@ class AsyncSpeculativeGenerator:
     """Speculative rollout of one sample per call over an async `generate(prompt_token_ids, params)` that returns
     the final `RequestOutput` (OpenRLHF's `RolloutRayActor.generate`, or `engine_generate(AsyncLLM)`).
 
+    With `prioritize` (an engine started with `scheduling_policy="priority"`, and a `generate` that takes
+    `priority=`), scoring requests go first, since they are cheap and each unblocks a continuation, and
+    continuations expected to be longest next, since the slowest sample decides when a step ends.
+
     The draft store may fail at any time (a cache actor dies): a failed claim means no draft and a failed commit
     means no draft for the next visit; the sample itself is always returned.
     """
@@ -352,8 +357,10 @@ class AsyncSpeculativeGenerator:
         samples_per_visit: int,
         planner: SpeculativePlanner,
         update_every: int | None = None,
+        prioritize: bool = False,
     ):
         self.generate_fn = generate
+        self.prioritize = prioritize
         self.policy = policy
         self.store = store
         self.visits = VisitTracker(samples_per_visit)
@@ -372,7 +379,7 @@ class AsyncSpeculativeGenerator:
     async def _score(self, sample, request, visit: OpenVisit) -> None:
         """One scoring request; positions the prefix cache served come from a sibling that scored the same tokens
         (waiting for siblings' requests in flight), or from more requests (`SpeculativePlanner.rescoring`)."""
-        task = asyncio.ensure_future(self.generate_fn(request.token_ids, scoring_params(request)))
+        task = asyncio.ensure_future(self._generate(request.token_ids, scoring_params(request), SCORING_PRIORITY))
         visit.scoring.add(task)
         try:
             output = await task
@@ -388,6 +395,11 @@ class AsyncSpeculativeGenerator:
             missing = self.planner.recover_scores(sample, missing, visit.samples)
         for retry in self.planner.rescoring(sample, missing) if len(missing) else ():
             await self._score(sample, retry, visit)
+
+    def _generate(self, prompt_ids, params, priority: int):
+        if self.prioritize:
+            return self.generate_fn(prompt_ids, params, priority=priority)
+        return self.generate_fn(prompt_ids, params)
 
     def _warn(self, what: str, error: Exception) -> None:
         self.failures += 1
@@ -446,7 +458,7 @@ class AsyncSpeculativeGenerator:
             self.planner.decide(visit.samples)  # rules that do not read p_curr cut now
             probe = self.planner.prompt_probe(visit.samples)
             if probe is not None:
-                output = await self.generate_fn(probe.token_ids, scoring_params(probe))
+                output = await self._generate(probe.token_ids, scoring_params(probe), SCORING_PRIORITY)
                 self.planner.take_probe(visit.samples, probe, next_logprobs(output), output.num_cached_tokens)
             visit.ready.set()
         elif not follow_up:
@@ -470,7 +482,8 @@ class AsyncSpeculativeGenerator:
         request = self.planner.continuation(sample)
         if request is not None:
             prefix, budget = request
-            output = await self.generate_fn(prefix, continuation_params(params, budget, sample.cut))
+            expected = max(sample.draft_len - sample.cut, 1) if sample.draft is not None else budget
+            output = await self._generate(prefix, continuation_params(params, budget, sample.cut), -expected)
             new_ids, new_lp, finish, sample.stats.cached_prompt_tokens = completion_of(output)
         sample.stats.time_generation_s = time.perf_counter() - start
 
@@ -496,12 +509,12 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
 
 
 def engine_generate(engine):
-    """Adapt a vLLM `AsyncLLM` to `async generate(prompt_token_ids, params) -> final RequestOutput`."""
+    """Adapt a vLLM `AsyncLLM` to `async generate(prompt_token_ids, params, priority=0) -> final RequestOutput`."""
 
-    async def generate(prompt_token_ids, params):
+    async def generate(prompt_token_ids, params, priority: int = 0):
         final = None
         async for output in engine.generate(
-            TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id=uuid.uuid4().hex
+            TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id=uuid.uuid4().hex, priority=priority
         ):
             final = output
         return final

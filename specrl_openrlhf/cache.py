@@ -182,9 +182,16 @@ class DraftCache:
             self.evicted_prompts += 1
 
     def stats(self) -> dict[str, float]:
+        raw = sum(
+            d.token_ids.nbytes + d.logprobs.nbytes
+            for e in self._entries.values()
+            for v in e.visits
+            for d in v.responses
+        )
         return {
             "prompts": len(self._entries),
             "bytes": self.nbytes,
+            "raw_bytes": raw,  # token ids and logprobs alone
             "max_bytes": self.max_bytes,
             "evicted_prompts": self.evicted_prompts,
             "claims": self.claims,

@@ -299,9 +299,7 @@ def _args(args, where: str, runner: str) -> list[str]:
 
 
 def _number(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.10g}"
-    return str(value)
+    return repr(value) if isinstance(value, float) else str(value)  # repr: a float's exact value
 
 
 def _policy_label(policy: str) -> str:

@@ -149,6 +149,12 @@ class DraftCacheActor:
         """The first-turn cache's counters, with the follow-up turns' cache under "follow_up"."""
         return {**self.caches[False].stats(), "follow_up": self.caches[True].stats(), "restarts": self.restarts}
 
+    async def resident_bytes(self) -> int:
+        """This shard's resident memory (what the memory cap is meant to bound)."""
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
 
 def create_draft_cache(
     settings: dict,

@@ -1,5 +1,6 @@
 """docs/prototyping.md runs as written: every ```bash block, in order, in one shell."""
 
+import itertools
 import os
 import re
 import subprocess
@@ -32,8 +33,10 @@ def test_the_tutorial_runs_as_written(tmp_path):
     results = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
     assert len(results) == 2 and "policy=spec" in results[0] and "policy=probabilityfloor" in results[1]
 
-    rows = [line for line in process.stdout.splitlines() if line.startswith("| ")]
-    replayed = {row.split(" | ")[0].removeprefix("| "): row.split(" | ")[1:] for row in rows[2:]}
+    lines = process.stdout.splitlines()
+    table = lines.index(next(line for line in lines if line.startswith("| rule | reuse ratio")))
+    rows = list(itertools.takewhile(lambda line: line.startswith("| "), lines[table + 2 :]))
+    replayed = {row.split(" | ")[0].removeprefix("| "): row.split(" | ")[1:] for row in rows}
     assert len(replayed) == 6  # the recorded cuts and five rules
     recorded = replayed.pop("recorded (the run's own cuts)")
     spec = replayed.pop("spec(lenience=1.6487212707001282)")

@@ -36,6 +36,18 @@ RUN_ENV = "SPECRL_OPENRLHF_RUN"
 # their prompts recur only when the earlier turns were fully reused, so they must not crowd out first-turn drafts.
 FOLLOW_UP_SHARE = 0.25
 CALL_TIMEOUT_S = 60.0
+TRIM_EVERY_COMMITS = 128  # commit calls between returns of freed memory to the system
+
+
+def _return_free_memory() -> None:
+    """glibc keeps freed small allocations (drafts of evicted visits, claim buffers) for reuse; hand them back, so
+    that a shard's footprint follows what it holds."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def current_run() -> str:
@@ -105,6 +117,7 @@ class DraftCacheActor:
             True: DraftCache(follow_up_bytes, keep_visits),
         }
         self.coordinator: FeedbackCoordinator | None = None  # shard 0 only, built on the first report
+        self.commit_calls = 0
         self.restarts = int(json.loads(_kv_get(f"starts{shard}", run) or b"0"))
         _kv_put(f"starts{shard}", run, json.dumps(self.restarts + 1).encode())
         source = _drafts_dir(run)
@@ -124,7 +137,13 @@ class DraftCacheActor:
     async def commit(self, items: list[tuple[bytes, str, Draft, bool]]) -> None:
         """Store finished samples, (key, visit id, draft, follow_up) each."""
         for key, visit_id, draft, follow_up in items:
+            # Ray hands large arguments over as read-only views of one buffer in its shared object store: a copy
+            # keeps the cache out of the object store, which OpenRLHF needs for its own batches.
+            draft = Draft(draft.token_ids.copy(), draft.logprobs.copy(), draft.finish_reason)
             self.caches[follow_up].commit(key, visit_id, draft)
+        self.commit_calls += 1
+        if self.commit_calls % TRIM_EVERY_COMMITS == 0:
+            _return_free_memory()
 
     async def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
         """A stateful rule's feedback from one engine (shard 0 coordinates the run's rule); returns its state.
@@ -150,10 +169,10 @@ class DraftCacheActor:
         return {**self.caches[False].stats(), "follow_up": self.caches[True].stats(), "restarts": self.restarts}
 
     async def resident_bytes(self) -> int:
-        """This shard's resident memory (what the memory cap is meant to bound)."""
+        """Memory this shard alone holds (unique set size: Ray's shared object store pages not counted)."""
         import psutil
 
-        return psutil.Process().memory_info().rss
+        return psutil.Process().memory_full_info().uss
 
 
 def create_draft_cache(

@@ -182,6 +182,8 @@ async def run(args) -> int:
     limit_s = stats.scored_tokens / scoring_rate + stats.decoded_tokens / decode_rate
     limit_ratio = totals["off"] / limit_s if limit_s else math.inf
     prefill_per_scored = stats.scoring_prefill_tokens / stats.scored_tokens if stats.scored_tokens else 0.0
+    needed = stats.reused_tokens + stats.rejected_drafts  # what the rule had to see: kept tokens, first rejections
+    scored_per_needed = stats.scored_tokens / needed if needed else 0.0
     print(
         f"\nvisits 1..{args.visits}: off {totals['off']:.2f}s, spec {totals['spec']:.2f}s (makespans); spec decoded "
         f"{stats.decoded_tokens}, reused {stats.reused_tokens}, scored {stats.scored_tokens} draft tokens "
@@ -194,7 +196,8 @@ async def run(args) -> int:
     print(
         f"RESULT regime={args.regime} token_ratio={token_ratio:.2f} time_ratio={time_ratio:.2f} "
         f"limit_ratio={limit_ratio:.2f} efficiency={time_ratio / token_ratio:.2f} "
-        f"efficiency_vs_limit={time_ratio / limit_ratio:.2f} prefill_per_scored={prefill_per_scored:.2f}"
+        f"efficiency_vs_limit={time_ratio / limit_ratio:.2f} prefill_per_scored={prefill_per_scored:.2f} "
+        f"scored_per_needed={scored_per_needed:.2f}"
     )
     return 0
 

@@ -296,6 +296,8 @@ class SpeculativePlanner:
                 sample.scored[position] = prompt_logprobs[offset + position][int(tokens[position])].logprob
         if request.next_token_ids and request.end < sample.draft_len:
             sample.scored[request.end] = next_logprobs[int(tokens[request.end])].logprob
+        if first < request.end and np.isnan(sample.scored[first : request.end]).any():
+            raise ValueError("the engine returned NaN logprobs for draft tokens")  # NaN marks "not scored yet"
         missing = np.arange(request.start, min(first, request.end), dtype=np.int64)
         return missing[np.isnan(sample.scored[missing])]
 
@@ -338,8 +340,12 @@ class SpeculativePlanner:
         scoring stats. A rule that reads p_curr sees each draft's scored prefix: if it keeps all of it and more of
         the draft is unscored, the sample stays undecided and needs its next chunk (`next_scoring`)."""
         needs_scores = self.policy.needs_scores
+
+        def scored_enough(s: Sample) -> bool:  # a rule not judged chunk by chunk sees whole drafts only
+            return s.scored_upto > 0 if self.chunks is not None else s.scored_upto == s.draft_len
+
         ready = [
-            s for s in samples if s.draft is not None and not s.decided and (not needs_scores or s.scored_upto > 0)
+            s for s in samples if s.draft is not None and not s.decided and (not needs_scores or scored_enough(s))
         ]
         if not ready:
             return
@@ -381,6 +387,7 @@ class SpeculativePlanner:
         lenience = self.policy.lenience
         for s in decided:
             s.stats.reused_tokens = s.cut
+            s.stats.rejected_drafts = int(s.cut < s.draft_len)
             if lenience is not None and math.isfinite(lenience):
                 s.stats.lenience_sum = lenience
             seen = s.scored_upto if self.policy.needs_scores else 0

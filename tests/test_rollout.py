@@ -3,6 +3,7 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
+import torch
 
 from specrl_openrlhf import (
     Draft,
@@ -283,3 +284,29 @@ def test_a_kept_token_without_p_curr_is_an_error_not_a_guess():
     assert planner.next_scoring(sample).end == 3  # only the kept prefix is scored, after the cut
     with pytest.raises(RuntimeError, match="no p_curr"):
         planner.assemble(sample)
+
+
+class LastTokenDecides(ReusePolicy):
+    """Keeps a draft whole when its last token is no less likely now, else nothing: not decided by a prefix."""
+
+    def cut(self, batch):
+        last = batch.lengths - 1
+        rows = torch.arange(len(last))
+        fine = batch.scored_logprobs[rows, last] >= batch.draft_logprobs[rows, last]
+        return torch.where(fine, batch.lengths, torch.zeros_like(batch.lengths))
+
+
+@pytest.mark.parametrize("policy, traced", [(LastTokenDecides(), False), (make("spec"), True)])
+def test_whole_drafts_for_rules_not_judged_chunk_by_chunk_and_for_traces(policy, traced, tmp_path):
+    """A prompt probe scores first tokens for everyone; a rule that is not prefix-decidable, or a traced run, must
+    still see every draft whole before cutting it."""
+    from specrl_openrlhf.trace import TraceWriter
+
+    trace = TraceWriter(tmp_path, "t") if traced else None
+    planner = SpeculativePlanner(policy, scoring="chunked", trace=trace)
+    drafts = [
+        Draft(np.array([5 + j, 6, 7, 8], np.int32), np.full(4, -1.0, np.float32), "stop", 0, j) for j in range(3)
+    ]
+    samples, p_curr = visit_of(planner, list(range(10, 74)), drafts, lambda seq: -3.0)  # first tokens: rejected
+    drive(planner, samples, FakeEngine(p_curr), [samples])
+    assert all(s.decided and s.stats.scored_tokens == 4 and not np.isnan(s.scored).any() for s in samples)

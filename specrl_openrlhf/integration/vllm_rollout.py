@@ -265,6 +265,7 @@ class OpenVisit:
     joined: int = 0
     drafts: asyncio.Future | None = None
     samples: list = field(default_factory=list)
+    unclaimed: dict = field(default_factory=dict)  # slot -> its built sample, until the slot's call takes it
     scoring: set = field(default_factory=set)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -393,8 +394,8 @@ class AsyncSpeculativeGenerator:
         if len(missing) and visit.scoring:  # a sibling whose blocks we read may not have returned yet
             await asyncio.wait(set(visit.scoring), timeout=LEADER_WAIT_S)
             missing = self.planner.recover_scores(sample, missing, visit.samples)
-        for retry in self.planner.rescoring(sample, missing) if len(missing) else ():
-            await self._score(sample, retry, visit)
+        if len(missing):
+            await asyncio.gather(*[self._score(sample, r, visit) for r in self.planner.rescoring(sample, missing)])
 
     def _generate(self, prompt_ids, params, priority: int):
         if self.prioritize:
@@ -425,8 +426,9 @@ class AsyncSpeculativeGenerator:
 
     async def _speculative(self, prompt_ids: list[int], params: SamplingParams, follow_up: bool) -> SampleOutput:
         key = prompt_key(prompt_ids)
-        visit, slot = self.visits.join(key)
-        leader = slot == 0 or follow_up
+        # A later turn's prompt holds one sample's history: it is a visit of its own, which closes with the call.
+        visit, slot = (OpenVisit(uuid.uuid4().hex), 0) if follow_up else self.visits.join(key)
+        leader = slot == 0
         try:
             return await self._sample(key, prompt_ids, params, follow_up, visit, slot, leader)
         finally:
@@ -436,7 +438,7 @@ class AsyncSpeculativeGenerator:
     async def _sample(self, key, prompt_ids, params, follow_up: bool, visit: OpenVisit, slot: int, leader: bool):
         age = self.policy.draft_age
         if follow_up:  # a later turn's prompt holds one sample's history: its samples claim one by one
-            claim, slot = self.store.claim(key, visit.visit_id, age, 1, follow_up), 0
+            claim = self.store.claim(key, visit.visit_id, age, 1, follow_up)
         else:  # the visit's first sample claims for all of them: one cache call per visit
             if visit.drafts is None:
                 visit.drafts = asyncio.ensure_future(
@@ -450,11 +452,12 @@ class AsyncSpeculativeGenerator:
             self._warn("draft cache claim failed; this sample is generated normally", error)
             drafts, cache_errors = [], 1
         start = time.perf_counter()
-        if leader and not follow_up:  # the visit's samples, built once, so that one prompt probe serves them all
-            n = self.visits.samples_per_visit
+        if leader:  # the visit's samples, built once, so that one prompt probe serves them all
+            n = 1 if follow_up else self.visits.samples_per_visit
             visit.samples = [
                 self.planner.new_sample(prompt_ids, params.max_tokens, d, key) for d in (drafts + [None] * n)[:n]
             ]
+            visit.unclaimed = dict(enumerate(visit.samples))
             self.planner.decide(visit.samples)  # rules that do not read p_curr cut now
             probe = self.planner.prompt_probe(visit.samples)
             if probe is not None:
@@ -463,12 +466,11 @@ class AsyncSpeculativeGenerator:
             visit.ready.set()
         elif not follow_up:
             await _wait(visit.ready, LEADER_WAIT_S)
-        built = visit.samples[slot] if slot < len(visit.samples) else None
-        if built is None or built.max_tokens != params.max_tokens:  # no probe for this one: it scores on its own
-            built = self.planner.new_sample(
+        sample = visit.unclaimed.pop(slot, None)  # each built sample goes to one call only
+        if sample is None or sample.max_tokens != params.max_tokens:  # not in the probe: it scores on its own
+            sample = self.planner.new_sample(
                 prompt_ids, params.max_tokens, drafts[slot] if slot < len(drafts) else None, key
             )
-        sample = built
         sample.stats.cache_errors = sample.stats.fallbacks = cache_errors
         self.planner.decide([sample])  # the probe may have scored all this sample needs
         while (request := self.planner.next_scoring(sample)) is not None:

@@ -375,3 +375,4 @@ def test_two_turn_agent_stays_bounded_and_reuses_its_first_turns(async_engine, t
         assert first.nbytes <= first.max_bytes and follow_up.nbytes <= follow_up.max_bytes
     assert hits[0] == 0 and hits[-1] - hits[-2] == len(prompts) * N_SAMPLES  # first turns reuse their drafts
     assert follow_up.evicted_prompts > 0  # follow-up turns filled their own share, not the first turns'
+    assert follow_up.hits > 0  # a follow-up prompt that recurs (its first turn kept whole) gets its last response

@@ -22,6 +22,7 @@ class ReuseConfig:
 
     policy: str = "off"
     lenience: float | None = None  # None: the policy's default
+    params: dict = dataclasses.field(default_factory=dict)  # the rule's other parameters (`--reuse.params`)
     seed: int = 0
     reused_logprobs: str = "auto"
     scoring: str = "chunked"  # see SpeculativePlanner
@@ -38,6 +39,8 @@ class ReuseConfig:
         object.__setattr__(self, "policy", absolute_reference(self.policy))
         if self.lenience is not None:
             check_lenience("--lenience", self.lenience)
+        if not isinstance(self.params, dict) or not all(isinstance(k, str) for k in self.params):
+            raise TypeError(f"--reuse.params must be a JSON object of parameter names, got {self.params!r}")
         if self.reused_logprobs not in REUSED_LOGPROBS:
             raise ValueError(
                 f"--reuse.logprobs must be one of {', '.join(REUSED_LOGPROBS)}, got {self.reused_logprobs!r}"
@@ -70,7 +73,7 @@ class ReuseConfig:
         """Load the plugins, then build the policy (unknown names and bad parameters raise here)."""
         for path in self.plugins:
             load_plugin(path)
-        params = {} if self.lenience is None else {"lenience": self.lenience}
+        params = dict(self.params) if self.lenience is None else {**self.params, "lenience": self.lenience}
         return make(self.policy, **params)
 
     def to_json(self) -> str:

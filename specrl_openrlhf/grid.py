@@ -45,14 +45,21 @@ from .policies.registry import absolute_reference
 
 RUNNERS = ("openrlhf", "cpu")
 GRID_KEYS = ("description", "runner", "presets", "layout", "seeds", "traces", "sweep", "args")
-SWEEP_KEYS = ("policy", "lenience")
+SWEEP_KEYS = ("policy", "lenience", "params")
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
 CPU_MODULE = "specrl_openrlhf.integration.cpu.quickstart"
 REWARD_FILE = Path(__file__).resolve().parent / "rewards" / "math_verify_reward.py"
 # Flags the grid sets per cell; a grid's `args` must not set them.
 CELL_FLAGS = {
-    "openrlhf": ("--rollout_reuse", "--lenience", "--train.seed", "--ckpt.path", "--logger.tensorboard_dir"),
-    "cpu": ("--policy", "--lenience", "--seed", "--out", "--only", "--grid", "--trace-dir", "--group-key"),
+    "openrlhf": (
+        "--rollout_reuse",
+        "--lenience",
+        "--reuse.params",
+        "--train.seed",
+        "--ckpt.path",
+        "--logger.tensorboard_dir",
+    ),
+    "cpu": ("--policy", "--lenience", "--params", "--seed", "--out", "--only", "--grid", "--trace-dir", "--group-key"),
 }
 DONE_FILE = "done.json"
 
@@ -68,6 +75,7 @@ class Cell:
     name: str
     policy: str
     lenience: float | None  # None: the preset's lenience, or the policy has none
+    params: dict  # the rule's other parameters
     preset: str | None
     seed: int
     group: str  # the cells that share a baseline: same grid, preset and seed
@@ -85,7 +93,7 @@ class Grid:
     layout: str | None
     seeds: tuple[int, ...]
     traces: bool
-    sweep: tuple[tuple[str, tuple[tuple[float, str] | None, ...]], ...]  # (policy, ((lenience, label) or None, ...))
+    sweep: tuple[tuple[str, tuple[tuple[float, str] | None, ...], dict], ...]  # (policy, (lenience, label)s, params)
     args: tuple[str, ...]
 
     @property
@@ -97,9 +105,9 @@ class Grid:
         cells = []
         for preset in self.presets:
             for seed in self.seeds:
-                for policy, leniences in self.sweep:
+                for policy, leniences, params in self.sweep:
                     for lenience in leniences:
-                        parts = [preset, _policy_label(policy)]
+                        parts = [preset, _policy_label(policy), *(f"{k}{_number(v)}" for k, v in params.items())]
                         if lenience is not None:
                             parts.append(f"l{lenience[1]}")
                         parts.append(f"s{seed}")
@@ -108,6 +116,7 @@ class Grid:
                                 name="-".join(p for p in parts if p),
                                 policy=policy,
                                 lenience=None if lenience is None else lenience[0],
+                                params=params,
                                 preset=preset or None,
                                 seed=seed,
                                 group=f"{self.name}/{preset or 'cpu'}/s{seed}",
@@ -119,6 +128,9 @@ class Grid:
         """The command line that trains one cell, writing under `cell_dir`."""
         cell_dir = Path(cell_dir).resolve()
         lenience = [] if cell.lenience is None else ["--lenience", _number(cell.lenience)]
+        if cell.params:
+            params_flag = "--params" if self.runner == "cpu" else "--reuse.params"
+            lenience += [params_flag, json.dumps(cell.params)]
         if self.runner == "cpu":
             command = [python, "-m", CPU_MODULE, "--only", "--policy", cell.policy, *lenience]
             command += ["--seed", str(cell.seed), "--out", str(cell_dir), "--group-key", cell.group]
@@ -265,14 +277,28 @@ def _sweep_entry(entry, where: str) -> tuple[str, tuple]:
         cls = policy_class(policy)
     except (UnknownPolicyError, PluginError) as error:
         raise GridError(f"{where}: policy: {error}") from None
+    accepted = {f.name for f in dataclasses.fields(cls.Params)}
+    params = entry.get("params") or {}
+    if not isinstance(params, dict):
+        raise GridError(f"{where}: params: give a mapping of the rule's parameters, e.g. {{target_kept: 0.9}}")
+    unknown = sorted(set(params) - (accepted - {"lenience"}))
+    if unknown:
+        raise GridError(
+            f"{where}: params: {policy!r} takes no {', '.join(unknown)}; its parameters: "
+            f"{', '.join(sorted(accepted)) or 'none'} (lenience goes in `lenience`)"
+        )
+    try:
+        cls.Params(**params)
+    except (TypeError, ValueError) as error:
+        raise GridError(f"{where}: params: {error}") from None
     if "lenience" not in entry:
-        return policy, (None,)
-    if "lenience" not in {f.name for f in dataclasses.fields(cls.Params)}:
+        return policy, (None,), params
+    if "lenience" not in accepted:
         raise GridError(f"{where}: policy {policy!r} takes no lenience; remove `lenience` from this entry")
     values = entry["lenience"] if isinstance(entry["lenience"], list) else [entry["lenience"]]
     if not values:
         raise GridError(f"{where}: `lenience` is empty; list at least one value or remove the key")
-    return policy, tuple(parse_lenience(v, f"{where}: lenience") for v in values)
+    return policy, tuple(parse_lenience(v, f"{where}: lenience") for v in values), params
 
 
 def _args(args, where: str, runner: str) -> list[str]:

@@ -30,7 +30,7 @@ def flag_value(command: list[str], flag: str) -> str | None:
         ("main", ["grpo-off-s42", "grpo-spec-s42", "ppo-off-s42", "ppo-spec-s42", "dapo-off-s42", "dapo-spec-s42"]),
         ("variants", ["grpo-off-s42", "grpo-spec-s42", "grpo-random-s42", "grpo-delayed-s42"]),
         ("lenience", ["grpo-off-s42"] + [f"grpo-spec-le{x}-s42" for x in ("0.2", "0.5", "0.8", "1", "2")]),
-        ("cpu", ["off-s0", "spec-l1-s0", "spec-le0.5-s0", "AdaptiveLenience-s0"]),
+        ("cpu", ["off-s0", "spec-l1-s0", "spec-le0.5-s0", "AdaptiveLenience-target_kept0.9-s0"]),
     ],
 )
 def test_shipped_grids_resolve(name, cells):
@@ -64,6 +64,13 @@ def test_main_grid_uses_each_algorithms_paper_lenience(tmp_path):
     spec = {c.preset: grid.command(c, tmp_path) for c in grid.cells() if c.policy == "spec"}
     paper = {"grpo": 0.5, "ppo": 0.3, "dapo": 0.15}
     assert {k: math.log(float(flag_value(v, "--lenience"))) for k, v in spec.items()} == pytest.approx(paper)
+
+
+def test_a_rules_parameters_reach_its_cells_command(tmp_path):
+    grid = load_grid(GRIDS / "cpu.yaml")
+    cell = next(c for c in grid.cells() if c.params)
+    command = grid.command(cell, tmp_path)
+    assert json.loads(flag_value(command, "--params")) == {"target_kept": 0.9} == cell.params
 
 
 def test_dry_run_and_ray_jobs_print_one_command_per_cell(capsys, tmp_path):
@@ -126,6 +133,8 @@ def write_grid(tmp_path, text: str) -> Path:
         ("presets: [grpo]\nsweep: [spec]\nargs: {--lenience: 2}\n", "--lenience is set per cell by the grid"),
         ("presets: [grpo]\nsweep: [spec]\nargs: [model]\n", "'model' is not a flag"),
         ("runner: cpu\npresets: [ppo]\nsweep: [spec]\n", "the cpu runner trains GRPO only"),
+        ("presets: [grpo]\nsweep: [{policy: spec, params: {floor: 1}}]\n", "'spec' takes no floor"),
+        ("presets: [grpo]\nsweep: [{policy: spec, params: [1]}]\n", "give a mapping of the rule's parameters"),
         ("sweep: [spec\n", "not valid YAML"),
         ("- spec\n", "a grid is a mapping"),
     ],

@@ -34,6 +34,17 @@ UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 AGENT_ENTRY = str(Path(__file__).with_name("agent_entry.py"))
 
 
+def json_object(text: str) -> dict:
+    """argparse type of `--reuse.params`: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}); write e.g. '{{\"target_kept\": 0.9}}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object; write e.g. '{{\"target_kept\": 0.9}}'")
+    return value
+
+
 def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculative rollouts (specrl-openrlhf)")
     group.add_argument(
@@ -48,6 +59,13 @@ def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"lenience l > 0 of the spec/delayed rule (default e^0.5 = {DEFAULT_LENIENCE:.4f}; paper: e^0.5 GRPO, "
         "e^0.3 PPO, e^0.15 DAPO)",
+    )
+    group.add_argument(
+        "--reuse.params",
+        type=json_object,
+        default={},
+        metavar="JSON",
+        help="the rule's other parameters, e.g. '{\"target_kept\": 0.9}' (see its Params dataclass)",
     )
     group.add_argument("--reuse.seed", type=int, default=0, help="seed of the acceptance randomness")
     group.add_argument(
@@ -110,6 +128,7 @@ def reuse_config_from(namespace) -> ReuseConfig:
     return ReuseConfig(
         policy=get("rollout_reuse"),
         lenience=get("lenience"),
+        params=get("reuse.params") or {},
         seed=get("reuse.seed"),
         reused_logprobs=get("reuse.logprobs"),
         scoring=get("reuse.scoring"),

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -202,6 +203,11 @@ BASE = ["--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.
         (["--rollout_reuse", "spec", "--train.agent_func_path", "/nope/agent.py"], "/nope/agent.py: no such file"),
         (["--rollout_reuse", "spec", "--reuse.logprobs", "mine"], "invalid choice: 'mine'"),
         (["--rollout_reuse", "spec", "--reuse.cache_max_gb", "-1"], "--reuse.cache_max_gb must be a positive number"),
+        (["--rollout_reuse", "spec", "--reuse.params", "{x"], "argument --reuse.params: not JSON"),
+        (["--rollout_reuse", "spec", "--reuse.params", '{"floor": 1}'], "'spec' takes no parameter floor"),
+        (["--rollout_reuse", "spec", "--reuse.scoring", "fast"], "invalid choice: 'fast'"),
+        (["--rollout_reuse", "/nope/rule.py:Rule"], "--rollout_reuse /nope/rule.py:Rule: no such file"),
+        (["--rollout_reuse", f"{Path(__file__)}:Nope"], "has no 'Nope'"),
     ],
 )
 def test_bad_input_fails_before_ray_with_the_flag_and_fix(args, message):

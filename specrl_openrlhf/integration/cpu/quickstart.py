@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ...config import ReuseConfig
 from ...policies import DEFAULT_LENIENCE, PluginError, UnknownPolicyError
+from ..openrlhf_cli import json_object
 from .task import TaskConfig, splits
 from .warm_start import WarmStartConfig, warm_start
 
@@ -76,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--lenience", type=float, default=None, help=f"lenience (default e^0.5 = {DEFAULT_LENIENCE:.4f})"
     )
+    parser.add_argument(
+        "--params", type=json_object, default={}, metavar="JSON", help="the rule's other parameters (--reuse.params)"
+    )
     parser.add_argument("--epochs", type=int, default=3, help="passes over the train split (default: 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, the training and the acceptance rule")
     parser.add_argument("--out", default="runs/quickstart", help="output folder (default: runs/quickstart)")
@@ -119,8 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         args.groups = planned_groups(args)
     except (UnknownPolicyError, PluginError, ValueError, TypeError) as error:
-        flag = "--policy" if isinstance(error, (UnknownPolicyError, PluginError)) else "--lenience"
-        parser.error(str(error) if str(error).startswith("--") else f"{flag}: {error}")
+        unknown = isinstance(error, (UnknownPolicyError, PluginError))
+        parser.error(f"--policy: {error}" if unknown else str(error))
     if not args.only and args.grid is None and args.groups[0][1].config.policy == "off":
         parser.error("--policy off is the baseline, which always runs; pick a reuse policy such as spec")
     for flag, folder in (("--out", args.out), ("--trace-dir", args.trace_dir), ("--tensorboard", args.tensorboard)):
@@ -143,9 +147,9 @@ def planned_groups(args) -> list[list[Run]]:
     """Groups of runs that train side by side, each with its baseline first (none with --only). Every
     configuration is validated here, before anything starts."""
 
-    def config(policy, lenience=None, name=""):
+    def config(policy, lenience=None, name="", params=None):
         trace = str(Path(args.trace_dir).resolve() / name) if args.trace_dir else None
-        return ReuseConfig(policy=policy, lenience=lenience, seed=args.seed, trace_dir=trace)
+        return ReuseConfig(policy=policy, lenience=lenience, params=params or {}, seed=args.seed, trace_dir=trace)
 
     if args.grid == "lenience":
         names = [(f"spec_l{lenience:.2f}", "spec", lenience) for lenience in LENIENCE_GRID]
@@ -153,7 +157,7 @@ def planned_groups(args) -> list[list[Run]]:
         methods = [Run(name, config(policy, lenience, name)) for name, policy, lenience in names]
     else:
         name = "off" if args.policy == "off" else Path(args.policy.split(":")[-1]).stem.lower()
-        methods = [Run(name, config(args.policy, args.lenience, name))]
+        methods = [Run(name, config(args.policy, args.lenience, name, args.params))]
     if args.only:
         groups = [methods]
     else:

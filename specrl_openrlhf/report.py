@@ -206,8 +206,8 @@ def table_rows(runs: list[RunSeries]) -> list[dict]:
         accuracy = run.final_accuracy()
         row = {
             "run": run.name,
-            "policy": run.policy,
-            "lenience": "" if run.lenience is None else f"{run.lenience:.3g}",
+            "policy": run.policy.rpartition(":")[2] if ":" in run.policy else run.policy,  # rule.py:Class -> Class
+            "lenience": lenience_label(run),
             "tokens_decoded_M": run.total("decoded_tokens") / 1e6,
             "speedup": base.total("rollout_s") / rollout if base is not None and rollout else math.nan,
             "token_ratio": base.total("decoded_tokens") / run.total("decoded_tokens")
@@ -222,6 +222,14 @@ def table_rows(runs: list[RunSeries]) -> list[dict]:
             row[f"time_{stage}"] = run.total(stage)
         rows.append(row)
     return rows
+
+
+def lenience_label(run: RunSeries) -> str:
+    """The lenience a run applied: its setting, or first→last for a rule that adapts it."""
+    applied = [r["lenience"] for r in run.steps if r.get("lenience")]
+    if applied and max(applied) - min(applied) > 1e-6:
+        return f"{applied[0]:.3g}→{applied[-1]:.3g}"
+    return "" if run.lenience is None else f"{run.lenience:.3g}"
 
 
 def markdown(rows: list[dict]) -> str:

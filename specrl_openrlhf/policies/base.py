@@ -98,7 +98,7 @@ class ReusePolicy(ABC):
 
     def describe(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.params, f.name)!r}" for f in dataclasses.fields(self.params))
-        return f"{self.name}({fields})"
+        return f"{self.name.rpartition(':')[2]}({fields})"  # a rule loaded as path/rule.py:Class goes by Class
 
     def __repr__(self) -> str:
         return f"<ReusePolicy {self.describe()}>"

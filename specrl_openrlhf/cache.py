@@ -229,18 +229,7 @@ class DraftCache:
             "tokens": np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
             "logprobs": np.concatenate(logprobs) if logprobs else np.zeros(0, np.float32),
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_npz(path, arrays)
 
     def load(self, path: str | Path, *, shard: tuple[int, int] = (0, 1)) -> bool:
         """Merge the drafts saved at `path` (only the keys of `shard` = (index, count)) into this cache.
@@ -272,6 +261,24 @@ class DraftCache:
             self._trim(entry, self.keep_visits)
         self._evict()
         return bool(loaded)
+
+
+def write_npz(path: str | Path, arrays: dict, *, compress: bool = False) -> Path:
+    """Write `.npz` atomically: a temporary file in the same folder, flushed to disk, then renamed over `path`. A
+    failure leaves any earlier file as it was and no temporary file behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            (np.savez_compressed if compress else np.savez)(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def _read_cache_file(path: Path) -> dict[bytes, list[tuple[int, list[Draft]]]]:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import FINISH_REASONS
+from .cache import FINISH_REASONS, write_npz
 
 logger = logging.getLogger(__name__)
 
@@ -121,16 +120,7 @@ class TraceWriter:
             "lenience": np.array([r[7] for r in rows], np.float64),
             "time": np.array([r[8] for r in rows], np.float64),
         }
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"{self.prefix}-{self.chunks:05d}.npz"
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez_compressed(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        path = write_npz(self.directory / f"{self.prefix}-{self.chunks:05d}.npz", arrays, compress=True)
         self.chunks += 1
         return path
 

@@ -128,7 +128,7 @@ def reuse_config_from(namespace) -> ReuseConfig:
     return ReuseConfig(
         policy=get("rollout_reuse"),
         lenience=get("lenience"),
-        params=get("reuse.params") or {},
+        params=namespace_to_dict(get("reuse.params") or {}),  # OpenRLHF turns dict values into namespaces
         seed=get("reuse.seed"),
         reused_logprobs=get("reuse.logprobs"),
         scoring=get("reuse.scoring"),
@@ -222,6 +222,8 @@ def upstream_main_block(module: str = UPSTREAM_MODULE) -> tuple[types.CodeType, 
 def namespace_to_dict(namespace) -> dict:
     if isinstance(namespace, (types.SimpleNamespace, argparse.Namespace)):
         return {k: namespace_to_dict(v) for k, v in vars(namespace).items()}
+    if isinstance(namespace, dict):
+        return {k: namespace_to_dict(v) for k, v in namespace.items()}
     if isinstance(namespace, (list, tuple)):
         return [namespace_to_dict(v) for v in namespace]
     return namespace if isinstance(namespace, (str, int, float, bool, type(None))) else repr(namespace)

@@ -224,6 +224,17 @@ def test_plugin_policy_and_temperature_free_policies(tmp_path):
     result = cli(BASE + ["--rollout_reuse", "prefix_cap", "--reuse.plugin", plugin, "--reuse.dry_run"])
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout[result.stdout.index("{") :])["policy"].startswith("prefix_cap(")
+    rule = [
+        "--rollout_reuse",
+        "policies/adaptive_lenience.py:AdaptiveLenience",
+        "--reuse.params",
+        '{"target_kept": 0.9}',
+    ]
+    result = cli(BASE + rule + ["--reuse.dry_run"])
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout[result.stdout.index("{") :])
+    assert resolved["policy"].startswith("AdaptiveLenience(target_kept=0.9, ")
+    assert json.loads(resolved["engines"]["reuse_config"])["params"] == {"target_kept": 0.9}  # what engines rebuild
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,12 @@ def parse_args(argv=None):
     parser.add_argument("--policy", default="spec")
     parser.add_argument("--scoring", choices=["chunked", "full"], default="chunked", help="see --reuse.scoring")
     parser.add_argument("--lenience", type=float, default=None)
+    parser.add_argument(
+        "--round-trip-tokens",
+        type=float,
+        default=None,
+        help="chunk schedule: what a scoring round trip costs, in tokens",
+    )
     parser.add_argument("--noise", type=float, default=None, help="relative weight noise per visit (regime default)")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="engine concurrency (default: all samples)")
     parser.add_argument(
@@ -110,15 +116,18 @@ async def run(args) -> int:
     generate = engine_generate(engine)
     policy = ReuseConfig(policy=args.policy, lenience=args.lenience).build_policy()
     max_token_id, max_model_len = engine_limits(engine.model_config, engine.get_tokenizer())
+    planner = sr.SpeculativePlanner(
+        policy, max_token_id=max_token_id, max_model_len=max_model_len, scoring=args.scoring
+    )
+    if args.round_trip_tokens is not None and planner.chunks is not None:
+        planner.chunks.round_trip_tokens = args.round_trip_tokens
     generator = AsyncSpeculativeGenerator(
         generate,
         policy,
         LocalDraftStore(keep_visits=max(policy.draft_age, 1)),
         samples_per_visit=args.n,
         prioritize=args.priority,
-        planner=sr.SpeculativePlanner(
-            policy, max_token_id=max_token_id, max_model_len=max_model_len, scoring=args.scoring
-        ),
+        planner=planner,
     )
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 100) for _ in range(args.prompt_len)] for _ in range(args.prompts)]

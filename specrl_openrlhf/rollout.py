@@ -121,34 +121,46 @@ class ScoringRequest:
 class ChunkSchedule:
     """How many draft tokens one scoring request covers, for rules whose first rejection decides the cut.
 
-    Such a rule needs p_curr only up to the first rejection. Drafts are scored in chunks of about `factor / q`
-    tokens, q being this engine's recent rate of rejections per scored token; a chunk that is all accepted is
-    followed by the next. With little drift q is tiny and a draft is scored in one request, as without chunks; with
-    strong drift a draft rejected at its 3rd token costs a few scored tokens instead of its whole length. For
-    rejections that come at a constant rate, `factor` 0.5 scores about 1.25 tokens per needed one, in 2-3 requests
-    per draft. The prefix cache serves each later chunk its prompt and earlier chunks.
+    Such a rule needs p_curr only up to the first rejection. Drafts are scored in chunks; a chunk that is all
+    accepted is followed by the next, and the prefix cache serves each later chunk its prompt and earlier chunks.
+    A chunk too long scores tokens past the rejection; one too short pays many round trips, each costing about
+    `round_trip_tokens` scored tokens (the partial cache block it computes again, and its wait for a sequence slot).
+    With rejections at this engine's recent rate q per examined token, a chunk of c tokens costs
+    (c + round_trip_tokens) / (1 - (1 - q)^c) per draft; the chunk is the c that costs least. With little drift the
+    best chunk outgrows any draft, and a draft is scored in one request, as without chunks.
     """
 
-    def __init__(self, factor: float = 0.5, min_chunk: int = 1, half_life_tokens: float = 16384.0):
-        if not (factor > 0 and min_chunk >= 1 and half_life_tokens > 0):
+    LONGEST = 1 << 16  # a best chunk this long means: the whole draft in one request
+    CANDIDATES = np.unique(np.round(1.08 ** np.arange(145)).astype(np.int64))  # 1 .. LONGEST, 8% apart
+
+    def __init__(self, round_trip_tokens: float = 64.0, half_life_tokens: float = 16384.0):
+        if not (round_trip_tokens >= 0 and half_life_tokens > 0):
             raise ValueError(
-                f"bad chunk schedule: factor={factor}, min_chunk={min_chunk}, half_life={half_life_tokens}"
+                f"bad chunk schedule: round_trip_tokens={round_trip_tokens}, half_life_tokens={half_life_tokens}"
             )
-        self.factor, self.min_chunk, self.half_life_tokens = factor, int(min_chunk), half_life_tokens
-        self.rejections = 0.0  # decayed counts over recently scored tokens
+        self.round_trip_tokens, self.half_life_tokens = float(round_trip_tokens), float(half_life_tokens)
+        self.rejections = 0.0  # decayed counts over recently examined tokens
         self.tokens = 0.0
+        self._best: int | None = None  # cached until the next observation
 
     def chunk(self) -> int | None:
         """Draft tokens for the next request, or None for the whole rest of the draft."""
         if self.rejections <= 0.0:
             return None
-        return max(self.min_chunk, math.ceil(self.factor * self.tokens / self.rejections))
+        if self._best is None:
+            q = min(1.0, self.rejections / self.tokens)
+            candidates = self.CANDIDATES
+            with np.errstate(divide="ignore"):
+                reached = -np.expm1(candidates * np.log1p(-q))  # P(a rejection within c tokens)
+            self._best = int(candidates[np.argmin((candidates + self.round_trip_tokens) / reached)])
+        return None if self._best >= self.LONGEST else self._best
 
     def observe(self, examined: int, rejected: bool) -> None:
         """One cut draft: the tokens the rule examined (up to and including its first rejection)."""
         decay = 0.5 ** (examined / self.half_life_tokens)
         self.tokens = self.tokens * decay + examined
         self.rejections = self.rejections * decay + float(rejected)
+        self._best = None
 
 
 class SpeculativePlanner:

@@ -83,13 +83,12 @@ def make_engine_class():
     return Engine
 
 
-def shard_memory(shards) -> tuple[int, int, int]:
-    """(memory the shards hold alone, their cache's own byte count, raw token + logprob bytes held)."""
+def shard_memory(shards) -> tuple[int, int]:
+    """(memory the shards hold alone, raw token + logprob bytes held)."""
     import ray
 
-    stats = ray.get([s.stats.remote() for s in shards])
-    rss = ray.get([s.resident_bytes.remote() for s in shards])
-    return sum(rss), sum(s["bytes"] for s in stats), sum(s["raw_bytes"] for s in stats)
+    memory = ray.get([s.memory.remote() for s in shards])
+    return sum(m[0] for m in memory), sum(m[1] for m in memory)
 
 
 def main(argv=None) -> int:
@@ -110,7 +109,7 @@ def main(argv=None) -> int:
     for num_shards in args.shards:
         run = f"bench{num_shards}"
         shards = create_draft_cache({}, num_shards=num_shards, max_bytes=64 << 30, run=run)
-        base_rss, _, _ = shard_memory(shards)
+        base_rss, _ = shard_memory(shards)
         engines = [engine_class.remote(num_shards, run) for _ in range(args.engines)]
         split = [list(range(args.prompts))[e :: args.engines] for e in range(args.engines)]
         for visit in (1, 2):
@@ -125,7 +124,7 @@ def main(argv=None) -> int:
         commits = np.concatenate([r["commits"] for r in results]) * 1e3
         returned = sum(r["drafts_returned"] for r in results)
         committed = sum(r["tokens_committed"] for r in results)
-        rss, held, raw = shard_memory(shards)
+        rss, raw = shard_memory(shards)
         assert returned == samples, f"visit 2 got {returned} drafts of {samples}"
         moved_mb = 2 * committed * 8 / 1e6  # the drafts claimed back plus the ones committed
         print(

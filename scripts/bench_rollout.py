@@ -82,10 +82,16 @@ async def run(args) -> int:
     from vllm import SamplingParams
 
     import specrl_openrlhf as sr
+    from specrl_openrlhf.cache import prompt_key
     from specrl_openrlhf.config import ReuseConfig
     from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs
     from specrl_openrlhf.integration.cpu.tiny_model import build_tiny_model
-    from specrl_openrlhf.integration.cpu.weights import EXTENSION, perturbed_state_dict, write_weights
+    from specrl_openrlhf.integration.cpu.weights import (
+        EXTENSION,
+        perturbed_state_dict,
+        reload_async_engine,
+        write_weights,
+    )
     from specrl_openrlhf.integration.vllm_rollout import (
         AsyncSpeculativeGenerator,
         LocalDraftStore,
@@ -93,6 +99,7 @@ async def run(args) -> int:
         engine_limits,
         gather_samples,
     )
+    from specrl_openrlhf.rollout import ChunkSchedule
 
     regime = REGIMES[args.regime]
     noise = regime["noise"] if args.noise is None else args.noise
@@ -120,7 +127,7 @@ async def run(args) -> int:
         policy, max_token_id=max_token_id, max_model_len=max_model_len, scoring=args.scoring
     )
     if args.round_trip_tokens is not None and planner.chunks is not None:
-        planner.chunks.round_trip_tokens = args.round_trip_tokens
+        planner.chunks = ChunkSchedule(round_trip_tokens=args.round_trip_tokens)
     generator = AsyncSpeculativeGenerator(
         generate,
         policy,
@@ -137,8 +144,7 @@ async def run(args) -> int:
 
     async def load_weights(seed: int, scratch: str):
         path = write_weights(perturbed_state_dict(model_dir, noise, seed=seed), Path(scratch) / "w.safetensors")
-        await engine.collective_rpc("reload_safetensors", args=(path,))
-        await engine.reset_prefix_cache()
+        await reload_async_engine(engine, path)
 
     print(
         f"{args.regime} regime: {policy.describe()} ({args.scoring} scoring), {args.prompts} prompts x {args.n} "
@@ -177,8 +183,8 @@ async def run(args) -> int:
 
         # This machine's rates, at the concurrency of a visit, with the last weights.
         await engine.reset_prefix_cache()
-        drafts = [d for key in generator.store.cache._entries for d in generator.store.cache.drafts(key)][-samples:]
-        scoring = [prompts[i % len(prompts)] + d.token_ids.tolist() for i, d in enumerate(drafts)]
+        cache = generator.store.cache
+        scoring = [p + d.token_ids.tolist() for p in prompts for d in cache.drafts(prompt_key(p))][-samples:]
         scoring_rate = await rate(generate, scoring, SamplingParams(max_tokens=1, prompt_logprobs=0))
         await engine.reset_prefix_cache()
         stream = [p for p in prompts for _ in range(args.n)]

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .policies import PluginError, UnknownPolicyError, check_lenience, policy_class
+from .policies import PluginError, UnknownPolicyError, check_lenience, policy_class, short_name
 from .policies.registry import absolute_reference
 
 RUNNERS = ("openrlhf", "cpu")
@@ -58,6 +58,8 @@ CELL_FLAGS = {
         "--train.seed",
         "--ckpt.path",
         "--logger.tensorboard_dir",
+        "--logger.wandb.run_name",
+        "--reuse.trace_dir",
     ),
     "cpu": ("--policy", "--lenience", "--params", "--seed", "--out", "--only", "--grid", "--trace-dir", "--group-key"),
 }
@@ -298,7 +300,13 @@ def _sweep_entry(entry, where: str) -> tuple[str, tuple]:
     values = entry["lenience"] if isinstance(entry["lenience"], list) else [entry["lenience"]]
     if not values:
         raise GridError(f"{where}: `lenience` is empty; list at least one value or remove the key")
-    return policy, tuple(parse_lenience(v, f"{where}: lenience") for v in values), params
+    leniences = tuple(parse_lenience(v, f"{where}: lenience") for v in values)
+    for value, label in leniences:  # the rule's own bounds, with its other parameters, as the cell will build it
+        try:
+            cls.Params(**params, lenience=value)
+        except (TypeError, ValueError) as error:
+            raise GridError(f"{where}: lenience {label}: {error}") from None
+    return policy, leniences, params
 
 
 def _args(args, where: str, runner: str) -> list[str]:
@@ -330,8 +338,7 @@ def _number(value) -> str:
 
 def _policy_label(policy: str) -> str:
     """A file-name-safe label: `path/rule.py:Class` becomes `Class`."""
-    name = policy.rpartition(":")[2] if ":" in policy else policy
-    return re.sub(r"[^A-Za-z0-9_.]+", "_", name)
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", short_name(policy))
 
 
 # ---- running -----------------------------------------------------------------------------------------------------

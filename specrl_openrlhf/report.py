@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .policies import short_name
+
 logger = logging.getLogger(__name__)
 
 CURVES = (  # (key, title) of the per-step plots
@@ -34,12 +36,11 @@ CURVES = (  # (key, title) of the per-step plots
     ("reward", "train reward"),
     ("lenience", "lenience applied"),
 )
-STAGES = ("rollout_s", "scoring_s", "train_s")  # CPU runs
 TB_STAGES = {  # OpenRLHF's timing tags -> our stage names
     "train/timing/generation": "rollout_s",
     "train/timing/make_experience": "make_experience_s",
     "train/timing/ppo_train": "train_s",
-    "train/timing/broadcast": "broadcast_s",
+    "train/timing/broadcast": "sync_s",  # the weight sync, as CPU runs name it
 }
 
 
@@ -128,9 +129,13 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
     }
     plain = {
         "full_reuse_ratio": series("train/reuse/full_reuse_ratio"),
+        "reward": series("train/rollout/reward_mean") or series("train/reward"),
+    }
+    # per-draft values (0 for a sample without a draft), so their mean over samples is divided by the hit rate
+    hit_rate = series("train/reuse/drafts_found")
+    per_draft = {
         "mean_verified_prefix_len": series("train/reuse/mean_verified_prefix_len"),
         "lenience": series("train/reuse/lenience"),
-        "reward": series("train/rollout/reward_mean") or series("train/reward"),
     }
     stages = {ours: series(tag) for tag, ours in TB_STAGES.items()}
     steps = []
@@ -139,6 +144,8 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
         row = {"step": step, "samples": n}
         row.update({k: v[step] * n for k, v in per_sample.items() if step in v})
         row.update({k: v[step] for k, v in plain.items() if step in v})
+        if hit_rate.get(step):
+            row.update({k: v[step] / hit_rate[step] for k, v in per_draft.items() if step in v})
         row.update({k: v[step] for k, v in stages.items() if step in v})
         if row.get("draft_tokens"):
             row["kept_share"] = row.get("reused_tokens", 0.0) / row["draft_tokens"]
@@ -150,8 +157,9 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
             evals.setdefault(step, {"step": step})[dataset] = value
     cell = read_cell(directory)
     lenience = cell.get("lenience")
-    if lenience is None and plain["lenience"]:  # the preset's lenience: the run logged what it applied
-        lenience = sum(plain["lenience"].values()) / len(plain["lenience"])
+    applied = [row["lenience"] for row in steps if row.get("lenience")]
+    if lenience is None and applied:  # the preset's lenience: the run logged what it applied
+        lenience = sum(applied) / len(applied)
     return RunSeries(
         name=cell.get("name") or directory.name,
         policy=cell.get("policy", "off"),
@@ -206,7 +214,7 @@ def table_rows(runs: list[RunSeries]) -> list[dict]:
         accuracy = run.final_accuracy()
         row = {
             "run": run.name,
-            "policy": run.policy.rpartition(":")[2] if ":" in run.policy else run.policy,  # rule.py:Class -> Class
+            "policy": short_name(run.policy),
             "lenience": lenience_label(run),
             "tokens_decoded_M": run.total("decoded_tokens") / 1e6,
             "speedup": base.total("rollout_s") / rollout if base is not None and rollout else math.nan,

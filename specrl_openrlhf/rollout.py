@@ -131,7 +131,7 @@ class ChunkSchedule:
     """
 
     LONGEST = 1 << 16  # a best chunk this long means: the whole draft in one request
-    CANDIDATES = np.unique(np.round(1.08 ** np.arange(145)).astype(np.int64))  # 1 .. LONGEST, 8% apart
+    CANDIDATES = np.unique(np.minimum(np.round(1.08 ** np.arange(146)), LONGEST).astype(np.int64))  # 1 .. LONGEST
 
     def __init__(self, round_trip_tokens: float = 64.0, half_life_tokens: float = 16384.0):
         if not (round_trip_tokens >= 0 and half_life_tokens > 0):
@@ -249,7 +249,9 @@ class SpeculativePlanner:
         theirs read it from the prefix cache, and scores every sample's first draft token, which a request that reads
         the prompt from the cache can't give (vLLM has no logits for the last cached position). None unless two or
         more samples will score."""
-        needy = [s for s in samples if self.read_cache and self.next_scoring(s) is not None]
+        if not self.read_cache:
+            return None
+        needy = [s for s in samples if self.wants_scoring(s)]
         if len(needy) < 2:
             return None
         first_tokens = tuple(sorted({int(s.draft.token_ids[0]) for s in needy}))
@@ -269,22 +271,26 @@ class SpeculativePlanner:
             if token in request.next_token_ids and np.isnan(s.scored[0]):
                 s.scored[0] = next_logprobs[token].logprob
 
+    def wants_scoring(self, sample: Sample) -> bool:
+        """Whether the sample needs a scoring request (see `next_scoring`)."""
+        if sample.draft is None or sample.scored is None:
+            return False
+        if self.policy.needs_scores:
+            return not sample.decided
+        return sample.decided and sample.scored_upto < sample.cut
+
     def next_scoring(self, sample: Sample) -> ScoringRequest | None:
         """The next scoring request the sample needs, or None. A rule that reads p_curr gets the draft chunk by chunk
         until it decides; a rule that does not gets, once it has cut, the kept prefix scored when reused tokens
         report p_curr (`reused_logprobs="scored"`)."""
-        if sample.draft is None or sample.scored is None:
+        if not self.wants_scoring(sample):
             return None
         start = sample.scored_upto
         if self.policy.needs_scores:
-            if sample.decided:
-                return None
             chunk = self.chunks.chunk() if self.chunks is not None else None
             # a chunk's last token comes as the token that follows the request (see below): chunk 1 = a point probe
             end = sample.draft_len if chunk is None else min(sample.draft_len, start + chunk - 1)
         else:
-            if not sample.decided or start >= sample.cut:
-                return None
             end = sample.cut
         tokens = sample.prompt_ids + sample.draft.token_ids[:end].tolist()
         follows = (int(sample.draft.token_ids[end]),) if self.read_cache and end < sample.draft_len else ()
@@ -402,6 +408,8 @@ class SpeculativePlanner:
             s.stats.rejected_drafts = int(s.cut < s.draft_len)
             if lenience is not None and math.isfinite(lenience):
                 s.stats.lenience_sum = lenience
+            if self.scores_drafts and not self.policy.needs_scores:
+                s.stats.scored_tokens = s.cut  # the kept prefix, scored after the cut for its reported logprobs
             seen = s.scored_upto if self.policy.needs_scores else 0
             if seen:
                 log_ratio = s.scored[:seen].astype(np.float64) - s.draft.logprobs[:seen].astype(np.float64)

@@ -14,6 +14,8 @@ import pytest
 from specrl_openrlhf import grid as grid_module
 from specrl_openrlhf.grid import GridError, load_grid, parse_lenience, run_cells
 
+from .test_adaptive import ADAPTIVE
+
 REPO = Path(__file__).resolve().parents[1]
 GRIDS = REPO / "configs" / "grids"
 
@@ -131,6 +133,11 @@ def write_grid(tmp_path, text: str) -> Path:
         ("presets: [grpo]\nseeds: [-1]\nsweep: [spec]\n", "-1 is not a seed"),
         ("runner: slurm\nsweep: [spec]\n", "runner 'slurm' is not one of openrlhf, cpu"),
         ("presets: [grpo]\nsweep: [spec]\nargs: {--lenience: 2}\n", "--lenience is set per cell by the grid"),
+        ("presets: [grpo]\nsweep: [spec]\nargs: {--reuse.trace_dir: t}\n", "--reuse.trace_dir is set per cell"),
+        (
+            f"presets: [grpo]\nsweep: [{{policy: '{ADAPTIVE}', lenience: [2, 0.5]}}]\n",
+            "lenience 0.5: adaptive_lenience: need 1 <= lenience",
+        ),
         ("presets: [grpo]\nsweep: [spec]\nargs: [model]\n", "'model' is not a flag"),
         ("runner: cpu\npresets: [ppo]\nsweep: [spec]\n", "the cpu runner trains GRPO only"),
         ("presets: [grpo]\nsweep: [{policy: spec, params: {floor: 1}}]\n", "'spec' takes no floor"),

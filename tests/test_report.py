@@ -75,3 +75,21 @@ def test_command_line(grid_run, tmp_path):
     (tmp_path / "empty").mkdir()
     empty = run(str(tmp_path / "empty"))
     assert empty.returncode == 2 and "no metrics.json or TensorBoard event files" in empty.stderr
+
+
+def test_per_draft_values_in_tensorboard_logs_are_means_over_drafts(tmp_path):
+    """OpenRLHF averages per-sample info over all samples; a sample without a draft logs 0 for the per-draft values,
+    so the reader divides them by the share of samples that had a draft."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "run"))
+    for step, hit_rate in ((1, 0.0), (2, 0.5), (3, 1.0)):
+        writer.add_scalar("train/rollout/num_samples", 8.0, step)
+        writer.add_scalar("train/reuse/drafts_found", hit_rate, step)
+        writer.add_scalar("train/reuse/lenience", 1.65 * hit_rate, step)
+        writer.add_scalar("train/reuse/mean_verified_prefix_len", 20.0 * hit_rate, step)
+    writer.close()
+    run = report.load_tensorboard_run(tmp_path / "run")
+    assert [row.get("lenience") for row in run.steps] == [None, pytest.approx(1.65), pytest.approx(1.65)]
+    assert [row.get("mean_verified_prefix_len") for row in run.steps] == [None, 20.0, 20.0]
+    assert run.lenience == pytest.approx(1.65) and report.lenience_label(run) == "1.65"

@@ -168,11 +168,12 @@ class DraftCacheActor:
         """The first-turn cache's counters, with the follow-up turns' cache under "follow_up"."""
         return {**self.caches[False].stats(), "follow_up": self.caches[True].stats(), "restarts": self.restarts}
 
-    async def resident_bytes(self) -> int:
-        """Memory this shard alone holds (unique set size: Ray's shared object store pages not counted)."""
+    async def memory(self) -> tuple[int, int]:
+        """(memory this shard alone holds, the raw token and logprob bytes of its drafts). The first is the unique set
+        size: Ray's shared object store pages are not counted."""
         import psutil
 
-        return psutil.Process().memory_full_info().uss
+        return psutil.Process().memory_full_info().uss, self.caches[False].raw_bytes()
 
 
 def create_draft_cache(

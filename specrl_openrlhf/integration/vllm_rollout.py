@@ -167,10 +167,10 @@ class SpeculativeLLM:
             for (sample, r), o in zip(requests, outputs)
         ]
         rescore = []
+        group_of = {id(s): g for g in groups for s in g}
         for sample, missing in gaps:  # after every output is in: a sibling's may fill the gap
             if len(missing):
-                siblings = next(g for g in groups if any(s is sample for s in g))
-                missing = self.planner.recover_scores(sample, missing, siblings)
+                missing = self.planner.recover_scores(sample, missing, group_of[id(sample)])
             if len(missing):
                 rescore += [(sample, r) for r in self.planner.rescoring(sample, missing)]
         if rescore:

@@ -9,6 +9,7 @@ from .base import (
     first_rejection,
     lenient_acceptance_logprob,
     lenient_cut,
+    short_name,
 )
 from .builtin import DEFAULT_LENIENCE, LenienceParams
 from .registry import (
@@ -40,4 +41,5 @@ __all__ = [
     "policy_class",
     "register",
     "registered",
+    "short_name",
 ]

@@ -98,7 +98,7 @@ class ReusePolicy(ABC):
 
     def describe(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.params, f.name)!r}" for f in dataclasses.fields(self.params))
-        return f"{self.name.rpartition(':')[2]}({fields})"  # a rule loaded as path/rule.py:Class goes by Class
+        return f"{short_name(self.name)}({fields})"
 
     def __repr__(self) -> str:
         return f"<ReusePolicy {self.describe()}>"
@@ -132,6 +132,11 @@ def lenient_cut(batch: DraftBatch, lenience: float) -> torch.Tensor:
     )
     accepted = torch.log(batch.uniforms) <= accept_logprob  # [B, T]; log(0) = -inf is always accepted
     return first_rejection(accepted, batch.lengths)
+
+
+def short_name(reference: str) -> str:
+    """A policy's name for tables and folders: a rule loaded as `path/rule.py:Class` goes by `Class`."""
+    return reference.rpartition(":")[2]
 
 
 def check_lenience(owner: str, value) -> None:

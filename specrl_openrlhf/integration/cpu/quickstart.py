@@ -112,9 +112,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         ("--rollout-batch", args.rollout_batch, 1),
         ("--samples", args.samples, 2),
         ("--warm-start-steps", args.warm_start_steps, 1),
-        ("--max-num-seqs", args.max_num_seqs or 1, 1),
+        ("--max-num-seqs", args.max_num_seqs, 1),
     ]:
-        if value < low:
+        if value is not None and value < low:
             parser.error(f"{flag} must be >= {low}, got {value}")
     if not (args.lr > 0 and math.isfinite(args.lr)):
         parser.error(f"--lr must be a positive number, got {args.lr}")
@@ -526,25 +526,27 @@ def main(argv=None) -> int:
         log_to_driver=False,
         runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK, "env_vars": {"VLLM_LOGGING_LEVEL": "ERROR"}},
     )
-    install_in_worker()  # SamplesGenerator runs here: its evaluation requests carry the mark too
-    table: list[dict] = []
-    accuracy_before = None
-    with tempfile.TemporaryDirectory(prefix="specrl-weights-") as scratch_dir:  # weights on their way to an engine
-        scratch = Path(scratch_dir)
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        bar = tqdm(total=args.epochs * steps_per_epoch * len(runs), desc="GRPO", unit="step", mininterval=1.0)
-        for group in groups:
-            start_runs(group, model_dir, args, lambda message: bar.write(f"[quickstart] {message}"))
-            try:
-                warm_up(group, held_out, args, tokenizer)
-                if accuracy_before is None:  # every engine starts from the same weights
-                    accuracy_before = held_out_accuracy(group[0], held_out, args, tokenizer)
-                    bar.write(f"[quickstart] held-out accuracy of the warm start: {accuracy_before:.3f}")
-                train_group(group, train, held_out, args, tokenizer, scratch, bar, table)
-            finally:
-                stop_runs(group)
-        bar.close()
-    ray.shutdown()
+    try:
+        install_in_worker()  # SamplesGenerator runs here: its evaluation requests carry the mark too
+        table: list[dict] = []
+        accuracy_before = None
+        with tempfile.TemporaryDirectory(prefix="specrl-weights-") as scratch_dir:  # weights on their way to an engine
+            scratch = Path(scratch_dir)
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            bar = tqdm(total=args.epochs * steps_per_epoch * len(runs), desc="GRPO", unit="step", mininterval=1.0)
+            for group in groups:
+                start_runs(group, model_dir, args, lambda message: bar.write(f"[quickstart] {message}"))
+                try:
+                    warm_up(group, held_out, args, tokenizer)
+                    if accuracy_before is None:  # every engine starts from the same weights
+                        accuracy_before = held_out_accuracy(group[0], held_out, args, tokenizer)
+                        bar.write(f"[quickstart] held-out accuracy of the warm start: {accuracy_before:.3f}")
+                    train_group(group, train, held_out, args, tokenizer, scratch, bar, table)
+                finally:
+                    stop_runs(group)
+            bar.close()
+    finally:
+        ray.shutdown()
 
     summary = {"acc_before": accuracy_before, "wall_s": time.perf_counter() - started}
     metrics = write_outputs(out, groups, summary, settings)
@@ -556,7 +558,8 @@ def main(argv=None) -> int:
     print(report.markdown(rows))
     if args.grid is None and not args.only:
         base, method = series
-        result = comparison(base, method, accuracy_before)
+        by_name = {row["run"]: row for row in rows}
+        result = comparison(base, method, by_name[base.name], by_name[method.name])
         print(
             f"\nsummary ({method.name} against {base.name}):\n"
             f"  decoded tokens   {base.total('decoded_tokens'):,.0f} / {method.total('decoded_tokens'):,.0f}"
@@ -582,8 +585,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def comparison(base, method, accuracy_before: float) -> dict[str, float]:
-    """Ratios of a method's run against its baseline (baseline / method: above 1 means the method is cheaper)."""
+def comparison(base, method, base_row: dict, method_row: dict) -> dict[str, float]:
+    """A method's run against its baseline (baseline / method: above 1 means the method is cheaper): the report's
+    rows for the whole run, plus what only the quickstart shows."""
 
     def ratio(a, b):
         return a / b if b else math.nan
@@ -591,17 +595,18 @@ def comparison(base, method, accuracy_before: float) -> dict[str, float]:
     def later(run, key):  # from the second epoch on, when the method has drafts
         return sum(r[key] for r in run.steps if r["epoch"] > 0)
 
-    base_step = base.total("rollout_s") + base.total("train_s")
-    method_step = method.total("rollout_s") + method.total("train_s")
+    def step_s(run):  # rollout + training + weight sync
+        return run.total("rollout_s") + run.total("train_s") + run.total("sync_s")
+
     return {
-        "token_ratio": ratio(base.total("decoded_tokens"), method.total("decoded_tokens")),
+        "token_ratio": method_row["token_ratio"],
         "token_ratio_later": ratio(later(base, "decoded_tokens"), later(method, "decoded_tokens")),
-        "time_ratio": ratio(base.total("rollout_s"), method.total("rollout_s")),
-        "base_step_s": base_step,
-        "method_step_s": method_step,
-        "step_time_ratio": ratio(base_step, method_step),
-        "acc_off": base.final_accuracy()["held_out"],
-        "acc_spec": method.final_accuracy()["held_out"],
+        "time_ratio": method_row["speedup"],
+        "base_step_s": step_s(base),
+        "method_step_s": step_s(method),
+        "step_time_ratio": ratio(step_s(base), step_s(method)),
+        "acc_off": base_row["acc_held_out"],
+        "acc_spec": method_row["acc_held_out"],
     }
 
 

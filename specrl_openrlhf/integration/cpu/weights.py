@@ -57,6 +57,13 @@ def update_llm_weights(llm, state: dict[str, torch.Tensor], scratch_dir: str | P
     llm.reset_prefix_cache()
 
 
+async def reload_async_engine(engine, path: str) -> None:
+    """Load a weights file into vLLM's async engine (started with `worker_extension_cls=EXTENSION`) and drop its
+    prefix cache, as OpenRLHF's broadcast does: cached blocks hold old weights."""
+    await engine.collective_rpc("reload_safetensors", args=(path,))
+    await engine.reset_prefix_cache()
+
+
 def rollout_actor_class():
     """OpenRLHF's `RolloutRayActor` with `reload_weights(path)` added: its own weight sync (NCCL, CUDA IPC) needs
     GPUs. Start it with `worker_extension_cls=EXTENSION`."""
@@ -65,8 +72,7 @@ def rollout_actor_class():
 
     class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
         async def reload_weights(self, path: str) -> None:
-            await self.llm.collective_rpc("reload_safetensors", args=(path,))
-            await self.llm.reset_prefix_cache()  # as OpenRLHF's broadcast does: cached blocks hold old weights
+            await reload_async_engine(self.llm, path)
 
         def flush_traces(self) -> None:
             """Write out our executor's draft traces before the actor is killed."""

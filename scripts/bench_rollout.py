@@ -84,9 +84,9 @@ async def run(args) -> int:
     import specrl_openrlhf as sr
     from specrl_openrlhf.cache import prompt_key
     from specrl_openrlhf.config import ReuseConfig
-    from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs
-    from specrl_openrlhf.integration.cpu.tiny_model import build_tiny_model
-    from specrl_openrlhf.integration.cpu.weights import (
+    from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs
+    from specrl_openrlhf.integration.miniature.tiny_model import build_tiny_model
+    from specrl_openrlhf.integration.miniature.weights import (
         EXTENSION,
         perturbed_state_dict,
         reload_async_engine,

@@ -7,5 +7,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh
-export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR} TOKENIZERS_PARALLELISM=false
-python -m specrl_openrlhf.integration.cpu.quickstart "$@"
+# TQDM_DISABLE: OpenRLHF's per-batch bars (the quickstart shows its own); read when tqdm is imported
+export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR} TOKENIZERS_PARALLELISM=false TQDM_DISABLE=${TQDM_DISABLE:-1}
+python -m specrl_openrlhf.integration.miniature.quickstart "$@"

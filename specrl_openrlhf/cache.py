@@ -8,6 +8,7 @@ prompt begins (its first `claim` with a new visit id).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -23,11 +24,12 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "specrl-draft-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: p_gen, ages and top-k beside each token; version 1 files still load
 MAX_DRAFT_AGE = 2  # the `delayed` policy reads drafts from two visits back
 FINISH_REASONS = ("stop", "length", "abort")
 _ENTRY_OVERHEAD_BYTES = 256  # dict slots, visit lists, key bytes
-_DRAFT_OVERHEAD_BYTES = 128  # the Draft object and two array headers
+_DRAFT_OVERHEAD_BYTES = 192  # the Draft object and its array headers
+AGE_LIMIT = np.iinfo(np.uint16).max  # ages saturate here
 
 
 def prompt_key(prompt_token_ids) -> bytes:
@@ -41,20 +43,51 @@ def shard_of(key: bytes, num_shards: int) -> int:
 
 @dataclass(frozen=True, eq=False)
 class Draft:
-    """One cached response. `visit` is the per-prompt number of the visit that produced it, `index` its
-    position among that visit's responses."""
+    """One cached response. `visit` is the per-prompt number of the visit that produced it, `index` its position
+    among that visit's responses.
+
+    Besides each token's logprob under the policy that last produced or verified it (p_prev for the next visit), a
+    draft keeps what the staleness meter and the anchored rules need: the token's logprob when it was decoded
+    (p_gen) and its age, and, for rules that resample rejected positions (`lossless`), the top-k distribution at
+    each position.
+    """
 
     token_ids: np.ndarray  # [L] int32
-    logprobs: np.ndarray  # [L] float32, logprob of each token under the policy that accepted or sampled it
+    logprobs: np.ndarray  # [L] float32, log p_prev: under the policy that sampled or last verified the token
     finish_reason: str
     visit: int = 0
     index: int = 0
+    gen_logprobs: np.ndarray | None = None  # [L] float32, log p_gen: when the token was decoded (default: logprobs)
+    ages: np.ndarray | None = None  # [L] uint16, visits since decoded, as of the visit that stored it (default: 0)
+    top_ids: np.ndarray | None = None  # [L, k] int32, the k likeliest tokens at each position under p_prev
+    top_logprobs: np.ndarray | None = None  # [L, k] float32, their logprobs (-inf pads rows with fewer than k)
 
     def __post_init__(self):
-        object.__setattr__(self, "token_ids", np.ascontiguousarray(self.token_ids, dtype=np.int32))
+        tokens = np.ascontiguousarray(self.token_ids, dtype=np.int32)
+        object.__setattr__(self, "token_ids", tokens)
         object.__setattr__(self, "logprobs", np.ascontiguousarray(self.logprobs, dtype=np.float32))
-        if self.token_ids.shape != self.logprobs.shape or self.token_ids.ndim != 1:
-            raise ValueError(f"draft token_ids {self.token_ids.shape} and logprobs {self.logprobs.shape} differ")
+        gen = self.logprobs if self.gen_logprobs is None else self.gen_logprobs
+        object.__setattr__(self, "gen_logprobs", np.ascontiguousarray(gen, dtype=np.float32))
+        ages = np.zeros(len(tokens), np.uint16) if self.ages is None else np.minimum(self.ages, AGE_LIMIT)
+        object.__setattr__(self, "ages", np.ascontiguousarray(ages, dtype=np.uint16))
+        if tokens.ndim != 1 or not (tokens.shape == self.logprobs.shape == self.gen_logprobs.shape == self.ages.shape):
+            raise ValueError(
+                f"draft arrays differ in shape: token_ids {tokens.shape}, logprobs {self.logprobs.shape}, "
+                f"gen_logprobs {self.gen_logprobs.shape}, ages {self.ages.shape}"
+            )
+        if (self.top_ids is None) != (self.top_logprobs is None):
+            raise ValueError("a draft's top_ids and top_logprobs come together")
+        if self.top_ids is not None:
+            object.__setattr__(self, "top_ids", np.ascontiguousarray(self.top_ids, dtype=np.int32))
+            object.__setattr__(self, "top_logprobs", np.ascontiguousarray(self.top_logprobs, dtype=np.float32))
+            if (
+                self.top_ids.ndim != 2
+                or self.top_ids.shape != self.top_logprobs.shape
+                or len(self.top_ids) != len(tokens)
+            ):
+                raise ValueError(
+                    f"draft top-k arrays {self.top_ids.shape} and {self.top_logprobs.shape} must be [L, k]"
+                )
         if self.finish_reason not in FINISH_REASONS:
             object.__setattr__(self, "finish_reason", "abort")
 
@@ -62,8 +95,40 @@ class Draft:
         return len(self.token_ids)
 
     @property
+    def top_k(self) -> int:
+        return 0 if self.top_ids is None else self.top_ids.shape[1]
+
+    @property
     def nbytes(self) -> int:
-        return self.token_ids.nbytes + self.logprobs.nbytes + _DRAFT_OVERHEAD_BYTES
+        per_token = self.token_ids.nbytes + self.logprobs.nbytes + self.gen_logprobs.nbytes + self.ages.nbytes
+        top = 0 if self.top_ids is None else self.top_ids.nbytes + self.top_logprobs.nbytes
+        return per_token + top + _DRAFT_OVERHEAD_BYTES
+
+    def head(self, length: int) -> Draft:
+        """The first `length` tokens, every per-token array cut alike."""
+        top = (None, None) if self.top_ids is None else (self.top_ids[:length], self.top_logprobs[:length])
+        return Draft(
+            self.token_ids[:length],
+            self.logprobs[:length],
+            self.finish_reason,
+            self.visit,
+            self.index,
+            gen_logprobs=self.gen_logprobs[:length],
+            ages=self.ages[:length],
+            top_ids=top[0],
+            top_logprobs=top[1],
+        )
+
+    def copy(self) -> Draft:
+        """A copy that owns its arrays (a draft received from Ray may view a read-only shared buffer)."""
+        copies = {f: None if getattr(self, f) is None else getattr(self, f).copy() for f in _ARRAY_FIELDS}
+        return dataclasses.replace(self, **copies)
+
+    def numbered(self, visit: int, index: int) -> Draft:
+        return dataclasses.replace(self, visit=visit, index=index)
+
+
+_ARRAY_FIELDS = ("token_ids", "logprobs", "gen_logprobs", "ages", "top_ids", "top_logprobs")
 
 
 @dataclass
@@ -160,7 +225,7 @@ class DraftCache:
         self.commits += 1
         entry = self._touch(key)
         visit = self._open_visit(entry, visit_id)
-        draft = Draft(draft.token_ids, draft.logprobs, draft.finish_reason, visit.number, len(visit.responses))
+        draft = draft.numbered(visit.number, len(visit.responses))
         visit.responses.append(draft)
         entry.nbytes += draft.nbytes
         self.nbytes += draft.nbytes
@@ -182,12 +247,9 @@ class DraftCache:
             self.evicted_prompts += 1
 
     def raw_bytes(self) -> int:
-        """The token ids and logprobs held, without any overhead (walks every draft: for benchmarks)."""
+        """The per-token arrays held, without any overhead (walks every draft: for benchmarks)."""
         return sum(
-            d.token_ids.nbytes + d.logprobs.nbytes
-            for e in self._entries.values()
-            for v in e.visits
-            for d in v.responses
+            d.nbytes - _DRAFT_OVERHEAD_BYTES for e in self._entries.values() for v in e.visits for d in v.responses
         )
 
     def stats(self) -> dict[str, float]:
@@ -205,9 +267,8 @@ class DraftCache:
 
     def save(self, path: str | Path) -> Path:
         """Write the cache to `path` atomically (a temporary file, then rename)."""
-        path = Path(path)
-        keys, visit_entry, visit_number, response_visit, lengths, finish = [], [], [], [], [], []
-        tokens, logprobs = [], []
+        keys, visit_entry, visit_number, response_visit, finish = [], [], [], [], []
+        drafts: list[Draft] = []
         for entry_index, (key, entry) in enumerate(self._entries.items()):
             keys.append(np.frombuffer(key, dtype=np.uint8))
             for visit in entry.visits[-MAX_DRAFT_AGE:]:
@@ -215,10 +276,8 @@ class DraftCache:
                 visit_number.append(visit.number)
                 for draft in visit.responses:
                     response_visit.append(len(visit_number) - 1)
-                    lengths.append(len(draft))
                     finish.append(FINISH_REASONS.index(draft.finish_reason))
-                    tokens.append(draft.token_ids)
-                    logprobs.append(draft.logprobs)
+                    drafts.append(draft)
         header = json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION}).encode()
         arrays = {
             "header": np.frombuffer(header, dtype=np.uint8),
@@ -226,10 +285,8 @@ class DraftCache:
             "visit_entry": np.asarray(visit_entry, np.int64),
             "visit_number": np.asarray(visit_number, np.int64),
             "response_visit": np.asarray(response_visit, np.int64),
-            "response_length": np.asarray(lengths, np.int64),
             "response_finish": np.asarray(finish, np.uint8),
-            "tokens": np.concatenate(tokens) if tokens else np.zeros(0, np.int32),
-            "logprobs": np.concatenate(logprobs) if logprobs else np.zeros(0, np.float32),
+            **pack_drafts(drafts),
         }
         return write_npz(path, arrays)
 
@@ -283,44 +340,91 @@ def write_npz(path: str | Path, arrays: dict, *, compress: bool = False) -> Path
     return path
 
 
+def pack_drafts(drafts: list[Draft]) -> dict[str, np.ndarray]:
+    """Drafts as flat arrays (one file layout for the cache and the traces); `unpack_drafts` reverses it."""
+    lengths = np.array([len(d) for d in drafts], np.int64)
+    top_k = np.array([d.top_k for d in drafts], np.int64)
+
+    def flat(name, dtype):
+        parts = [getattr(d, name).reshape(-1) for d in drafts if getattr(d, name) is not None]
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+    return {
+        "response_length": lengths,
+        "response_top_k": top_k,
+        "tokens": flat("token_ids", np.int32),
+        "logprobs": flat("logprobs", np.float32),
+        "gen_logprobs": flat("gen_logprobs", np.float32),
+        "ages": flat("ages", np.uint16),
+        "top_ids": flat("top_ids", np.int32),
+        "top_logprobs": flat("top_logprobs", np.float32),
+    }
+
+
+def unpack_drafts(a: dict[str, np.ndarray], finish: np.ndarray) -> list[Draft]:
+    """The drafts of `pack_drafts`' arrays (with `finish` codes). Arrays of format version 1 (token ids and logprobs
+    only) load too: p_gen then defaults to the stored logprobs and every age to 0. Raises ValueError on arrays that
+    do not fit together."""
+    lengths = np.asarray(a["response_length"], np.int64)
+    top_k = np.asarray(a.get("response_top_k", np.zeros(len(lengths), np.int64)), np.int64)
+    total = int(lengths.sum()) if len(lengths) else 0
+    if (lengths < 0).any() or (top_k < 0).any() or len(top_k) != len(lengths) or len(finish) != len(lengths):
+        raise ValueError("bad response lengths")
+    if (np.asarray(finish) >= len(FINISH_REASONS)).any():
+        raise ValueError("bad finish codes")
+    per_token = {name: a[name] for name in ("tokens", "logprobs", "gen_logprobs", "ages") if name in a}
+    if any(len(v) != total for v in per_token.values()) or len(per_token) < 2:
+        raise ValueError("inconsistent array sizes")
+    top_total = int((lengths * top_k).sum())
+    if top_total and (len(a["top_ids"]) != top_total or len(a["top_logprobs"]) != top_total):
+        raise ValueError("inconsistent top-k array sizes")
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    top_offsets = np.concatenate([[0], np.cumsum(lengths * top_k)])
+    drafts = []
+    for r in range(len(lengths)):
+        lo, hi = offsets[r], offsets[r + 1]
+        top = (None, None)
+        if top_k[r]:
+            t_lo, t_hi, shape = top_offsets[r], top_offsets[r + 1], (int(lengths[r]), int(top_k[r]))
+            top = (a["top_ids"][t_lo:t_hi].reshape(shape).copy(), a["top_logprobs"][t_lo:t_hi].reshape(shape).copy())
+        drafts.append(
+            Draft(
+                a["tokens"][lo:hi].copy(),
+                a["logprobs"][lo:hi].copy(),
+                FINISH_REASONS[int(finish[r])],
+                gen_logprobs=a["gen_logprobs"][lo:hi].copy() if "gen_logprobs" in a else None,
+                ages=a["ages"][lo:hi].copy() if "ages" in a else None,
+                top_ids=top[0],
+                top_logprobs=top[1],
+            )
+        )
+    return drafts
+
+
 def _read_cache_file(path: Path) -> dict[bytes, list[tuple[int, list[Draft]]]]:
     raw = path.read_bytes()
     with np.load(io.BytesIO(raw), allow_pickle=False) as data:
         header = json.loads(bytes(data["header"]).decode())
         if header.get("format") != FORMAT_NAME:
             raise ValueError(f"not a draft cache (format {header.get('format')!r})")
-        if header.get("version") != FORMAT_VERSION:
-            raise ValueError(f"format version {header.get('version')!r}, this build reads {FORMAT_VERSION}")
+        if header.get("version") not in (1, FORMAT_VERSION):
+            raise ValueError(f"format version {header.get('version')!r}, this build reads 1 to {FORMAT_VERSION}")
         a = {name: data[name] for name in data.files}
-    keys, lengths = a["keys"], a["response_length"]
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    if (
-        keys.ndim != 2
-        or keys.shape[1] != 16
-        or offsets[-1] != len(a["tokens"])
-        or len(a["tokens"]) != len(a["logprobs"])
-    ):
-        raise ValueError("inconsistent array sizes")
+    keys = a["keys"]
+    if keys.ndim != 2 or keys.shape[1] != 16:
+        raise ValueError("inconsistent key array")
     if len(a["visit_entry"]) and (a["visit_entry"].max() >= len(keys) or a["visit_entry"].min() < 0):
         raise ValueError("visit refers to a missing prompt")
     if len(a["response_visit"]) and (
         a["response_visit"].max() >= len(a["visit_number"]) or a["response_visit"].min() < 0
     ):
         raise ValueError("response refers to a missing visit")
-    if (lengths < 0).any() or (a["response_finish"] >= len(FINISH_REASONS)).any():
-        raise ValueError("bad response lengths or finish codes")
+    if len(a["response_visit"]) != len(a["response_length"]):
+        raise ValueError("inconsistent response arrays")
+    drafts = unpack_drafts(a, a["response_finish"])
     visits: list[list[Draft]] = [[] for _ in a["visit_number"]]
-    for r, visit_index in enumerate(a["response_visit"]):
-        start, end = offsets[r], offsets[r + 1]
-        visits[visit_index].append(
-            Draft(
-                a["tokens"][start:end].copy(),
-                a["logprobs"][start:end].copy(),
-                FINISH_REASONS[a["response_finish"][r]],
-                int(a["visit_number"][visit_index]),
-                len(visits[visit_index]),
-            )
-        )
+    for draft, visit_index in zip(drafts, a["response_visit"]):
+        visits[visit_index].append(draft.numbered(int(a["visit_number"][visit_index]), len(visits[visit_index])))
     out: dict[bytes, list[tuple[int, list[Draft]]]] = {}
     for v, entry_index in enumerate(a["visit_entry"]):
         out.setdefault(bytes(keys[entry_index]), []).append((int(a["visit_number"][v]), visits[v]))

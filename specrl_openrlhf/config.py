@@ -1,15 +1,43 @@
-"""`ReuseConfig`: everything a run needs to know about rollout reuse, validated on construction."""
+"""`ReuseConfig`: everything a run needs to know about rollout reuse, validated on construction.
+
+It is the one definition of our settings. Each field carries its command-line flag and help, and from them come the
+argument group OpenRLHF's command and the quickstart add (`add_arguments`), the config of a parsed command line
+(`from_namespace`), the flags a grid sets per cell (`cell_flags`) and the flag table of docs/usage.md
+(`flags_markdown`, checked by a test).
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
+import types
 from dataclasses import dataclass
 
-from .policies import ReusePolicy, check_lenience, load_plugin, make
+from .policies import DEFAULT_LENIENCE, ReusePolicy, check_lenience, load_plugin, make, registered
 from .policies.registry import absolute_reference
 from .rollout import REUSED_LOGPROBS, SCORING_MODES
+
+GROUP_TITLE = "speculative rollouts (specrl-openrlhf)"
+
+
+def json_object(text: str) -> dict:
+    """argparse type of `--reuse.params`: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}); write e.g. '{{\"target_kept\": 0.9}}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object; write e.g. '{{\"target_kept\": 0.9}}'")
+    return value
+
+
+def option(flag: str, default, help: str, *, shown: str | None = None, cell: bool = False, **argparse_kwargs):
+    """A config field with its flag. `shown`: the default as the docs show it; `cell`: a grid sets it per cell."""
+    kind = {"default_factory": default} if callable(default) else {"default": default}
+    metadata = {"flag": flag, "help": help, "shown": shown, "cell": cell, "argparse": argparse_kwargs}
+    return dataclasses.field(**kind, metadata=metadata)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,18 +48,98 @@ class ReuseConfig:
     'spec(lenience=1.65)'
     """
 
-    policy: str = "off"
-    lenience: float | None = None  # None: the policy's default
-    params: dict = dataclasses.field(default_factory=dict)  # the rule's other parameters (`--reuse.params`)
-    seed: int = 0
-    reused_logprobs: str = "auto"
-    scoring: str = "chunked"  # see SpeculativePlanner
-    cache_max_gb: float = 4.0  # across all shards
-    cache_shards: int = 1
-    cache_dir: str | None = None  # load drafts from here at start (a run resumed from a checkpoint sets it)
-    plugins: tuple[str, ...] = ()
-    trace_dir: str | None = None  # record every cut draft here, for `python -m specrl_openrlhf replay`
-    update_every: int | None = None  # samples per update of a stateful rule (None: one training step's samples)
+    policy: str = option(
+        "--rollout_reuse",
+        "off",
+        "reuse policy: {policies}, a plugin's name, or path/rule.py:Class (off = stock OpenRLHF)",
+        cell=True,
+        metavar="NAME",
+    )
+    lenience: float | None = option(
+        "--lenience",
+        None,
+        f"lenience l > 0 of a lenient rule (spec, delayed; default e^0.5 = {DEFAULT_LENIENCE:.4f}; paper: e^0.5 GRPO, "
+        "e^0.3 PPO, e^0.15 DAPO); refused by rules without one",
+        shown="the rule's (e^0.5)",
+        cell=True,
+        type=float,
+        metavar="L",
+    )
+    params: dict = option(
+        "--reuse.params",
+        dict,
+        "the rule's other parameters as JSON, e.g. '{\"target_kept\": 0.9}' (see its Params dataclass)",
+        shown="{}",
+        cell=True,
+        type=json_object,
+        metavar="JSON",
+    )
+    seed: int = option("--reuse.seed", 0, "seed of the acceptance randomness", type=int, metavar="N")
+    reused_logprobs: str = option(
+        "--reuse.logprobs",
+        "auto",
+        "rollout logprobs reported for reused tokens: scored (current policy), draft (the draft's own), auto (scored "
+        "when the policy scores drafts)",
+        choices=REUSED_LOGPROBS,
+    )
+    scoring: str = option(
+        "--reuse.scoring",
+        "chunked",
+        "chunked: score drafts chunk by chunk up to the first rejection, reading the prompt from vLLM's prefix cache; "
+        "full: each draft in one request that recomputes its prompt",
+        choices=SCORING_MODES,
+    )
+    cache_max_gb: float = option(
+        "--reuse.cache_max_gb", 4.0, "draft cache memory cap over all shards (LRU by prompt)", type=float, metavar="G"
+    )
+    cache_shards: int = option(
+        "--reuse.cache_shards", 1, "draft cache actors; 4-8 for 1024 x 8 x 4096-token steps", type=int, metavar="N"
+    )
+    cache_dir: str | None = option(
+        "--reuse.cache_dir",
+        None,
+        "start from the drafts saved here (default: the resumed checkpoint's, with --ckpt.load_enable)",
+        shown="none",
+        metavar="DIR",
+    )
+    plugins: tuple[str, ...] = option(
+        "--reuse.plugin",
+        tuple,
+        "load the rules a file registers (repeatable); see policies/template.py",
+        shown="none",
+        action="append",
+        metavar="FILE.py",
+    )
+    trace_dir: str | None = option(
+        "--reuse.trace_dir",
+        None,
+        "record every cut draft here for `python -m specrl_openrlhf replay` (drafts are then scored whole)",
+        shown="none",
+        cell=True,
+        metavar="DIR",
+    )
+    update_every: int | None = option(
+        "--reuse.update_every",
+        None,
+        "samples per update of a rule that adapts (default: one step, rollout.batch_size x n_samples_per_prompt)",
+        shown="one step",
+        type=int,
+        metavar="SAMPLES",
+    )
+    checkpoint_poll_s: float = option(
+        "--reuse.checkpoint_poll_s",
+        10.0,
+        "how often the driver looks for a new checkpoint to save the drafts into",
+        type=float,
+        metavar="S",
+    )
+    dry_run: bool = option(
+        "--reuse.dry_run",
+        False,
+        "print the resolved configuration, OpenRLHF's arguments included, then exit before Ray starts",
+        shown="off",
+        action="store_true",
+    )
 
     def __post_init__(self):
         if not isinstance(self.policy, str) or not self.policy:
@@ -59,6 +167,8 @@ class ReuseConfig:
             raise ValueError(f"--reuse.cache_max_gb must be a positive number of GiB, got {self.cache_max_gb!r}")
         if isinstance(self.cache_shards, bool) or not isinstance(self.cache_shards, int) or self.cache_shards < 1:
             raise ValueError(f"--reuse.cache_shards must be an integer >= 1, got {self.cache_shards!r}")
+        if not (isinstance(self.checkpoint_poll_s, (int, float)) and self.checkpoint_poll_s > 0):
+            raise ValueError(f"--reuse.checkpoint_poll_s must be a positive number, got {self.checkpoint_poll_s!r}")
         object.__setattr__(self, "plugins", tuple(str(p) for p in self.plugins))
 
     @property
@@ -70,10 +180,13 @@ class ReuseConfig:
         return int(self.cache_max_gb * (1 << 30))
 
     def build_policy(self) -> ReusePolicy:
-        """Load the plugins, then build the policy (unknown names and bad parameters raise here)."""
+        """Load the plugins, then build the policy (unknown names and bad parameters raise here). A lenience given
+        to a rule that has none is an error: it would be silently ignored."""
         for path in self.plugins:
             load_plugin(path)
-        params = dict(self.params) if self.lenience is None else {**self.params, "lenience": self.lenience}
+        params = dict(self.params)
+        if self.lenience is not None:
+            params["lenience"] = self.lenience
         return make(self.policy, **params)
 
     def to_json(self) -> str:
@@ -84,3 +197,104 @@ class ReuseConfig:
         data = json.loads(text)
         data["plugins"] = tuple(data.get("plugins", ()))
         return cls(**data)
+
+
+# ---- the flags, generated from the fields ------------------------------------------------------------------------
+
+
+def flag_fields(names=None) -> list[dataclasses.Field]:
+    """The fields of `ReuseConfig` (those named in `names`, in field order, when given)."""
+    fields = dataclasses.fields(ReuseConfig)
+    if names is None:
+        return list(fields)
+    unknown = set(names) - {f.name for f in fields}
+    if unknown:
+        raise ValueError(f"no ReuseConfig fields {sorted(unknown)}")
+    return [f for f in fields if f.name in names]
+
+
+def dest(field: dataclasses.Field) -> str:
+    """The attribute argparse stores the flag under ('rollout_reuse', 'reuse.seed', ...)."""
+    return field.metadata["flag"].removeprefix("--")
+
+
+def help_text(field: dataclasses.Field) -> str:
+    return field.metadata["help"].replace("{policies}", ", ".join(registered()))
+
+
+def add_arguments(parser: argparse.ArgumentParser, names=None) -> argparse._ArgumentGroup:
+    """Our argument group, generated from the fields (all of them, or those named)."""
+    group = parser.add_argument_group(GROUP_TITLE)
+    for field in flag_fields(names):
+        kwargs = dict(field.metadata["argparse"])
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        if kwargs.get("action") == "append":
+            default = []
+        group.add_argument(field.metadata["flag"], dest=dest(field), default=default, help=help_text(field), **kwargs)
+    return group
+
+
+def from_namespace(namespace, names=None, **overrides) -> ReuseConfig:
+    """The config of a parsed command line: argparse's flat namespace or OpenRLHF's hierarchized one."""
+    values = {}
+    for field in flag_fields(names):
+        value = _lookup(namespace, dest(field))
+        if field.name == "params":
+            value = _plain(value or {})  # OpenRLHF's hierarchize turns dict values into namespaces
+        if field.name == "plugins":
+            value = tuple(value or ())
+        values[field.name] = value
+    return ReuseConfig(**{**values, **overrides})
+
+
+def cell_flags(**values) -> list[str]:
+    """The command-line words that set the per-cell fields given (policy, lenience, params, trace_dir)."""
+    words = []
+    for field in dataclasses.fields(ReuseConfig):
+        value = values.pop(field.name, None)
+        if value is None or (field.name == "params" and not value):
+            continue
+        if not field.metadata["cell"]:
+            raise ValueError(f"{field.name} is not set per grid cell")
+        text = (
+            json.dumps(value) if isinstance(value, dict) else repr(value) if isinstance(value, float) else str(value)
+        )
+        words += [field.metadata["flag"], text]
+    if values:
+        raise ValueError(f"no ReuseConfig fields {sorted(values)}")
+    return words
+
+
+def cell_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(ReuseConfig) if f.metadata["cell"])
+
+
+def flags_markdown() -> str:
+    """The flag table of docs/usage.md."""
+    lines = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    for field in dataclasses.fields(ReuseConfig):
+        kwargs = field.metadata["argparse"]
+        value = f" {kwargs['metavar']}" if "metavar" in kwargs else ""
+        if "choices" in kwargs:
+            value = " " + "\\|".join(kwargs["choices"])
+        shown = field.metadata["shown"] or (f"`{field.default}`" if isinstance(field.default, str) else field.default)
+        meaning = help_text(field).replace("|", "\\|")
+        lines.append(f"| `{field.metadata['flag']}{value}` | {shown} | {meaning} |")
+    return "\n".join(lines)
+
+
+def _lookup(namespace, dotted: str):
+    if hasattr(namespace, dotted):
+        return getattr(namespace, dotted)
+    node = namespace
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _plain(value):
+    if isinstance(value, (types.SimpleNamespace, argparse.Namespace)):
+        return {k: _plain(v) for k, v in vars(value).items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value

@@ -47,7 +47,7 @@ RUNNERS = ("openrlhf", "cpu")
 GRID_KEYS = ("description", "runner", "presets", "layout", "seeds", "traces", "sweep", "args")
 SWEEP_KEYS = ("policy", "lenience", "params")
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
-CPU_MODULE = "specrl_openrlhf.integration.cpu.quickstart"
+CPU_MODULE = "specrl_openrlhf.integration.miniature.quickstart"
 REWARD_FILE = Path(__file__).resolve().parent / "rewards" / "math_verify_reward.py"
 # Flags the grid sets per cell; a grid's `args` must not set them.
 CELL_FLAGS = {

@@ -6,6 +6,17 @@ import dataclasses
 from dataclasses import dataclass
 
 PREFIX = "reuse/"
+# The staleness meter (see `staleness` and docs/usage.md), per sample: OpenRLHF averages them over a step's samples,
+# so divide by `reuse/draft_hit_rate` for the mean over drafts, as for every per-draft value below.
+STALENESS_METRICS = (
+    "kl_prev_curr",
+    "rejection_rate_exact",
+    "excess_acceptance",
+    "drift_since_decode",
+    "reused_token_age",
+    "reused_older_than_2",
+)
+PER_DRAFT_METRICS = ("mean_verified_prefix_len", "lenience", "acceptance_rate", "mean_log_ratio", *STALENESS_METRICS)
 
 
 @dataclass
@@ -24,6 +35,12 @@ class ReuseStats:
     scoring_requests: int = 0  # scoring requests sent (chunks, and rescoring of what the prefix cache left out)
     log_ratio_sum: float = 0.0  # sum over scored tokens of log p_curr - log p_prev
     acceptance_sum: float = 0.0  # sum over scored tokens of min(1, lenience * p_curr / p_prev)
+    # the staleness meter (see `staleness`), over scored tokens and over kept ones
+    exact_acceptance_sum: float = 0.0  # min(1, p_curr / p_prev)
+    kl_sum: float = 0.0  # (r - 1) - log r with r = p_curr / p_prev: estimates KL(p_prev || p_curr)
+    drift_sum: float = 0.0  # log p_curr - log p_gen: drift since the token was decoded
+    reused_age_sum: float = 0.0  # over kept tokens: visits since each was decoded
+    reused_old_tokens: int = 0  # kept tokens decoded more than two visits ago
     lenience_sum: float = 0.0  # sum over drafts of the (finite) lenience the rule applied to them
     invalid_drafts: int = 0  # drafts cut short because they held token ids the engine rejects
     cached_prompt_tokens: int = 0  # continuation prompt tokens served from vLLM's prefix cache
@@ -59,6 +76,14 @@ class ReuseStats:
             f"{PREFIX}reused_token_fraction": ratio(self.reused_tokens, self.reused_tokens + self.decoded_tokens),
             f"{PREFIX}mean_log_ratio": ratio(self.log_ratio_sum, self.scored_tokens),
             f"{PREFIX}acceptance_rate": ratio(self.acceptance_sum, self.scored_tokens),
+            f"{PREFIX}kl_prev_curr": ratio(self.kl_sum, self.scored_tokens),
+            f"{PREFIX}rejection_rate_exact": 1.0 - ratio(self.exact_acceptance_sum, self.scored_tokens)
+            if self.scored_tokens
+            else 0.0,
+            f"{PREFIX}excess_acceptance": ratio(self.acceptance_sum - self.exact_acceptance_sum, self.scored_tokens),
+            f"{PREFIX}drift_since_decode": ratio(self.drift_sum, self.scored_tokens),
+            f"{PREFIX}reused_token_age": ratio(self.reused_age_sum, self.reused_tokens),
+            f"{PREFIX}reused_older_than_2": ratio(self.reused_old_tokens, self.reused_tokens),
             f"{PREFIX}lenience": ratio(self.lenience_sum, self.drafts_found),
             f"{PREFIX}invalid_drafts": float(self.invalid_drafts),
             f"{PREFIX}cached_prompt_tokens": float(self.cached_prompt_tokens),

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from .adaptive import FeedbackCoordinator
-from .policies import DraftBatch, ReusePolicy
+from .policies import ReusePolicy
+from .rollout import draft_batch
 from .trace import TraceRecords, uniforms_for
 
 
@@ -74,20 +75,13 @@ def replay(
     for start in range(0, len(records), batch_size):
         rows = range(start, min(start + batch_size, len(records)))
         lengths = records.lengths[start : rows.stop]  # [B]
-        width = int(lengths.max()) if len(lengths) else 0
-        draft_lp = np.zeros((len(rows), width), np.float32)  # [B, T]
-        scored_lp = np.zeros((len(rows), width), np.float32)  # [B, T]
-        uniforms = np.zeros((len(rows), width), np.float64)  # [B, T]
-        for b, r in enumerate(rows):
-            lo, hi = records.offsets[r], records.offsets[r + 1]
-            draft_lp[b, : hi - lo] = records.draft_logprobs[lo:hi]
-            scored_lp[b, : hi - lo] = np.nan_to_num(records.scored_logprobs[lo:hi], nan=0.0)
-            uniforms[b, : hi - lo] = uniforms_for(records.entropy[r], int(hi - lo))
-        batch = DraftBatch(
-            draft_logprobs=torch.from_numpy(draft_lp),
-            scored_logprobs=torch.from_numpy(scored_lp) if policy.needs_scores else None,
-            lengths=torch.from_numpy(lengths.astype(np.int64)),
-            uniforms=torch.from_numpy(uniforms),
+        batch = draft_batch(
+            lengths,
+            draft_logprobs=[records.row("draft_logprobs", r) for r in rows],
+            gen_logprobs=[records.row("gen_logprobs", r) for r in rows],
+            ages=[records.row("ages", r) for r in rows],
+            uniforms=[uniforms_for(records.entropy[r], int(records.lengths[r])) for r in rows],
+            scored_logprobs=[records.row("scored_logprobs", r) for r in rows] if policy.needs_scores else None,
         )
         batch_cuts = torch.minimum(policy.cut(batch).long().clamp(min=0), batch.lengths)
         if coordinator is not None:

@@ -3,11 +3,15 @@
 It reads two kinds of runs:
 - our CPU runs (`metrics.json`, written by the quickstart and by `python -m specrl_openrlhf.grid` cells);
 - OpenRLHF runs' TensorBoard logs (`--logger.tensorboard_dir`), with TensorBoard's own event reader. Their cell
-  (policy, lenience, seed) comes from the `cell.json` the grid runner writes beside the log, or from `args.json`.
+  (policy, lenience, seed, group) comes from the `cell.json` the grid runner writes beside the log, or from
+  `args.json`.
 
-It prints the Table-3 shape (decoded tokens, rollout speed-up over the matching baseline, accuracy) and the time
-breakdown by stage, in Markdown and CSV, and draws rollout time, full-reuse ratio, verified prefix length and
-reward against step, per run and per grid. A method's baseline is the `off` run of the same group: the same
+Both become the same rows: `step_row` turns one step of OpenRLHF-shaped logs (means over samples, as OpenRLHF's
+trainer logs them) into totals and per-draft means, for our runs and OpenRLHF's alike. The report prints the
+Table-3 shape (decoded tokens, rollout speed-up over the matching baseline, accuracy, the staleness meter), the
+time breakdown by stage, and, where a rule ran over several seeds, its paired difference against the baseline
+with a 95% interval. It draws the per-step curves per run and per folder, tokens and accuracy against lenience,
+and the accuracy gap against the measured staleness. A run's baseline is the `off` run of its group: the same
 quickstart group, or the same grid, preset and seed.
 """
 
@@ -23,6 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .metrics import PER_DRAFT_METRICS, STALENESS_METRICS
 from .policies import short_name
 
 logger = logging.getLogger(__name__)
@@ -35,13 +40,50 @@ CURVES = (  # (key, title) of the per-step plots
     ("kept_share", "share of draft tokens kept"),
     ("reward", "train reward"),
     ("lenience", "lenience applied"),
+    ("kl_prev_curr", "staleness: KL(p_prev || p_curr) per token"),
+    ("excess_acceptance", "staleness: excess acceptance"),
+    ("drift_since_decode", "staleness: log p_curr / p_gen"),
+    ("reused_token_age", "staleness: age of reused tokens (visits)"),
 )
-TB_STAGES = {  # OpenRLHF's timing tags -> our stage names
-    "train/timing/generation": "rollout_s",
-    "train/timing/make_experience": "make_experience_s",
-    "train/timing/ppo_train": "train_s",
-    "train/timing/broadcast": "sync_s",  # the weight sync, as CPU runs name it
+STAGES = {  # OpenRLHF's timing keys -> our stage names
+    "timing/generation": "rollout_s",
+    "timing/make_experience": "make_experience_s",
+    "timing/ppo_train": "train_s",
+    "timing/broadcast": "sync_s",  # the weight sync
 }
+SUMMED = ("decoded_tokens", "reused_tokens", "draft_tokens", "scored_tokens", "drafts_found", "fallbacks")
+# t quantiles for two-sided 95% intervals, by degrees of freedom (1-30); beyond, the normal's
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
+T_975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def step_row(step: int, logs: dict[str, float]) -> dict:
+    """One step's row from OpenRLHF-shaped logs (`rollout/num_samples`, `rollout/reward_mean`, `timing/*`, and the
+    per-sample `reuse/*` metrics averaged over samples): totals per step, and per-draft values as means over the
+    samples that had a draft."""
+    n = float(logs.get("rollout/num_samples", 0.0))
+    row: dict = {"step": step, "samples": n}
+    decoded = logs.get("reuse/decoded_tokens")
+    if decoded is None:  # a stock run decodes every response token
+        decoded = logs.get("rollout/response_length_mean", logs.get("response_length"))
+    if decoded is not None:
+        row["decoded_tokens"] = decoded * n
+    row.update({k: logs[f"reuse/{k}"] * n for k in SUMMED if k != "decoded_tokens" and f"reuse/{k}" in logs})
+    if "reuse/full_reuse_ratio" in logs:
+        row["full_reuse_ratio"] = logs["reuse/full_reuse_ratio"]
+    reward = logs.get("rollout/reward_mean", logs.get("reward"))
+    if reward is not None:
+        row["reward"] = reward
+    hit_rate = logs.get("reuse/drafts_found", 0.0)
+    if hit_rate:
+        row.update({k: logs[f"reuse/{k}"] / hit_rate for k in PER_DRAFT_METRICS if f"reuse/{k}" in logs})
+    row.update({ours: logs[tag] for tag, ours in STAGES.items() if tag in logs})
+    phases = [logs.get(f"reuse/time_{p}_s", 0.0) for p in ("scoring", "generation", "assembly")]
+    if sum(phases) and "rollout_s" in row:  # the rollout's share spent scoring, from the samples' latency
+        row["scoring_s"] = row["rollout_s"] * phases[0] / sum(phases)
+    if row.get("draft_tokens"):
+        row["kept_share"] = row.get("reused_tokens", 0.0) / row["draft_tokens"]
+    return row
 
 
 @dataclass
@@ -53,9 +95,15 @@ class RunSeries:
     lenience: float | None
     group: str  # runs of one group share a baseline (the group's `off` run)
     source: str
+    method: str = ""  # the rule as compared across seeds (name and lenience)
+    regime: str = ""
+    seed: int | None = None
     steps: list[dict] = field(default_factory=list)  # step, rollout_s, decoded_tokens, reward, ... (totals per step)
     evals: list[dict] = field(default_factory=list)  # step or epoch, and one accuracy per dataset
     accuracy_before: float | None = None
+
+    def __post_init__(self):
+        self.method = self.method or short_name(self.policy)
 
     @property
     def is_baseline(self) -> bool:
@@ -63,6 +111,12 @@ class RunSeries:
 
     def total(self, key: str) -> float:
         return sum(float(row.get(key) or 0.0) for row in self.steps)
+
+    def per_draft_mean(self, key: str) -> float | None:
+        """A per-draft value over the whole run: the mean over every draft of every step."""
+        weights = [(row[key], row.get("drafts_found", 0.0)) for row in self.steps if row.get(key) is not None]
+        drafts = sum(w for _, w in weights)
+        return sum(v * w for v, w in weights) / drafts if drafts else None
 
     def final_accuracy(self) -> dict[str, float]:
         return {k: v for k, v in self.evals[-1].items() if k not in ("step", "epoch")} if self.evals else {}
@@ -72,27 +126,32 @@ class RunSeries:
 
 
 def load_cpu_metrics(path: Path) -> list[RunSeries]:
-    """The runs of one `metrics.json` (quickstart or grid cell)."""
-    data = json.loads(path.read_text())
+    """The runs of one `metrics.json` (quickstart or grid cell). A grid cell's `cell.json` beside it names the cell
+    and its group: how the grid runner tells the report which cells share a baseline."""
+    data = json.loads(Path(path).read_text())
     cell_file = path.parent / "cell.json"  # a grid cell: one run, named by its cell
     cell = json.loads(cell_file.read_text()) if cell_file.is_file() and len(data.get("runs", [])) == 1 else {}
     runs = []
     for info in data.get("runs", []):
         rows = [r for r in data["rows"] if r.get("run") == info["name"]]
+        group = info.get("group", 0)
         runs.append(
             RunSeries(
                 name=cell.get("name") or info["name"],
                 policy=info["policy"],
                 lenience=info.get("lenience"),
-                group=f"{info.get('group_key') or path.parent}#{info.get('group', 0)}",
+                group=cell.get("group") or (group if isinstance(group, str) else f"{path.parent}#{group}"),
                 source=str(path),
+                method=info.get("method", ""),
+                regime=cell.get("regime") or info.get("regime", ""),
+                seed=cell.get("seed", info.get("seed", data.get("settings", {}).get("seed"))),
                 steps=[r for r in rows if r.get("kind") == "step"],
                 evals=[
                     {"step": r["step"], "epoch": r["epoch"], "held_out": r["held_out_accuracy"]}
                     for r in rows
-                    if r.get("kind") == "epoch"
+                    if r.get("kind") == "epoch" and r.get("held_out_accuracy") is not None
                 ],
-                accuracy_before=data.get("summary", {}).get("acc_before"),
+                accuracy_before=info.get("acc_before", data.get("summary", {}).get("acc_before")),
             )
         )
     return runs
@@ -110,70 +169,49 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
     tags = set(accumulator.Tags().get("scalars", []))
     if not tags:
         return None
-
-    def series(tag) -> dict[int, float]:
+    scalars = {}
+    for tag in tags:
         latest: dict[int, tuple[float, float]] = {}
-        for event in accumulator.Scalars(tag) if tag in tags else []:
+        for event in accumulator.Scalars(tag):
             if event.step not in latest or event.wall_time >= latest[event.step][0]:
                 latest[event.step] = (event.wall_time, event.value)
-        return {step: value for step, (_, value) in sorted(latest.items())}
+        scalars[tag] = {step: value for step, (_, value) in latest.items()}
+    return series_from_scalars(scalars, directory)
 
-    samples = series("train/rollout/num_samples")
-    per_sample = {  # OpenRLHF logs sample-level info as means over samples: times num_samples gives the totals
-        # a stock run decodes every response token (OpenRLHF's rollout stats, before any dynamic batching)
-        "decoded_tokens": series("train/reuse/decoded_tokens")
-        or series("train/rollout/response_length_mean")
-        or series("train/response_length"),
-        "reused_tokens": series("train/reuse/reused_tokens"),
-        "draft_tokens": series("train/reuse/draft_tokens"),
-    }
-    plain = {
-        "full_reuse_ratio": series("train/reuse/full_reuse_ratio"),
-        "reward": series("train/rollout/reward_mean") or series("train/reward"),
-    }
-    # per-draft values (0 for a sample without a draft), so their mean over samples is divided by the hit rate
-    hit_rate = series("train/reuse/drafts_found")
-    per_draft = {
-        "mean_verified_prefix_len": series("train/reuse/mean_verified_prefix_len"),
-        "lenience": series("train/reuse/lenience"),
-    }
-    stages = {ours: series(tag) for tag, ours in TB_STAGES.items()}
-    steps = []
-    for step in sorted(set(samples) | set(stages["rollout_s"])):
-        n = samples.get(step, 0.0)
-        row = {"step": step, "samples": n}
-        row.update({k: v[step] * n for k, v in per_sample.items() if step in v})
-        row.update({k: v[step] for k, v in plain.items() if step in v})
-        if hit_rate.get(step):
-            row.update({k: v[step] / hit_rate[step] for k, v in per_draft.items() if step in v})
-        row.update({k: v[step] for k, v in stages.items() if step in v})
-        if row.get("draft_tokens"):
-            row["kept_share"] = row.get("reused_tokens", 0.0) / row["draft_tokens"]
-        steps.append(row)
+
+def series_from_scalars(scalars: dict[str, dict[int, float]], directory: Path) -> RunSeries:
+    """A run from OpenRLHF's logged scalars ({'train/...' or 'eval/...': {step: value}}), whatever stored them."""
+    train = {tag.removeprefix("train/"): values for tag, values in scalars.items() if tag.startswith("train/")}
+    steps = sorted({s for key in ("rollout/num_samples", "timing/generation") for s in train.get(key, {})})
+    rows = [step_row(step, {k: v[step] for k, v in train.items() if step in v}) for step in steps]
     evals: dict[int, dict] = {}
-    for tag in sorted(t for t in tags if t.startswith("eval/") and t.endswith("_pass1")):
+    for tag in sorted(t for t in scalars if t.startswith("eval/") and t.endswith("_pass1")):
         dataset = tag.removeprefix("eval/").removeprefix("eval_").removesuffix("_pass1")
-        for step, value in series(tag).items():
+        for step, value in scalars[tag].items():
             evals.setdefault(step, {"step": step})[dataset] = value
     cell = read_cell(directory)
     lenience = cell.get("lenience")
-    applied = [row["lenience"] for row in steps if row.get("lenience")]
+    applied = [row["lenience"] for row in rows if row.get("lenience")]
     if lenience is None and applied:  # the preset's lenience: the run logged what it applied
         lenience = sum(applied) / len(applied)
+    policy = cell.get("policy", "off")
     return RunSeries(
         name=cell.get("name") or directory.name,
-        policy=cell.get("policy", "off"),
+        policy=policy,
         lenience=lenience,
         group=cell.get("group") or str(directory.parent),
         source=str(directory),
-        steps=steps,
+        method=cell.get("method") or short_name(policy) + ("" if cell.get("lenience") is None else f"@{lenience:.3g}"),
+        regime=cell.get("regime", ""),
+        seed=cell.get("seed"),
+        steps=rows,
         evals=[evals[s] for s in sorted(evals)],
     )
 
 
 def read_cell(directory: Path) -> dict:
-    """The grid cell a TensorBoard run belongs to: `cell.json` in its folder or a parent (written by the grid
-    runner), else the reuse flags of an `args.json` there."""
+    """The grid cell a run belongs to: `cell.json` in its folder or a parent (written by the grid runner), else the
+    reuse flags of an `args.json` there."""
     for folder in [directory, *directory.parents][:4]:
         if (folder / "cell.json").is_file():
             return json.loads((folder / "cell.json").read_text())
@@ -205,31 +243,90 @@ def baseline_of(run: RunSeries, runs: list[RunSeries]) -> RunSeries | None:
     return next((r for r in runs if r.group == run.group and r.is_baseline), None)
 
 
+def ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
 def table_rows(runs: list[RunSeries]) -> list[dict]:
-    """One row per run: the paper's Table 3 columns and the time breakdown."""
+    """One row per run: the paper's Table 3 columns, the staleness meter over the run, and the time breakdown."""
     rows = []
     for run in runs:
         base = baseline_of(run, runs)
-        rollout = run.total("rollout_s")
         accuracy = run.final_accuracy()
         row = {
             "run": run.name,
             "policy": short_name(run.policy),
             "lenience": lenience_label(run),
             "tokens_decoded_M": run.total("decoded_tokens") / 1e6,
-            "speedup": base.total("rollout_s") / rollout if base is not None and rollout else math.nan,
-            "token_ratio": base.total("decoded_tokens") / run.total("decoded_tokens")
-            if base is not None and run.total("decoded_tokens")
-            else math.nan,
+            "speedup": ratio(base.total("rollout_s"), run.total("rollout_s")) if base is not None else math.nan,
+            "token_ratio": ratio(base.total("decoded_tokens"), run.total("decoded_tokens")) if base else math.nan,
             **{f"acc_{k}": v for k, v in accuracy.items()},
         }
         if base is not None and accuracy:
             base_accuracy = base.final_accuracy()
             row.update({f"dacc_{k}": v - base_accuracy[k] for k, v in accuracy.items() if k in base_accuracy})
+        for key in STALENESS_METRICS:
+            value = run.per_draft_mean(key)
+            if value is not None:
+                row[key] = value
         for stage in sorted({k for r in run.steps for k in r if k.endswith("_s")}):
             row[f"time_{stage}"] = run.total(stage)
         rows.append(row)
     return rows
+
+
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95% t interval; the interval is NaN for fewer than two values."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = (T_975[n - 2] if n - 1 <= len(T_975) else 1.96) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def paired_rows(runs: list[RunSeries]) -> list[dict]:
+    """One row per rule and regime: ratios against the baseline of each seed's group, averaged over seeds, and the
+    paired difference in final accuracy (first dataset) with a 95% interval over seeds."""
+    keyed: dict[tuple[str, str], list[RunSeries]] = {}
+    for run in runs:
+        if not run.is_baseline and baseline_of(run, runs) is not None:
+            keyed.setdefault((run.regime, run.method), []).append(run)
+    rows = []
+    for (regime, method), members in keyed.items():
+        pairs = [(run, baseline_of(run, runs)) for run in members]
+        dataset = next(iter(pairs[0][0].final_accuracy()), None)
+        diffs = [
+            run.final_accuracy()[dataset] - base.final_accuracy()[dataset]
+            for run, base in pairs
+            if dataset in run.final_accuracy() and dataset in base.final_accuracy()
+        ]
+        mean, lo, hi = mean_interval(diffs)
+        row = {
+            "regime": regime,
+            "method": method,
+            "seeds": len(pairs),
+            "token_ratio": _mean([ratio(b.total("decoded_tokens"), r.total("decoded_tokens")) for r, b in pairs]),
+            "time_ratio": _mean([ratio(b.total("rollout_s"), r.total("rollout_s")) for r, b in pairs]),
+            "acc": _mean([r.final_accuracy().get(dataset, math.nan) for r, _ in pairs]),
+            "acc_off": _mean([b.final_accuracy().get(dataset, math.nan) for _, b in pairs]),
+            "acc_diff": mean,
+            "acc_diff_lo": lo,
+            "acc_diff_hi": hi,
+        }
+        for key in STALENESS_METRICS:
+            values = [v for r, _ in pairs if (v := r.per_draft_mean(key)) is not None]
+            row[key] = _mean(values) if values else math.nan
+        rows.append(row)
+    return rows
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else math.nan
 
 
 def lenience_label(run: RunSeries) -> str:
@@ -241,19 +338,41 @@ def lenience_label(run: RunSeries) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    """The Table-3 shape, then the time breakdown by stage."""
+    """The Table-3 shape with the staleness meter, then the time breakdown by stage."""
     accuracy_keys = sorted({k for r in rows for k in r if k.startswith("acc_")})
-    head = ["run", "policy", "ℓ", "Tokens (M)", "Speedup", *[k.removeprefix("acc_") for k in accuracy_keys]]
-    lines = ["| " + " | ".join(head) + " |", "| --- | --- | ---: | ---: | ---: |" + " ---: |" * len(accuracy_keys)]
+    meter = [k for k in STALENESS_METRICS if any(k in r for r in rows)]
+    head = ["run", "policy", "ℓ", "Tokens (M)", "Speedup", *[k.removeprefix("acc_") for k in accuracy_keys], *meter]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
     for r in rows:
         cells = [r["run"], r["policy"], r["lenience"], f"{r['tokens_decoded_M']:.3f}", _times(r["speedup"])]
         cells += [_percent(r.get(k)) for k in accuracy_keys]
+        cells += [_number(r.get(k)) for k in meter]
         lines.append("| " + " | ".join(cells) + " |")
     stages = sorted({k for r in rows for k in r if k.startswith("time_")})
     if stages:
         lines += ["", "| run | " + " | ".join(s.removeprefix("time_") for s in stages) + " |"]
         lines.append("| --- |" + " ---: |" * len(stages))
         lines += [f"| {r['run']} | " + " | ".join(f"{r.get(s, 0.0):.1f}" for s in stages) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def paired_markdown(rows: list[dict]) -> str:
+    """Per rule and regime, over seeds: the ratios and the paired accuracy difference (points) with its interval."""
+    lines = [
+        "| regime | rule | seeds | token ratio | rollout-time ratio | acc. | acc. off | Δ acc. (95% CI) | KL | "
+        "excess |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        interval = (
+            "" if math.isnan(r["acc_diff_lo"]) else f" [{100 * r['acc_diff_lo']:+.1f}, {100 * r['acc_diff_hi']:+.1f}]"
+        )
+        lines.append(
+            f"| {r['regime'] or '-'} | {r['method']} | {r['seeds']} | {r['token_ratio']:.2f}× | "
+            f"{r['time_ratio']:.2f}× | "
+            f"{_percent(r['acc'])} | {_percent(r['acc_off'])} | {100 * r['acc_diff']:+.1f}{interval} | "
+            f"{_number(r['kl_prev_curr'])} | {_number(r['excess_acceptance'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -271,19 +390,28 @@ def _times(value: float) -> str:
 
 
 def _percent(value) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}"
+
+
+def _number(value) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
 
 
 # ---- plots -----------------------------------------------------------------------------------------------------
 
 
-def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
-    """Every run on each panel: the per-step curves and held-out accuracy."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
+    """Every run on each panel: the per-step curves and held-out accuracy."""
+    plt = _pyplot()
     curves = [(k, t) for k, t in CURVES if any(k in r for run in runs for r in run.steps)]
     colors = {run.name: f"C{i % 10}" for i, run in enumerate(runs)}  # one colour per run on every panel
     panels = len(curves) + 1
@@ -325,14 +453,10 @@ def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
 def plot_lenience(runs: list[RunSeries], path: Path) -> Path | None:
     """Decoded tokens and final accuracy against lenience over the spec runs, `full` at ℓ = ∞ on the right, and the
     baselines' values as flat lines (the lenience ablation)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     spec = sorted((r for r in runs if r.policy == "spec" and r.lenience), key=lambda r: r.lenience)
     if len(spec) < 2:
         return None
+    plt = _pyplot()
     points = [(r.lenience, r) for r in spec]
     infinity = spec[-1].lenience * 2.5  # where ℓ = ∞ (the policy `full`) is drawn
     points += [(infinity, r) for r in runs if r.policy == "full"]
@@ -359,8 +483,49 @@ def plot_lenience(runs: list[RunSeries], path: Path) -> Path | None:
     return path
 
 
+def plot_staleness_gap(paired: list[dict], path: Path) -> Path | None:
+    """The paired accuracy gap against the measured staleness, one point per rule and regime, with its 95% interval
+    over seeds: against the KL per visit, the excess acceptance and the drift since decoding."""
+    points = [r for r in paired if not math.isnan(r["acc_diff"]) and not math.isnan(r["kl_prev_curr"])]
+    if len(points) < 2:
+        return None
+    plt = _pyplot()
+    panels = (
+        ("kl_prev_curr", "KL(p_prev || p_curr) per scored token"),
+        ("excess_acceptance", "excess acceptance (kept only by lenience)"),
+        ("drift_since_decode", "mean log p_curr / p_gen since decoding"),
+    )
+    methods = sorted({r["method"] for r in points})
+    regimes = sorted({r["regime"] for r in points})
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), sharey=True)
+    for axis, (key, title) in zip(axes, panels):
+        for r in points:
+            low = 0.0 if math.isnan(r["acc_diff_lo"]) else 100 * (r["acc_diff"] - r["acc_diff_lo"])
+            high = 0.0 if math.isnan(r["acc_diff_hi"]) else 100 * (r["acc_diff_hi"] - r["acc_diff"])
+            axis.errorbar(
+                r[key],
+                100 * r["acc_diff"],
+                yerr=[[low], [high]],
+                fmt="os^dvP"[regimes.index(r["regime"]) % 6],
+                color=f"C{methods.index(r['method']) % 10}",
+                capsize=3,
+                label=f"{r['method']}, {r['regime']}",
+            )
+        axis.axhline(0.0, color="black", alpha=0.4)
+        axis.set_xlabel(title)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out accuracy − baseline (points; mean and 95% CI over seeds)")
+    axes[-1].legend(fontsize=7)
+    figure.suptitle("accuracy gap against staleness (marker: regime, colour: rule)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
+
+
 def write_report(runs: list[RunSeries], out: Path) -> dict[str, Path]:
-    """table.md, table.csv, one plot per run and one per group (plus the lenience plot when it applies)."""
+    """table.md, table.csv, one plot per run and one for all, and where they apply the lenience plot, the paired
+    table over seeds (paired.md, paired.csv) and the accuracy gap against staleness."""
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(runs)
     files = {"markdown": out / "table.md", "csv": out / "table.csv"}
@@ -372,6 +537,15 @@ def write_report(runs: list[RunSeries], out: Path) -> dict[str, Path]:
     lenience = plot_lenience(runs, out / "lenience.png")
     if lenience is not None:
         files["lenience"] = lenience
+    paired = paired_rows(runs)
+    if paired:
+        files["paired"] = out / "paired.md"
+        files["paired"].write_text(paired_markdown(paired) + "\n")
+        files["paired_csv"] = out / "paired.csv"
+        files["paired_csv"].write_text(to_csv(paired))
+        gap = plot_staleness_gap(paired, out / "staleness_gap.png")
+        if gap is not None:
+            files["staleness_gap"] = gap
     return files
 
 
@@ -393,6 +567,9 @@ def main(argv=None) -> int:
     files = write_report(runs, Path(args.out) if args.out else root / "report")
     rows = table_rows(runs)
     print(markdown(rows))
+    paired = paired_rows(runs)
+    if paired:
+        print("\npaired against each seed's baseline:\n" + paired_markdown(paired))
     print()
     print(to_csv(rows), end="")
     print(f"\nwritten: {', '.join(str(p) for p in files.values())}")

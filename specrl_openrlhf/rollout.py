@@ -19,7 +19,7 @@ from .adaptive import FeedbackBuffer
 from .cache import Draft
 from .metrics import ReuseStats
 from .policies import DraftBatch, ReusePolicy
-from .policies.base import lenient_acceptance_logprob
+from .staleness import reused_token_sums, scored_token_sums
 from .trace import TraceWriter, uniforms_for
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class Sample:
     scored: np.ndarray | None = None  # [L] float32 log p_curr of the draft tokens, NaN where not scored (yet)
     uniforms: np.ndarray | None = None  # [L] float64
     entropy: tuple[int, ...] = ()  # what the uniforms were drawn from (traces store it)
+    ages_now: np.ndarray | None = None  # [L] int64, visits since each draft token was decoded, counting this one
     cut: int = 0
     decided: bool = False  # the cut is final
     stats: ReuseStats = field(default_factory=ReuseStats)
@@ -233,7 +234,8 @@ class SpeculativePlanner:
         if len(tokens) == 0:
             return sample
         sample.draft_ended = len(tokens) == len(draft) and draft.finish_reason == "stop"
-        sample.draft = Draft(tokens, draft.logprobs[: len(tokens)], draft.finish_reason, draft.visit, draft.index)
+        sample.draft = draft.head(len(tokens))
+        sample.ages_now = sample.draft.ages.astype(np.int64) + self.policy.draft_age
         sample.stats.drafts_found = 1
         sample.stats.draft_tokens = len(tokens)
         sample.entropy = (self.seed, int.from_bytes(key[:8] or b"\0", "little"), draft.visit, draft.index, len(tokens))
@@ -368,7 +370,7 @@ class SpeculativePlanner:
         if not ready:
             return
         lengths = np.array([s.scored_upto if needs_scores else s.draft_len for s in ready], np.int64)  # [B]
-        batch = self._batch(ready, lengths, needs_scores)
+        batch = batch_of(ready, lengths, needs_scores)
         cuts = self.policy.cut(batch)
         if cuts.shape != batch.lengths.shape:
             raise ValueError(f"policy {self.policy.name!r} returned cuts of shape {tuple(cuts.shape)}, want [B]")
@@ -382,59 +384,44 @@ class SpeculativePlanner:
         if decided:
             self._record(decided)
 
-    def _batch(self, samples: list[Sample], lengths: np.ndarray, with_scores: bool) -> DraftBatch:
-        """Right-padded tensors of `samples`' first `lengths` draft tokens."""
-        width = int(lengths.max())
-        draft_lp = np.zeros((len(samples), width), dtype=np.float32)  # [B, T]
-        uniforms = np.zeros((len(samples), width), dtype=np.float64)  # [B, T]
-        scored = np.zeros((len(samples), width), dtype=np.float32) if with_scores else None  # [B, T]
-        for row, (s, length) in enumerate(zip(samples, lengths.tolist())):
-            draft_lp[row, :length] = s.draft.logprobs[:length]
-            uniforms[row, :length] = s.uniforms[:length]
-            if scored is not None:
-                scored[row, :length] = s.scored[:length]
-        return DraftBatch(
-            draft_logprobs=torch.from_numpy(draft_lp),
-            scored_logprobs=None if scored is None else torch.from_numpy(scored),
-            lengths=torch.from_numpy(lengths),
-            uniforms=torch.from_numpy(uniforms),
-        )
-
     def _record(self, decided: list[Sample]) -> None:
-        """Stats, the chunk schedule's estimate, a stateful rule's feedback and the trace of finally cut drafts."""
+        """The decision's stats, the chunk schedule's estimate, a stateful rule's feedback and the trace of finally
+        cut drafts. (Stats of scored tokens, the staleness meter's among them, are taken at assembly, once every
+        token that will be scored is.)"""
         lenience = self.policy.lenience
         for s in decided:
             s.stats.reused_tokens = s.cut
             s.stats.rejected_drafts = int(s.cut < s.draft_len)
             if lenience is not None and math.isfinite(lenience):
                 s.stats.lenience_sum = lenience
-            if self.scores_drafts and not self.policy.needs_scores:
-                s.stats.scored_tokens = s.cut  # the kept prefix, scored after the cut for its reported logprobs
-            seen = s.scored_upto if self.policy.needs_scores else 0
-            if seen:
-                log_ratio = s.scored[:seen].astype(np.float64) - s.draft.logprobs[:seen].astype(np.float64)
-                s.stats.scored_tokens = seen
-                s.stats.log_ratio_sum = float(log_ratio.sum())
-                accept = lenient_acceptance_logprob(torch.from_numpy(log_ratio), torch.zeros(1), lenience or 1.0)
-                s.stats.acceptance_sum = float(torch.exp(accept).sum())
-                if self.chunks is not None:  # tokens past the first rejection tell nothing about the rate
-                    rejected = s.cut < s.draft_len
-                    self.chunks.observe(min(seen, s.cut + rejected), rejected)
+            if self.chunks is not None:  # tokens past the first rejection tell nothing about the rate
+                rejected = s.cut < s.draft_len
+                self.chunks.observe(min(s.scored_upto, s.cut + rejected), rejected)
             if self.trace is not None:
                 self.trace.record(
-                    draft_logprobs=s.draft.logprobs,
-                    scored_logprobs=s.scored,
-                    budget=s.max_tokens,
-                    draft_ended=s.draft_ended,
-                    finish=s.draft.finish_reason,
-                    entropy=s.entropy,
-                    cut=s.cut,
-                    lenience=lenience,
+                    s.draft, s.scored, s.ages_now, s.max_tokens, s.draft_ended, s.entropy, s.cut, lenience
                 )
         if self.policy.keeps_state:  # the whole drafts, p_curr NaN where it was not needed
             lengths = np.array([s.draft_len for s in decided], np.int64)
-            batch = self._batch(decided, lengths, self.policy.needs_scores)
+            batch = batch_of(decided, lengths, self.policy.needs_scores)
             self.feedback.add(self.policy.feedback(batch, torch.tensor([s.cut for s in decided])), len(decided))
+
+    def _meter(self, sample: Sample) -> None:
+        """The scored tokens' stats and the staleness meter (see `staleness`), into the sample's stats."""
+        stats = sample.stats
+        if sample.draft is None:
+            return
+        if sample.cut:
+            stats.reused_age_sum, stats.reused_old_tokens = reused_token_sums(sample.ages_now[: sample.cut]).values()
+        seen = sample.scored_upto
+        if not seen:
+            return
+        stats.scored_tokens = seen
+        sums = scored_token_sums(
+            sample.draft.logprobs[:seen], sample.scored[:seen], sample.draft.gen_logprobs[:seen], self.policy.lenience
+        )
+        for name, value in sums.items():
+            setattr(stats, name, value)
 
     # ---- step 4: continuation -----------------------------------------------------------------------------------
 
@@ -471,9 +458,11 @@ class SpeculativePlanner:
             if np.isnan(stored_prefix_lp).any():
                 raise RuntimeError("a kept draft token has no p_curr: its scoring request did not complete")
             reported_prefix_lp = sample.draft.logprobs[:cut] if self.reused_logprobs == "draft" else stored_prefix_lp
+            prefix_gen, prefix_ages = sample.draft.gen_logprobs[:cut], sample.ages_now[:cut]
         else:
             prefix_ids, stored_prefix_lp = [], np.zeros(0, np.float32)
             reported_prefix_lp = stored_prefix_lp
+            prefix_gen, prefix_ages = stored_prefix_lp, np.zeros(0, np.int64)
         if new_logprobs is None:
             new_logprobs = [math.nan] * len(new_token_ids)
         if len(new_logprobs) != len(new_token_ids):
@@ -482,10 +471,55 @@ class SpeculativePlanner:
             finish_reason = "stop" if (sample.draft_ended and cut == sample.draft_len) else "length"
         token_ids = prefix_ids + new_token_ids
         new_lp = np.asarray(new_logprobs, dtype=np.float32)
-        next_draft = Draft(np.asarray(token_ids, np.int32), np.concatenate([stored_prefix_lp, new_lp]), finish_reason)
+        next_draft = Draft(
+            np.asarray(token_ids, np.int32),
+            np.concatenate([stored_prefix_lp, new_lp]),
+            finish_reason,
+            gen_logprobs=np.concatenate([prefix_gen, new_lp]),
+            ages=np.concatenate([prefix_ages, np.zeros(len(new_lp), np.int64)]),
+        )
+        self._meter(sample)
         sample.stats.decoded_tokens = len(new_token_ids)
         sample.stats.fully_reused = int(sample.draft is not None and not new_token_ids)
         reported = np.concatenate([reported_prefix_lp, new_lp]).tolist() if want_logprobs else None
         draft_id = None if sample.draft is None else (sample.draft.visit, sample.draft.index)
         output = SampleOutput(token_ids, reported, finish_reason, cut, sample.stats, draft_id)
         return output, next_draft
+
+
+def batch_of(samples: list[Sample], lengths: np.ndarray, with_scores: bool) -> DraftBatch:
+    """The `DraftBatch` of `samples`' first `lengths` draft tokens."""
+    return draft_batch(
+        lengths,
+        draft_logprobs=[s.draft.logprobs for s in samples],
+        gen_logprobs=[s.draft.gen_logprobs for s in samples],
+        ages=[s.ages_now for s in samples],
+        uniforms=[s.uniforms for s in samples],
+        scored_logprobs=[s.scored for s in samples] if with_scores else None,
+    )
+
+
+def draft_batch(lengths, *, draft_logprobs, gen_logprobs, ages, uniforms, scored_logprobs=None) -> DraftBatch:
+    """Right-padded tensors of rows given as 1-D arrays (each at least as long as its row's length): the one way the
+    rollout and replay build what a rule sees. NaN p_curr (not scored) becomes 0.0, like padding."""
+    lengths = np.asarray(lengths, np.int64)  # [B]
+    rows, width = len(lengths), int(lengths.max()) if len(lengths) else 0
+
+    def padded(arrays, dtype):  # [B, T]
+        out = np.zeros((rows, width), dtype=dtype)
+        for row, (array, length) in enumerate(zip(arrays, lengths.tolist())):
+            out[row, :length] = array[:length]
+        return torch.from_numpy(out)
+
+    scored = None
+    if scored_logprobs is not None:
+        scored = padded(scored_logprobs, np.float32)
+        scored = torch.nan_to_num(scored, nan=0.0)
+    return DraftBatch(
+        draft_logprobs=padded(draft_logprobs, np.float32),
+        scored_logprobs=scored,
+        lengths=torch.from_numpy(lengths),
+        uniforms=padded(uniforms, np.float64),
+        gen_logprobs=padded(gen_logprobs, np.float32),
+        ages=padded(ages, np.int64),
+    )

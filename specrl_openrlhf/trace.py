@@ -1,10 +1,12 @@
 """Draft traces (`--reuse.trace_dir`): what every draft looked like when it was cut, for offline replay of rules.
 
-One record per draft: its logprobs when drafted (p_prev) and under the policy that cut it (p_curr, NaN when the
-policy did not score), its length, the sample's token budget, whether it ended by a stop condition, its finish
-reason, the seed material of its uniforms, the cut the run made and the lenience it applied. Each process writes
-its own `.npz` chunks (atomically, every `flush_every` records or `flush_s` seconds), so many engines can share one
-folder. `python -m specrl_openrlhf replay DIR` reads them back.
+One record per draft: its logprobs when drafted (p_prev), under the policy that cut it (p_curr, NaN when the
+policy did not score), when each token was decoded (p_gen) and each token's age, its length, the sample's token
+budget, whether it ended by a stop condition, its finish reason, the seed material of its uniforms, the cut the run
+made and the lenience it applied. Each process writes its own `.npz` chunks atomically, so many engines can share
+one folder: a chunk is written once `flush_every` records wait, and a background thread writes what waits every
+`flush_s` seconds. A process that is killed loses at most the records of its last `flush_s` seconds (and never
+more than `flush_every`); one that exits normally loses nothing. `python -m specrl_openrlhf replay DIR` reads them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import FINISH_REASONS, write_npz
+from .cache import FINISH_REASONS, Draft, write_npz
 
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "specrl-draft-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: p_gen and ages; version 1 traces still load (p_gen = p_prev, age 1)
 ENTROPY_WIDTH = 5  # seed, prompt key, draft visit, draft index, draft length: what `uniforms_for` hashes
 
 
@@ -43,6 +46,8 @@ class TraceRecords:
     offsets: np.ndarray  # [N + 1] int64, into the token arrays
     draft_logprobs: np.ndarray  # [sum L] float32, log p_prev
     scored_logprobs: np.ndarray  # [sum L] float32, log p_curr (NaN where not scored)
+    gen_logprobs: np.ndarray  # [sum L] float32, log p_gen
+    ages: np.ndarray  # [sum L] int64, visits since decoded, counting the visit that cut the draft
     scored: np.ndarray  # [N] bool
     budget: np.ndarray  # [N] int64, the sample's max_tokens
     draft_ended: np.ndarray  # [N] bool, the draft ended by a stop condition
@@ -56,6 +61,10 @@ class TraceRecords:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def row(self, name: str, r: int) -> np.ndarray:
+        """Record `r`'s per-token array `name` (draft_logprobs, scored_logprobs, gen_logprobs or ages)."""
+        return getattr(self, name)[self.offsets[r] : self.offsets[r + 1]]
+
 
 class TraceWriter:
     """Appends draft records and writes them out in chunks. Never raises into the rollout: a failed write logs a
@@ -68,57 +77,74 @@ class TraceWriter:
         self.prefix = f"trace-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.chunks = 0
         self._rows: list[tuple] = []
-        self._last_flush = time.monotonic()
-        atexit.register(self.flush)  # a process that ends normally loses nothing
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._timer = threading.Thread(target=self._flush_now_and_then, name="specrl-trace-flush", daemon=True)
+        self._timer.start()
+        atexit.register(self.close)  # a process that ends normally loses nothing
 
-    def record(self, *, draft_logprobs, scored_logprobs, budget, draft_ended, finish, entropy, cut, lenience) -> None:
-        self._rows.append(
-            (
-                np.asarray(draft_logprobs, np.float32),
-                None if scored_logprobs is None else np.asarray(scored_logprobs, np.float32),
-                int(budget),
-                bool(draft_ended),
-                FINISH_REASONS.index(finish) if finish in FINISH_REASONS else FINISH_REASONS.index("abort"),
-                np.asarray(entropy, np.uint64),
-                int(cut),
-                float("nan") if lenience is None else float(lenience),
-                time.time(),
-            )
+    def record(self, draft: Draft, scored_logprobs, ages_now, budget, draft_ended, entropy, cut, lenience) -> None:
+        row = (
+            draft.logprobs.copy(),
+            None if scored_logprobs is None else np.asarray(scored_logprobs, np.float32).copy(),
+            draft.gen_logprobs.copy(),
+            np.asarray(ages_now, np.int64).copy(),
+            int(budget),
+            bool(draft_ended),
+            FINISH_REASONS.index(draft.finish_reason),
+            np.asarray(entropy, np.uint64),
+            int(cut),
+            float("nan") if lenience is None else float(lenience),
+            time.time(),
         )
-        if len(self._rows) >= self.flush_every or time.monotonic() - self._last_flush > self.flush_s:
+        with self._lock:
+            self._rows.append(row)
+            full = len(self._rows) >= self.flush_every
+        if full:
             self.flush()
 
+    def _flush_now_and_then(self) -> None:
+        while not self._stopped.wait(self.flush_s):
+            self.flush()
+
+    def close(self) -> None:
+        self._stopped.set()
+        self.flush()
+
     def flush(self) -> Path | None:
-        self._last_flush = time.monotonic()
-        if not self._rows:
-            return None
-        rows, self._rows = self._rows, []
-        try:
-            return self._write(rows)
-        except Exception as error:  # tracing is diagnostics: it must never stop a rollout
-            logger.warning("could not write %d draft trace records to %s: %s", len(rows), self.directory, error)
-            return None
+        with self._lock:
+            rows, self._rows = self._rows, []
+            if not rows:
+                return None
+            try:  # under the lock: chunk numbers stay unique and in order
+                return self._write(rows)
+            except Exception as error:  # tracing is diagnostics: it must never stop a rollout
+                logger.warning("could not write %d draft trace records to %s: %s", len(rows), self.directory, error)
+                return None
 
     def _write(self, rows) -> Path:
         lengths = np.array([len(r[0]) for r in rows], np.int64)
-        draft = np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.float32)
-        scored = np.concatenate(
-            [r[1] if r[1] is not None else np.full(len(r[0]), np.nan, np.float32) for r in rows]
-        ).astype(np.float32)
+
+        def tokens(index, dtype, missing=np.nan):
+            parts = [r[index] if r[index] is not None else np.full(len(r[0]), missing) for r in rows]
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
         header = json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION, "policy": self.policy}).encode()
         arrays = {
             "header": np.frombuffer(header, np.uint8),
             "lengths": lengths,
-            "draft_logprobs": draft,
-            "scored_logprobs": scored,
+            "draft_logprobs": tokens(0, np.float32),
+            "scored_logprobs": tokens(1, np.float32),
+            "gen_logprobs": tokens(2, np.float32),
+            "ages": tokens(3, np.int64),
             "scored": np.array([r[1] is not None for r in rows], bool),
-            "budget": np.array([r[2] for r in rows], np.int64),
-            "draft_ended": np.array([r[3] for r in rows], bool),
-            "finish": np.array([r[4] for r in rows], np.uint8),
-            "entropy": np.stack([r[5] for r in rows]).astype(np.uint64),
-            "cut": np.array([r[6] for r in rows], np.int64),
-            "lenience": np.array([r[7] for r in rows], np.float64),
-            "time": np.array([r[8] for r in rows], np.float64),
+            "budget": np.array([r[4] for r in rows], np.int64),
+            "draft_ended": np.array([r[5] for r in rows], bool),
+            "finish": np.array([r[6] for r in rows], np.uint8),
+            "entropy": np.stack([r[7] for r in rows]).astype(np.uint64),
+            "cut": np.array([r[8] for r in rows], np.int64),
+            "lenience": np.array([r[9] for r in rows], np.float64),
+            "time": np.array([r[10] for r in rows], np.float64),
         }
         path = write_npz(self.directory / f"{self.prefix}-{self.chunks:05d}.npz", arrays, compress=True)
         self.chunks += 1
@@ -139,10 +165,15 @@ def read_traces(directory: str | Path) -> TraceRecords:
         try:
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(bytes(data["header"]).decode())
-                if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
+                if header.get("format") != FORMAT_NAME or header.get("version") not in (1, FORMAT_VERSION):
                     raise ValueError(f"format {header.get('format')!r} version {header.get('version')!r}")
                 part = {name: data[name] for name in data.files if name != "header"}
-            if part["lengths"].sum() != len(part["draft_logprobs"]) or part["entropy"].shape[1:] != (ENTROPY_WIDTH,):
+            if "gen_logprobs" not in part:  # version 1: no p_gen, no ages
+                part["gen_logprobs"] = part["draft_logprobs"].copy()
+                part["ages"] = np.ones(len(part["draft_logprobs"]), np.int64)
+            tokens = part["lengths"].sum()
+            per_token = ("draft_logprobs", "scored_logprobs", "gen_logprobs", "ages")
+            if any(len(part[k]) != tokens for k in per_token) or part["entropy"].shape[1:] != (ENTROPY_WIDTH,):
                 raise ValueError("inconsistent array sizes")
         except Exception as error:
             logger.warning("skipping unreadable draft trace %s (%s: %s)", path, type(error).__name__, error)
@@ -155,8 +186,10 @@ def read_traces(directory: str | Path) -> TraceRecords:
     order = np.argsort(np.concatenate([p["time"] for p in parts]), kind="stable")
     lengths = np.concatenate([p["lengths"] for p in parts])
     starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]
-    draft_lp = np.concatenate([p["draft_logprobs"] for p in parts])
-    scored_lp = np.concatenate([p["scored_logprobs"] for p in parts])
+
+    def tokens(name):
+        return np.concatenate([p[name] for p in parts])
+
     index = np.concatenate([np.arange(starts[i], starts[i] + lengths[i]) for i in order]) if len(order) else []
     index = np.asarray(index, np.int64)
     new_lengths = lengths[order]
@@ -167,8 +200,10 @@ def read_traces(directory: str | Path) -> TraceRecords:
     return TraceRecords(
         lengths=new_lengths,
         offsets=np.concatenate([[0], np.cumsum(new_lengths)]).astype(np.int64),
-        draft_logprobs=draft_lp[index],
-        scored_logprobs=scored_lp[index],
+        draft_logprobs=tokens("draft_logprobs")[index],
+        scored_logprobs=tokens("scored_logprobs")[index],
+        gen_logprobs=tokens("gen_logprobs")[index],
+        ages=tokens("ages")[index].astype(np.int64),
         scored=rows("scored"),
         budget=rows("budget"),
         draft_ended=rows("draft_ended"),

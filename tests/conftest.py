@@ -11,6 +11,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     pytest.importorskip("transformers")
-    from specrl_openrlhf.integration.cpu.tiny_model import build_tiny_model
+    from specrl_openrlhf.integration.miniature.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model")

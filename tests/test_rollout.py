@@ -196,7 +196,8 @@ class FakeEngine:
 
 
 def drive(planner, samples, engine, groups):
-    """The batched driver's loop: a prompt probe per group, then rounds until every draft is cut."""
+    """The driver's loop: a prompt probe per group, then rounds until every draft is cut; then assembly (which takes
+    the scored tokens' stats), without continuations."""
     planner.decide(samples)
     for group in groups:
         if (probe := planner.prompt_probe(group)) is not None:
@@ -210,6 +211,8 @@ def drive(planner, samples, engine, groups):
             for retry in planner.rescoring(sample, missing) if len(missing) else ():
                 assert not len(planner.take_scores(sample, retry, *engine.score(retry)))
         planner.decide(samples)
+    for sample in samples:
+        planner.assemble(sample)
 
 
 def visit_of(planner, prompt, drafts, p_curr_of, key=b"v" * 16):

@@ -1,22 +1,26 @@
-"""The draft cache as named Ray actors, shared by every vLLM engine of a run.
+"""A run's reuse actors on Ray: its settings and shared state (`ReuseRun`), and the draft cache shards.
 
-The same prompt meets a different engine on its next visit, so drafts live outside the engines: in
-`num_shards` actors named `specrl_draft_cache_{i}`, a prompt's shard chosen by its key.
-The run's settings travel through Ray's key-value store, so that an executor built with no arguments (as OpenRLHF
-builds agent executors) finds them, even when the cache actors have died.
+The same prompt meets a different engine on its next visit, so drafts live outside the engines: in `num_shards`
+actors named `specrl_draft_cache_{i}`, a prompt's shard chosen by its key. One more named actor, `ReuseRun`, holds
+what every process of the run shares: the settings an executor (built with no arguments, as OpenRLHF builds agent
+executors) needs to build the user's reward path and our rollout, where drafts are saved, how often each shard
+started, and the coordinator of a rule that keeps state. Every name carries the run's `RUN_ENV` value, so several
+runs can share one Ray job (the CPU quickstart trains them side by side).
 
-Faults: a shard that dies is restarted by Ray. On restart it reloads the drafts saved with the run's latest
-checkpoint (or those the run started from) and counts the restart; samples in flight during the outage are
-generated normally, and reuse resumes from the next visit of each prompt.
+Faults: a shard that dies is restarted by Ray; on restart it reloads the drafts saved with the run's latest checkpoint
+(or those the run started from) and counts the restart. Samples in flight during the outage are generated normally,
+and reuse resumes from the next visit of each prompt. `ReuseRun` is restarted too, with its settings (they are its
+constructor's arguments, which Ray replays); what it learned since (the latest checkpoint's drafts, the restart
+counts, an adaptive rule's state) starts over, as docs/reliability.md says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import ray
@@ -28,9 +32,10 @@ from ..config import ReuseConfig
 logger = logging.getLogger(__name__)
 
 ACTOR_PREFIX = "specrl_draft_cache_"
+RUN_ACTOR = "specrl_openrlhf_run"
 CACHE_DIRNAME = "specrl_draft_cache"
-# Names one run's settings and shards when several runs share a Ray job (the CPU quickstart runs two side by side);
-# set on the rollout actors' runtime env. Empty in a normal OpenRLHF run.
+# Names one run's actors when several runs share a Ray job (the CPU quickstart runs them side by side); set on the
+# rollout actors' runtime env. Empty in a normal OpenRLHF run.
 RUN_ENV = "SPECRL_OPENRLHF_RUN"
 # Share of the memory cap for drafts of follow-up turns (an agent's 2nd, 3rd... `generate` call for one sample):
 # their prompts recur only when the earlier turns were fully reused, so they must not crowd out first-turn drafts.
@@ -58,47 +63,47 @@ def actor_name(shard: int, run: str = "") -> str:
     return f"{ACTOR_PREFIX}{run + '_' if run else ''}{shard}"
 
 
+def run_actor_name(run: str = "") -> str:
+    return f"{RUN_ACTOR}{'_' + run if run else ''}"
+
+
 def shard_file(directory: str | Path, shard: int, num_shards: int) -> Path:
     return Path(directory) / f"drafts-{shard:03d}-of-{num_shards:03d}.npz"
 
 
-def _kv_key(kind: str, run: str) -> bytes:
-    return f"specrl_openrlhf:{kind}:{ray.get_runtime_context().get_job_id()}:{run}".encode()
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+class ReuseRun:
+    """A run's settings and the state its processes share (see the module docstring)."""
+
+    def __init__(self, settings: dict, drafts_dir: str | None = None):
+        self._settings = settings
+        self.drafts_dir = drafts_dir  # where a (re)starting shard loads drafts from
+        self.shard_starts: dict[int, int] = {}
+        self.coordinator: FeedbackCoordinator | None = None  # a stateful rule's authoritative copy, built on use
+
+    def settings(self) -> dict:
+        return self._settings
+
+    def shard_started(self, shard: int) -> tuple[int, str | None]:
+        """A shard (re)starts: (its restarts so far, where to load drafts from)."""
+        restarts = self.shard_starts.get(shard, 0)
+        self.shard_starts[shard] = restarts + 1
+        return restarts, self.drafts_dir
+
+    def set_drafts_dir(self, directory: str | None) -> None:
+        self.drafts_dir = directory
+
+    def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
+        """A stateful rule's feedback from one engine; returns the rule's state for every engine to load."""
+        if self.coordinator is None:
+            config = ReuseConfig.from_json(self._settings["reuse_config"])
+            self.coordinator = FeedbackCoordinator(config.build_policy(), int(self._settings["update_every"]))
+        return self.coordinator.report(feedback, samples)
 
 
-def _kv_get(kind: str, run: str) -> bytes | None:
-    from ray.experimental import internal_kv
-
-    return internal_kv._internal_kv_get(_kv_key(kind, run))
-
-
-def _kv_put(kind: str, run: str, value: bytes) -> None:
-    from ray.experimental import internal_kv
-
-    internal_kv._internal_kv_put(_kv_key(kind, run), value, overwrite=True)
-
-
-def publish_settings(settings: dict, run: str = "") -> None:
-    """Store the run's settings in Ray's key-value store (GCS): they outlive any actor, so executors can still
-    build the user's reward path and generate normally if the cache actors die."""
-    _kv_put("settings", run, json.dumps(settings).encode())
-
-
-def read_settings(run: str | None = None) -> dict:
-    raw = _kv_get("settings", current_run() if run is None else run)
-    if raw is None:
-        raise RuntimeError("no specrl-openrlhf settings in this Ray job; start runs with specrl_openrlhf.cli")
-    return json.loads(raw)
-
-
-def publish_drafts_dir(directory: str | Path | None, run: str = "") -> None:
-    """Where a restarted shard reloads drafts from: the latest checkpoint's, or the directory the run started from."""
-    _kv_put("drafts_dir", run, json.dumps(None if directory is None else str(directory)).encode())
-
-
-def _drafts_dir(run: str) -> str | None:
-    raw = _kv_get("drafts_dir", run)
-    return None if raw is None else json.loads(raw)
+def run_actor(run: str | None = None):
+    """The `ReuseRun` of this process's run (by name)."""
+    return ray.get_actor(run_actor_name(current_run() if run is None else run))
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
@@ -116,11 +121,12 @@ class DraftCacheActor:
             False: DraftCache(max(max_bytes - follow_up_bytes, 1), keep_visits),
             True: DraftCache(follow_up_bytes, keep_visits),
         }
-        self.coordinator: FeedbackCoordinator | None = None  # shard 0 only, built on the first report
         self.commit_calls = 0
-        self.restarts = int(json.loads(_kv_get(f"starts{shard}", run) or b"0"))
-        _kv_put(f"starts{shard}", run, json.dumps(self.restarts + 1).encode())
-        source = _drafts_dir(run)
+        try:
+            self.restarts, source = ray.get(run_actor(run).shard_started.remote(shard), timeout=CALL_TIMEOUT_S)
+        except Exception as error:  # without the run's actor the shard still serves, cold
+            logger.warning("draft cache shard %d: the run's actor is unreachable (%s); starting cold", shard, error)
+            self.restarts, source = 0, None
         if source:
             for path in sorted(Path(source).glob("drafts-*.npz")):  # any former shard count
                 self.caches[False].load(path, shard=(shard, num_shards))
@@ -139,27 +145,10 @@ class DraftCacheActor:
         for key, visit_id, draft, follow_up in items:
             # Ray hands large arguments over as read-only views of one buffer in its shared object store: a copy
             # keeps the cache out of the object store, which OpenRLHF needs for its own batches.
-            draft = Draft(draft.token_ids.copy(), draft.logprobs.copy(), draft.finish_reason)
-            self.caches[follow_up].commit(key, visit_id, draft)
+            self.caches[follow_up].commit(key, visit_id, draft.copy())
         self.commit_calls += 1
         if self.commit_calls % TRIM_EVERY_COMMITS == 0:
             _return_free_memory()
-
-    async def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
-        """A stateful rule's feedback from one engine (shard 0 coordinates the run's rule); returns its state.
-        The state is kept in Ray's key-value store after each update, so a restarted shard carries on from it."""
-        if self.coordinator is None:
-            settings = read_settings(self.run)
-            config = ReuseConfig.from_json(settings["reuse_config"])
-            self.coordinator = FeedbackCoordinator(config.build_policy(), int(settings["update_every"]))
-            saved = _kv_get("rule_state", self.run)
-            if saved is not None:
-                self.coordinator.policy.load_state_dict(json.loads(saved))
-        updates = self.coordinator.updates
-        state = self.coordinator.report(feedback, samples)
-        if self.coordinator.updates != updates:
-            _kv_put("rule_state", self.run, json.dumps(state).encode())
-        return state
 
     async def save(self, directory: str) -> str:
         return str(self.caches[False].save(shard_file(directory, self.shard, self.num_shards)))
@@ -169,44 +158,51 @@ class DraftCacheActor:
         return {**self.caches[False].stats(), "follow_up": self.caches[True].stats(), "restarts": self.restarts}
 
     async def memory(self) -> tuple[int, int]:
-        """(memory this shard alone holds, the raw token and logprob bytes of its drafts). The first is the unique set
-        size: Ray's shared object store pages are not counted."""
+        """(memory this shard alone holds, the raw per-token bytes of its drafts). The first is the unique set size:
+        Ray's shared object store pages are not counted."""
         import psutil
 
         return psutil.Process().memory_full_info().uss, self.caches[False].raw_bytes()
 
 
-def create_draft_cache(
-    settings: dict,
-    *,
-    num_shards: int,
-    max_bytes: int,
-    load_dir: str | None = None,
-    run: str = "",
-    keep_visits: int = 1,
-) -> list[ray.actor.ActorHandle]:
-    """Publish the settings, start the shards (named, so any process of this Ray job can find them) and wait
-    until they are up. `keep_visits`: the policy's draft age (completed visits kept per prompt)."""
-    publish_settings(settings, run)
-    publish_drafts_dir(load_dir, run)
-    for shard in range(num_shards):
-        _kv_put(f"starts{shard}", run, b"0")
+@dataclass
+class ReuseActors:
+    """A run's `ReuseRun` and cache shards, as started by `start_reuse`. Keep it: Ray ends an actor (not detached)
+    when its last handle goes."""
+
+    run: object
+    shards: list
+    run_name: str = ""
+
+    @property
+    def handles(self) -> list:
+        return [self.run, *self.shards]
+
+    def save(self, directory: str | Path) -> list[str]:
+        """Save every shard under `directory` (one file each, written atomically); restarted shards reload from it."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        paths = ray.get([s.save.remote(str(directory)) for s in self.shards])
+        ray.get(self.run.set_drafts_dir.remote(str(directory)))
+        return paths
+
+
+def start_reuse(settings: dict, config: ReuseConfig, *, load_dir: str | None = None, run: str = "") -> ReuseActors:
+    """Start the run's `ReuseRun` (named, `get_if_exists`: one per run in the Ray job) and its cache shards (named,
+    so any process of the job finds them), and wait until they are up."""
+    name = run_actor_name(run)
+    handle = ReuseRun.options(name=name, get_if_exists=True).remote(settings, load_dir)
+    if ray.get(handle.settings.remote()) != settings:  # a finished run's actor under this name: replace it
+        ray.kill(handle, no_restart=True)
+        handle = ReuseRun.options(name=name).remote(settings, load_dir)
+    num_shards, keep_visits = config.cache_shards, max(config.build_policy().draft_age, 1)
     shards = [
-        DraftCacheActor.options(name=actor_name(i, run), get_if_exists=False).remote(
-            i, num_shards, max(max_bytes // num_shards, 1), run, keep_visits
+        DraftCacheActor.options(name=actor_name(i, run)).remote(
+            i, num_shards, max(config.cache_max_bytes // num_shards, 1), run, keep_visits
         )
         for i in range(num_shards)
     ]
     ray.get([s.stats.remote() for s in shards])
-    return shards
-
-
-def save_draft_cache(shards, directory: str | Path, run: str = "") -> list[str]:
-    """Save every shard under `directory` (one file each, written atomically); restarted shards reload from it."""
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    paths = ray.get([s.save.remote(str(directory)) for s in shards])
-    publish_drafts_dir(directory, run)
-    return paths
+    return ReuseActors(handle, shards, run)
 
 
 class CommitBatcher:
@@ -287,4 +283,5 @@ class RayDraftStore:
         await self._batchers[shard_of(key, self.num_shards)].commit((key, visit_id, draft, follow_up))
 
     async def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
-        return await self._call(0, "report", feedback, samples)
+        """A stateful rule's feedback, to the run's coordinator (`ReuseRun`); the answer is the rule's state."""
+        return await asyncio.wait_for(run_actor(self.run).report.remote(feedback, samples), timeout=CALL_TIMEOUT_S)

@@ -9,6 +9,7 @@ rollout. Rewards, multi-turn logic and output format stay theirs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 
@@ -108,13 +109,14 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
         self._generator = generator
         self._training_signature = None if training_signature is None else tuple(training_signature)
         self._unavailable = False
+        self._setting_up: asyncio.Lock | None = None  # the first calls of an engine wait for one setup
 
-    def _setup(self, llm_engine) -> None:
+    async def _setup(self, llm_engine) -> None:
         """Build the user's executor first (rewards must work whatever happens), then the reuse path."""
-        from .draft_store import RayDraftStore, current_run, read_settings
+        from .draft_store import RayDraftStore, current_run, run_actor
         from .vllm_rollout import engine_limits
 
-        settings = read_settings()
+        settings = await run_actor().settings.remote()
         inner_path = settings.get("inner_agent_func_path")
         self._inner = (
             load_agent_executor(inner_path) if inner_path else SingleTurnAgentExecutor(settings["remote_url"])
@@ -145,13 +147,16 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
         if self._generator is None and not self._unavailable:
-            try:
-                self._setup(llm_engine)  # synchronous: concurrent first calls can't interleave inside it
-            except Exception as error:  # a plugin that fails here, say: keep training with stock generation
-                if self._inner is None:
-                    raise  # without the run's settings, rewards would silently be missing: fail loudly
-                self._unavailable = True
-                logger.warning("reuse unavailable (%s: %s); generating normally", type(error).__name__, error)
+            self._setting_up = self._setting_up or asyncio.Lock()
+            async with self._setting_up:  # concurrent first calls: one sets up, the others find it done
+                if self._generator is None and not self._unavailable:
+                    try:
+                        await self._setup(llm_engine)
+                    except Exception as error:  # a plugin that fails here, say: keep training with stock generation
+                        if self._inner is None:
+                            raise  # without the run's settings, rewards would silently be missing: fail loudly
+                        self._unavailable = True
+                        logger.warning("reuse unavailable (%s: %s); generating normally", type(error).__name__, error)
         if self._unavailable:
             return await self._inner.execute(
                 prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images

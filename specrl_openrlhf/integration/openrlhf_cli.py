@@ -1,19 +1,15 @@
 """`python -m specrl_openrlhf.cli.train_ppo_ray`: OpenRLHF's own `train_ppo_ray`, plus rollout reuse.
 
-The installed OpenRLHF's `__main__` block (its parser, its validation) runs unchanged: we execute it from its
-source with two substitutions. Its `argparse.ArgumentParser` gains our argument group, so `--help` lists both
-and every OpenRLHF flag, and every OpenRLHF error, stays OpenRLHF's. Its final `train(args)` call goes through
-`train_with_reuse`, which starts the shared draft cache and hands OpenRLHF our agent executor. No OpenRLHF source
-file is edited.
+OpenRLHF's module runs as it is (see `openrlhf_seams`): its parser, its validation, its `train`. Its parser gains our
+argument group; once it has validated the arguments, `train_with_reuse` starts Ray with our worker setup hook, starts
+the run's reuse actors (its settings, the shared draft cache) and hands the vLLM engines our agent executor through
+OpenRLHF's `--train.agent_func_path`, then calls OpenRLHF's `train`. Without our flags, OpenRLHF runs untouched.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
-import importlib.util
 import json
 import logging
 import os
@@ -22,99 +18,43 @@ import threading
 import types
 from pathlib import Path
 
+from .. import config as reuse_config
 from ..config import ReuseConfig
-from ..policies import DEFAULT_LENIENCE, PluginError, UnknownPolicyError, registered
-from ..rollout import REUSED_LOGPROBS, SCORING_MODES, UnsupportedSamplingError, check_sampling
+from ..policies import PluginError, UnknownPolicyError
+from ..rollout import UnsupportedSamplingError, check_sampling
 from .openrlhf_eval import WORKER_SETUP_HOOK
 
 logger = logging.getLogger(__name__)
 
 PROG = "python -m specrl_openrlhf.cli.train_ppo_ray"
-UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 AGENT_ENTRY = str(Path(__file__).with_name("agent_entry.py"))
 
 
-def json_object(text: str) -> dict:
-    """argparse type of `--reuse.params`: a JSON object."""
+def extend_parser(parser: argparse.ArgumentParser) -> None:
+    """Our argument group, and a usage line short enough to read above an error (OpenRLHF's runs 160 lines)."""
+    parser.usage = (
+        f"{parser.prog} [OpenRLHF flags] [--rollout_reuse NAME] [--lenience L] [--reuse.* ...]  (--help: all flags)"
+    )
+    reuse_config.add_arguments(parser)
+
+
+def after_parse(parser: argparse.ArgumentParser, namespace):
+    """Validate our flags with OpenRLHF's (a bad one is a usage error, before Ray starts). Returns how to wrap
+    OpenRLHF's `train`, or None to leave it as it is (reuse off, no dry run)."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not JSON ({error}); write e.g. '{{\"target_kept\": 0.9}}'") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object; write e.g. '{{\"target_kept\": 0.9}}'")
-    return value
-
-
-def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("speculative rollouts (specrl-openrlhf)")
-    group.add_argument(
-        "--rollout_reuse",
-        default="off",
-        metavar="NAME",
-        help=f"reuse policy: {', '.join(registered())} or one from --reuse.plugin (default: off = stock OpenRLHF)",
-    )
-    group.add_argument(
-        "--lenience",
-        type=float,
-        default=None,
-        help=f"lenience l > 0 of the spec/delayed rule (default e^0.5 = {DEFAULT_LENIENCE:.4f}; paper: e^0.5 GRPO, "
-        "e^0.3 PPO, e^0.15 DAPO)",
-    )
-    group.add_argument(
-        "--reuse.params",
-        type=json_object,
-        default={},
-        metavar="JSON",
-        help="the rule's other parameters, e.g. '{\"target_kept\": 0.9}' (see its Params dataclass)",
-    )
-    group.add_argument("--reuse.seed", type=int, default=0, help="seed of the acceptance randomness")
-    group.add_argument(
-        "--reuse.logprobs",
-        choices=REUSED_LOGPROBS,
-        default="auto",
-        help="rollout logprobs reported for reused tokens: scored (current policy), draft (the draft's own), auto "
-        "(scored when the policy scores drafts)",
-    )
-    group.add_argument(
-        "--reuse.scoring",
-        choices=SCORING_MODES,
-        default="chunked",
-        help="chunked: score drafts chunk by chunk up to the first rejection, reading the prompt from vLLM's prefix "
-        "cache; full: each draft in one request that recomputes its prompt",
-    )
-    group.add_argument("--reuse.cache_max_gb", type=float, default=4.0, help="draft cache memory cap, all shards")
-    group.add_argument("--reuse.cache_shards", type=int, default=1, help="draft cache actors (shards)")
-    group.add_argument(
-        "--reuse.cache_dir",
-        default=None,
-        help="load drafts from this directory at start (default: the resumed checkpoint's, with --ckpt.load_enable)",
-    )
-    group.add_argument(
-        "--reuse.plugin", action="append", default=[], metavar="FILE.py", help="load policies from this file"
-    )
-    group.add_argument(
-        "--reuse.checkpoint_poll_s", type=float, default=10.0, help="how often to look for new checkpoints to save"
-    )
-    group.add_argument(
-        "--reuse.trace_dir",
-        default=None,
-        metavar="DIR",
-        help="record every cut draft here (p_prev, p_curr, length, finish) for `python -m specrl_openrlhf replay`",
-    )
-    group.add_argument(
-        "--reuse.update_every",
-        type=int,
-        default=None,
-        metavar="SAMPLES",
-        help="samples per update of a stateful rule (default: one step, rollout.batch_size x n_samples_per_prompt)",
-    )
-    group.add_argument(
-        "--reuse.dry_run", action="store_true", help="print the resolved configuration, then exit before Ray starts"
-    )
+        config = reuse_config.from_namespace(namespace)
+        for warning in check_combination(namespace, config):
+            print(f"[specrl-openrlhf] warning: {warning}", file=sys.stderr)
+    except (UnknownPolicyError, PluginError, UnsupportedSamplingError, ValueError, TypeError) as error:
+        flag = "--rollout_reuse" if isinstance(error, (UnknownPolicyError, PluginError)) else ""
+        parser.error(f"{flag + ': ' if flag and not str(error).startswith('--') else ''}{error}")
+    if not (config.enabled or config.dry_run):
+        return None
+    return lambda upstream_train: lambda args: train_with_reuse(args, upstream_train)
 
 
 def lookup(namespace, dotted: str, default=None):
-    """A flag's value from argparse's flat namespace ("reuse.seed" attributes) or OpenRLHF's hierarchized one."""
+    """A flag's value from argparse's flat namespace ("rollout.top_p" attributes) or OpenRLHF's hierarchized one."""
     if hasattr(namespace, dotted):
         return getattr(namespace, dotted)
     node = namespace
@@ -123,34 +63,15 @@ def lookup(namespace, dotted: str, default=None):
     return node
 
 
-def reuse_config_from(namespace) -> ReuseConfig:
-    get = lambda name: lookup(namespace, name)  # noqa: E731
-    return ReuseConfig(
-        policy=get("rollout_reuse"),
-        lenience=get("lenience"),
-        params=namespace_to_dict(get("reuse.params") or {}),  # OpenRLHF turns dict values into namespaces
-        seed=get("reuse.seed"),
-        reused_logprobs=get("reuse.logprobs"),
-        scoring=get("reuse.scoring"),
-        cache_max_gb=get("reuse.cache_max_gb"),
-        cache_shards=get("reuse.cache_shards"),
-        cache_dir=get("reuse.cache_dir"),
-        plugins=tuple(get("reuse.plugin")),
-        trace_dir=get("reuse.trace_dir"),
-        update_every=get("reuse.update_every"),
-    )
-
-
-def check_combination(namespace) -> list[str]:
-    """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's; flat dotted namespace."""
-    config = reuse_config_from(namespace)
+def check_combination(namespace, config: ReuseConfig) -> list[str]:
+    """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's."""
     policy = config.build_policy()
     if policy.draft_age == 0:
         return []
     get = lambda name, default=None: lookup(namespace, name, default)  # noqa: E731
     if not get("vllm.num_engines"):
         raise ValueError("--rollout_reuse needs vLLM rollout engines: set --vllm.num_engines to 1 or more")
-    # OpenRLHF samples with top_k -1 and no penalties; temperature and top-p are flags.
+    # OpenRLHF samples with top_k -1 and no penalties; temperature and top-p are flags, min_tokens is 1.
     check_sampling(policy, temperature=get("rollout.temperature", 1.0), top_p=get("rollout.top_p", 1.0))
     warnings = []
     if get("data.max_images_per_prompt", 0):
@@ -171,52 +92,18 @@ def check_combination(namespace) -> list[str]:
     return warnings
 
 
-class ReuseArgumentParser(argparse.ArgumentParser):
-    """OpenRLHF's parser class, with our group added and our flags validated right after parsing."""
-
-    prog_name = PROG  # `main` sets the name the user typed
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("prog", self.prog_name)
-        super().__init__(*args, **kwargs)
-        add_reuse_arguments(self)
-
-    def parse_args(self, args=None, namespace=None):
-        namespace = super().parse_args(args, namespace)
-        try:
-            for warning in check_combination(namespace):
-                print(f"[specrl-openrlhf] warning: {warning}", file=sys.stderr)
-        except (UnknownPolicyError, PluginError, UnsupportedSamplingError, ValueError, TypeError) as error:
-            flag = "--rollout_reuse" if isinstance(error, UnknownPolicyError) else ""
-            self.error(f"{flag + ': ' if flag else ''}{error}")
-        return namespace
-
-
-def upstream_main_block(module: str = UPSTREAM_MODULE) -> tuple[types.CodeType, types.CodeType, str]:
-    """The installed OpenRLHF CLI's light top-level imports and its `if __name__ == "__main__":` body, compiled
-    from source without importing the module (that pulls in DeepSpeed and flash-attn, which a dry run or --help
-    must not need)."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise SystemExit(f"{PROG}: OpenRLHF is not installed ({module} not found); see docs/install.md")
-    tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
-    light_imports = [
-        node
-        for node in tree.body
-        if (isinstance(node, ast.Import) and not any(a.name.split(".")[0] in ("ray", "openrlhf") for a in node.names))
-        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] not in ("ray", "openrlhf"))
-    ]
-    imports = compile(ast.Module(body=light_imports, type_ignores=[]), spec.origin, "exec")
-    for node in tree.body:
-        if (
-            isinstance(node, ast.If)
-            and isinstance(node.test, ast.Compare)
-            and isinstance(node.test.left, ast.Name)
-            and node.test.left.id == "__name__"
-        ):
-            body = ast.Module(body=node.body, type_ignores=[])
-            return imports, compile(body, spec.origin, "exec"), spec.origin
-    raise SystemExit(f"{PROG}: no __main__ block in {spec.origin}; this OpenRLHF version is not supported")
+def run_settings(args, config: ReuseConfig) -> dict:
+    """What every executor needs to know, held by the run's `ReuseRun` actor."""
+    return {
+        "reuse_config": config.to_json(),
+        "num_shards": config.cache_shards,
+        "samples_per_visit": args.rollout.n_samples_per_prompt,
+        "training_signature": [args.rollout.temperature, args.rollout.top_p, -1],
+        "remote_url": args.reward.remote_url,
+        "inner_agent_func_path": args.train.agent_func_path,
+        # a stateful rule updates once per training step's samples unless told otherwise
+        "update_every": config.update_every or args.rollout.batch_size * args.rollout.n_samples_per_prompt,
+    }
 
 
 def namespace_to_dict(namespace) -> dict:
@@ -229,18 +116,16 @@ def namespace_to_dict(namespace) -> dict:
     return namespace if isinstance(namespace, (str, int, float, bool, type(None))) else repr(namespace)
 
 
-def run_settings(args, config: ReuseConfig) -> dict:
-    """What every executor needs to know, published through the draft cache actors."""
-    return {
-        "reuse_config": config.to_json(),
-        "num_shards": config.cache_shards,
-        "samples_per_visit": args.rollout.n_samples_per_prompt,
-        "training_signature": [args.rollout.temperature, args.rollout.top_p, -1],
-        "remote_url": args.reward.remote_url,
-        "inner_agent_func_path": args.train.agent_func_path,
-        # a stateful rule updates once per training step's samples unless told otherwise
-        "update_every": config.update_every or args.rollout.batch_size * args.rollout.n_samples_per_prompt,
-    }
+def print_dry_run(args, config: ReuseConfig) -> None:
+    openrlhf_args = namespace_to_dict(args)
+    for ours in ("reuse", "rollout_reuse", "lenience"):
+        openrlhf_args.pop(ours, None)
+    resolved = {"reuse": dataclasses.asdict(config), "policy": config.build_policy().describe()}
+    if config.enabled:
+        # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path
+        resolved["engines"] = {"agent_func_path": AGENT_ENTRY, **run_settings(args, config)}
+    resolved["openrlhf_args"] = openrlhf_args
+    print(json.dumps(resolved, indent=2, default=str))
 
 
 def latest_checkpoint_dir(ckpt_path: str) -> Path | None:
@@ -256,47 +141,61 @@ class CheckpointWatcher(threading.Thread):
     """Saves the draft cache into each new OpenRLHF checkpoint (`<tag>/specrl_draft_cache/`), so checkpoint
     rotation removes it along with the checkpoint and a resumed run starts warm."""
 
-    def __init__(self, shards, ckpt_path: str, poll_s: float):
+    def __init__(self, reuse, ckpt_path: str, poll_s: float):
         super().__init__(name="specrl-checkpoint-watcher", daemon=True)
-        self.shards, self.ckpt_path, self.poll_s = shards, ckpt_path, poll_s
+        self.reuse, self.ckpt_path, self.poll_s = reuse, ckpt_path, poll_s
         self.seen = latest_checkpoint_dir(ckpt_path)
         self.stopped = threading.Event()
 
     def run(self):
-        from .draft_store import CACHE_DIRNAME, save_draft_cache
+        from .draft_store import CACHE_DIRNAME
 
         while not self.stopped.wait(self.poll_s):
             try:
                 current = latest_checkpoint_dir(self.ckpt_path)
                 if current is not None and current != self.seen and current.is_dir():
-                    save_draft_cache(self.shards, current / CACHE_DIRNAME)
+                    self.reuse.save(current / CACHE_DIRNAME)
                     logger.info("draft cache saved with checkpoint %s", current)
                     self.seen = current
             except Exception as error:  # a failed save must not stop training
                 logger.warning("could not save the draft cache with the checkpoint: %s", error)
 
 
-def train_with_reuse(args, upstream_train=None) -> None:
-    """Replaces OpenRLHF's `train(args)` at the end of its `__main__` block."""
-    config = reuse_config_from(args)
-    if args.reuse.dry_run:
-        openrlhf_args = namespace_to_dict(args)
-        for ours in ("reuse", "rollout_reuse", "lenience"):
-            openrlhf_args.pop(ours, None)
-        resolved = {"reuse": dataclasses.asdict(config), "policy": config.build_policy().describe()}
-        if config.enabled:
-            # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path
-            resolved["engines"] = {"agent_func_path": AGENT_ENTRY, **run_settings(args, config)}
-        resolved["openrlhf_args"] = openrlhf_args
-        print(json.dumps(resolved, indent=2, default=str))
-        return
-    upstream = importlib.import_module(UPSTREAM_MODULE)
+def openrlhf_runtime_env() -> dict:
+    """The runtime env OpenRLHF's `train` starts Ray with (its env vars, defaults as it reads them), plus our worker
+    setup hook, which marks OpenRLHF's evaluation requests (see `openrlhf_eval`)."""
+    env_vars = {
+        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+    }
+    return {"env_vars": env_vars, "worker_process_setup_hook": WORKER_SETUP_HOOK}
 
-    upstream_train = upstream_train or upstream.train
+
+def start_ray() -> None:
+    """Start Ray as OpenRLHF's `train` would, with our worker setup hook; OpenRLHF then finds it running."""
+    import ray
+
+    if ray.is_initialized():  # OpenRLHF will not call ray.init either: our workers lack the evaluation mark
+        logger.warning(
+            "Ray was started before OpenRLHF's train(): evaluation requests can't be told from training ones and may "
+            "reuse drafts. Start Ray with runtime_env={'worker_process_setup_hook': %r}",
+            WORKER_SETUP_HOOK,
+        )
+        return
+    ray.init(runtime_env=openrlhf_runtime_env())
+
+
+def train_with_reuse(args, upstream_train) -> None:
+    """Stands in for OpenRLHF's `train(args)` at the end of its `__main__` block (see `openrlhf_seams`)."""
+    config = reuse_config.from_namespace(args)
+    if config.dry_run:
+        print_dry_run(args, config)
+        return
     if not config.enabled:
         return upstream_train(args)
 
-    from .draft_store import CACHE_DIRNAME, create_draft_cache
+    from .draft_store import CACHE_DIRNAME, start_reuse
 
     load_dir = config.cache_dir
     if load_dir is None and args.ckpt.load_enable:
@@ -304,78 +203,21 @@ def train_with_reuse(args, upstream_train=None) -> None:
         if resumed is not None and (resumed / CACHE_DIRNAME).is_dir():
             load_dir = str(resumed / CACHE_DIRNAME)
     settings = run_settings(args, config)
-    original_create = upstream.create_vllm_engines
-    watcher = None
-
-    def create_vllm_engines_with_reuse(*engine_args, **engine_kwargs):
-        nonlocal watcher
-        shards = create_draft_cache(
-            settings,
-            num_shards=config.cache_shards,
-            max_bytes=config.cache_max_bytes,
-            load_dir=load_dir,
-            keep_visits=config.build_policy().draft_age,
-        )
-        watcher = CheckpointWatcher(shards, args.ckpt.path, args.reuse.checkpoint_poll_s)
-        watcher.start()
-        engine_kwargs["agent_func_path"] = AGENT_ENTRY
-        return original_create(*engine_args, **engine_kwargs)
-
-    upstream.create_vllm_engines = create_vllm_engines_with_reuse
-    original_init = upstream.ray.init
-    upstream.ray.init = ray_init_with_worker_hook(original_init)
+    start_ray()
+    reuse = start_reuse(settings, config, load_dir=load_dir)
+    watcher = CheckpointWatcher(reuse, args.ckpt.path, config.checkpoint_poll_s)
+    watcher.start()
+    # OpenRLHF's agent seam: its engines build our executor, which wraps the run's own (settings above). Set after
+    # OpenRLHF's validation, so `--reward.remote_url` and reward models keep working as the user configured them.
+    args.train.agent_func_path = AGENT_ENTRY
     try:
-        if upstream.ray.is_initialized():  # OpenRLHF will not call ray.init: our workers lack the eval mark
-            logger.warning(
-                "Ray was started before OpenRLHF's train(): evaluation requests can't be told from training ones "
-                "and may reuse drafts. Start Ray with runtime_env={'worker_process_setup_hook': %r}",
-                WORKER_SETUP_HOOK,
-            )
         upstream_train(args)
     finally:
-        upstream.create_vllm_engines = original_create
-        upstream.ray.init = original_init
-        if watcher is not None:
-            watcher.stopped.set()
-
-
-def ray_init_with_worker_hook(init):
-    """`ray.init` that adds our worker setup hook (see `openrlhf_eval`) to the runtime env OpenRLHF passes. A job
-    submitted with a setup hook of its own keeps it, with a warning: Ray takes one hook per job."""
-    import json
-    import os
-
-    @functools.wraps(init)
-    def init_with_hook(*args, runtime_env=None, **kwargs):
-        runtime_env = dict(runtime_env or {})
-        job_env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
-        if "worker_process_setup_hook" in runtime_env or "worker_process_setup_hook" in job_env:
-            logger.warning(
-                "a worker_process_setup_hook is already set; call %s() from it so that evaluation requests never "
-                "reuse drafts",
-                WORKER_SETUP_HOOK,
-            )
-        else:
-            runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
-        return init(*args, runtime_env=runtime_env, **kwargs)
-
-    return init_with_hook
+        watcher.stopped.set()
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> None:
-    """Run OpenRLHF's `__main__` block with our flags. `prog` is the command name help and errors show: ours, or
-    OpenRLHF's own when `python -m openrlhf.cli.train_ppo_ray` came through `_specrl_openrlhf_hook`."""
-    imports, code, origin = upstream_main_block()
-    argv = sys.argv[1:] if argv is None else argv
-    namespace = {"__name__": "__main__", "__file__": origin}
-    exec(imports, namespace)
-    shim = types.ModuleType("argparse")
-    shim.__dict__.update(argparse.__dict__)
-    shim.ArgumentParser = type("ArgumentParser", (ReuseArgumentParser,), {"prog_name": prog})
-    namespace.update(argparse=shim, train=train_with_reuse)
-    saved_argv = sys.argv
-    sys.argv = [prog] + list(argv)
-    try:
-        exec(code, namespace)
-    finally:
-        sys.argv = saved_argv
+    """Run OpenRLHF's `train_ppo_ray` with our flags (`prog` names the command in help and errors)."""
+    from .openrlhf_seams import run_upstream
+
+    run_upstream(sys.argv[1:] if argv is None else list(argv), prog)

@@ -24,13 +24,16 @@ class NoParams:
 class DraftBatch:
     """A batch of drafts, right-padded to the longest one.
 
-    Padding positions hold 0.0 logprobs and must be ignored; `mask` marks the real tokens.
+    Padding positions hold 0.0 logprobs (age 0) and must be ignored; `mask` marks the real tokens. The rollout and
+    replay always fill `gen_logprobs` and `ages`; a hand-built batch may leave them out.
     """
 
-    draft_logprobs: torch.Tensor  # [B, T] float32, log p_prev(y_i): logprob of each draft token when it was drafted
+    draft_logprobs: torch.Tensor  # [B, T] float32, log p_prev(y_i): under the policy that drafted or last kept y_i
     scored_logprobs: torch.Tensor | None  # [B, T] float32, log p_curr(y_i); None if the policy skips scoring
     lengths: torch.Tensor  # [B] int64, real draft length of each row (0 <= lengths <= T)
     uniforms: torch.Tensor  # [B, T] float64 in [0, 1), fresh and seeded per row; the only randomness a policy uses
+    gen_logprobs: torch.Tensor | None = None  # [B, T] float32, log p_gen(y_i): when y_i was decoded
+    ages: torch.Tensor | None = None  # [B, T] int64, visits since y_i was decoded, counting this one (>= 1)
 
     @property
     def mask(self) -> torch.Tensor:  # [B, T] bool
@@ -62,6 +65,13 @@ class ReusePolicy(ABC):
     # batches it cut; one coordinator adds the reports of all engines, calls `update` once per `--reuse.update_every`
     # samples and hands the new `state_dict()` back to every engine.
     keeps_state: ClassVar[bool] = False
+
+    @property
+    def resample_top_k(self) -> int:
+        """How many of p_curr's and p_prev's likeliest tokens the rule needs at each draft position to sample a
+        rejected position from the residual norm(max(0, p_curr - p_prev)) (`lossless`); 0: a rejected position is
+        decoded from p_curr, as in SPEC-RL."""
+        return 0
 
     def __init__(self, params=None):
         params = self.Params() if params is None else params

@@ -83,5 +83,9 @@ class Full(ReusePolicy):
 
     needs_scores = False
 
+    @property
+    def lenience(self) -> float:
+        return math.inf
+
     def cut(self, batch: DraftBatch) -> torch.Tensor:
         return batch.lengths.clone()

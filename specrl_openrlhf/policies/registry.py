@@ -116,14 +116,16 @@ def rule_class(reference: str) -> type[ReusePolicy]:
 def make(name: str, **params) -> ReusePolicy:
     """Build the policy registered under `name` with keyword parameters, validated by its Params dataclass.
 
-    Parameters the policy does not take are an error, except `lenience` given to a policy without one, which is
-    ignored so one command line can switch policies (the ablation grid relies on this).
+    Parameters the policy does not take are an error, a lenience for a rule without one included: it would be
+    silently ignored.
     """
     cls = policy_class(name)
     accepted = {f.name for f in dataclasses.fields(cls.Params)}
-    if "lenience" in params and "lenience" not in accepted:
-        params = {k: v for k, v in params.items() if k != "lenience"}
     unknown = sorted(set(params) - accepted)
+    if unknown == ["lenience"]:
+        raise TypeError(
+            f"reuse policy {name!r} takes no lenience; drop --lenience, or pick a lenient rule (spec, delayed)"
+        )
     if unknown:
         raise TypeError(
             f"reuse policy {name!r} takes no parameter {', '.join(unknown)}; "
@@ -133,6 +135,11 @@ def make(name: str, **params) -> ReusePolicy:
         return cls(cls.Params(**params))
     except (TypeError, ValueError) as error:
         raise type(error)(f"reuse policy {name!r}: {error}") from None
+
+
+def takes_lenience(name: str) -> bool:
+    """Whether the rule `name` has a lenience parameter."""
+    return "lenience" in {f.name for f in dataclasses.fields(policy_class(name).Params)}
 
 
 def describe_policies() -> str:

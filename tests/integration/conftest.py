@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs
+from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs
 
 ENGINE_KWARGS = cpu_engine_kwargs(max_model_len=1024)
 
@@ -11,7 +11,7 @@ ENGINE_KWARGS = cpu_engine_kwargs(max_model_len=1024)
 @pytest.fixture(scope="session")
 def llm(tiny_model_dir):
     vllm = pytest.importorskip("vllm")
-    from specrl_openrlhf.integration.cpu.weights import EXTENSION
+    from specrl_openrlhf.integration.miniature.weights import EXTENSION
 
     engine = vllm.LLM(model=str(tiny_model_dir), worker_extension_cls=EXTENSION, **ENGINE_KWARGS)
     yield engine
@@ -37,7 +37,7 @@ def async_engine(tiny_model_dir):
     vllm = pytest.importorskip("vllm")
     runner = LoopThread()
 
-    from specrl_openrlhf.integration.cpu.weights import EXTENSION
+    from specrl_openrlhf.integration.miniature.weights import EXTENSION
 
     async def start():
         args = vllm.AsyncEngineArgs(

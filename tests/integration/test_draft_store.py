@@ -16,8 +16,8 @@ ray = pytest.importorskip("ray")
 from vllm import SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
 
-from specrl_openrlhf.integration.cpu.tiny_model import EOS_ID  # noqa: E402
-from specrl_openrlhf.integration.cpu.weights import perturbed_state_dict, write_weights  # noqa: E402
+from specrl_openrlhf.integration.miniature.tiny_model import EOS_ID  # noqa: E402
+from specrl_openrlhf.integration.miniature.weights import perturbed_state_dict, write_weights  # noqa: E402
 from specrl_openrlhf.integration.draft_store import RayDraftStore, create_draft_cache  # noqa: E402
 from specrl_openrlhf.integration.vllm_rollout import (  # noqa: E402
     AsyncSpeculativeGenerator,

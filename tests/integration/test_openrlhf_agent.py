@@ -18,8 +18,8 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noq
 from openrlhf.utils.agent import AgentInstanceBase  # noqa: E402
 
 import specrl_openrlhf as sr  # noqa: E402
-from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs  # noqa: E402
-from specrl_openrlhf.integration.cpu.weights import (  # noqa: E402
+from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs  # noqa: E402
+from specrl_openrlhf.integration.miniature.weights import (  # noqa: E402
     EXTENSION,
     perturbed_state_dict,
     rollout_actor_class,

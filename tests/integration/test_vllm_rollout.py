@@ -6,8 +6,8 @@ import torch
 
 import specrl_openrlhf as sr
 from specrl_openrlhf.cache import Draft, DraftCache, prompt_key
-from specrl_openrlhf.integration.cpu.tiny_model import EOS_ID
-from specrl_openrlhf.integration.cpu.weights import perturbed_state_dict, update_llm_weights, write_weights
+from specrl_openrlhf.integration.miniature.tiny_model import EOS_ID
+from specrl_openrlhf.integration.miniature.weights import perturbed_state_dict, update_llm_weights, write_weights
 from specrl_openrlhf.integration.vllm_rollout import (
     AsyncSpeculativeGenerator,
     LocalDraftStore,

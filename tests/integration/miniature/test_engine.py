@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs
+from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs
 
 pytestmark = pytest.mark.engine
 
@@ -19,7 +19,7 @@ SMALL_NODE = textwrap.dedent(
     import vllm.v1.worker.cpu_worker as cpu_worker
     from vllm.utils.cpu_resource_utils import MemoryNodeInfo
     from vllm import LLM
-    from specrl_openrlhf.integration.cpu.engine import cpu_engine_kwargs
+    from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs
 
     GiB = 1 << 30
     # A host whose NUMA node 0 reports 2 GiB: 8% of it is less than the process already holds.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-EXTENSION = "specrl_openrlhf.integration.cpu.weights.WeightReloadExtension"
+EXTENSION = "specrl_openrlhf.integration.miniature.weights.WeightReloadExtension"
 
 
 class WeightReloadExtension:

@@ -12,7 +12,7 @@ import pytest
 
 import specrl_openrlhf as sr
 from specrl_openrlhf import report
-from specrl_openrlhf.integration.cpu import quickstart
+from specrl_openrlhf.integration.miniature import quickstart
 from specrl_openrlhf.replay import replay, tally
 from specrl_openrlhf.trace import read_traces
 
@@ -52,7 +52,7 @@ def test_two_tiny_epochs_end_to_end(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "VLLM_LOGGING_LEVEL": "ERROR"}
     flags = ["--epochs", "2", "--train-size", "8", "--held-out-size", "8", "--rollout-batch", "4", "--samples", "2"]
     process = subprocess.run(
-        [sys.executable, "-m", "specrl_openrlhf.integration.cpu.quickstart", *flags, "--warm-start-steps", "4"]
+        [sys.executable, "-m", "specrl_openrlhf.integration.miniature.quickstart", *flags, "--warm-start-steps", "4"]
         + ["--out", str(out), "--trace-dir", str(tmp_path / "traces"), "--tensorboard", str(tmp_path / "tb")],
         env=env,
         capture_output=True,

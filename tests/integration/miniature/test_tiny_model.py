@@ -6,7 +6,7 @@ import pytest
 def test_tokenizer_keeps_spaces_and_newlines(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from specrl_openrlhf.integration.cpu.tiny_model import CHARACTERS, EOS_ID
+    from specrl_openrlhf.integration.miniature.tiny_model import CHARACTERS, EOS_ID
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     text = "7+5=12\n12+9=21\n\\boxed{21} with spaces\tand tabs"

@@ -1,0 +1,61 @@
+"""The one seam OpenRLHF 0.11 lacks for a command-line extension, and the narrow hook that stands in for it.
+
+OpenRLHF's `train_ppo_ray` builds its parser, validates the arguments and calls `train(args)` inside its module's
+`if __name__ == "__main__":` block; no function lets a package extend the parser or run code between validation and
+training. So the module runs as it is, from its own file (runpy for our command, Python's `-m` for OpenRLHF's own
+command through `_specrl_openrlhf_hook`), and only the one `parse_args` call its code makes comes to `take_over`:
+
+- the parser gets our argument group (generated from `ReuseConfig`) and a one-line usage;
+- after parsing, our flags are validated with OpenRLHF's (errors name the flag and the fix, before Ray starts);
+- when reuse is on, or a dry run is asked for, that module's own namespace gets a `train` of ours, which prepares the
+  run (see `openrlhf_cli.train_with_reuse`) and then calls OpenRLHF's `train`.
+
+Nothing else in the process is touched, and tracebacks show OpenRLHF's frames from OpenRLHF's file. docs/upstream.md
+proposes `build_parser()` and `main(argv)` upstream, which would retire this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import runpy
+import sys
+
+import _specrl_openrlhf_hook as hook
+
+UPSTREAM_MODULE = hook.UPSTREAM_MODULE
+
+
+def take_over(parser, parse_args, args, namespace, module_globals, *, prog: str | None = None, reached=None):
+    """What OpenRLHF's one `parse_args` call does with our hook in place (see the module docstring)."""
+    from .openrlhf_cli import after_parse, extend_parser
+
+    if reached is not None:
+        reached.append(True)
+    if prog:
+        parser.prog = prog
+    extend_parser(parser)
+    namespace = parse_args(parser, args, namespace)
+    wrap = after_parse(parser, namespace)
+    if wrap is not None:
+        module_globals["train"] = wrap(module_globals["train"])
+    return namespace
+
+
+def run_upstream(argv: list[str], prog: str) -> None:
+    """Run OpenRLHF's `train_ppo_ray` as `__main__` with `argv`, its parser taken over by `take_over`."""
+    reached: list[bool] = []
+    remove = hook.hook_upstream_parser(functools.partial(take_over, prog=prog, reached=reached))
+    saved = sys.argv
+    sys.argv = [prog, *argv]
+    try:
+        runpy.run_module(UPSTREAM_MODULE, run_name="__main__", alter_sys=True)
+    except ImportError as error:
+        if reached:  # an import inside training: not ours to explain
+            raise
+        raise SystemExit(
+            f"{prog}: OpenRLHF's {UPSTREAM_MODULE} could not be imported ({type(error).__name__}: {error}). It needs "
+            "OpenRLHF's GPU stack (flash-attn, DeepSpeed): install openrlhf[vllm] on a GPU node (docs/install.md)."
+        ) from error
+    finally:
+        remove()
+        sys.argv = saved

@@ -96,7 +96,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray
 
-    from specrl_openrlhf.integration.draft_store import create_draft_cache
+    from specrl_openrlhf.config import ReuseConfig
+    from specrl_openrlhf.integration.draft_store import start_reuse
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     engine_class = make_engine_class()
@@ -108,7 +109,9 @@ def main(argv=None) -> int:
     print(" shards  visit2_s  claim_p50_ms  claim_p99_ms  commit_p50_ms  commit_p99_ms  MB/s  uss/raw  held_MB")
     for num_shards in args.shards:
         run = f"bench{num_shards}"
-        shards = create_draft_cache({}, num_shards=num_shards, max_bytes=64 << 30, run=run)
+        config = ReuseConfig(policy="spec", cache_shards=num_shards, cache_max_gb=64.0)
+        reuse = start_reuse({"reuse_config": config.to_json()}, config, run=run)
+        shards = reuse.shards
         base_rss, _ = shard_memory(shards)
         engines = [engine_class.remote(num_shards, run) for _ in range(args.engines)]
         split = [list(range(args.prompts))[e :: args.engines] for e in range(args.engines)]
@@ -126,13 +129,13 @@ def main(argv=None) -> int:
         committed = sum(r["tokens_committed"] for r in results)
         rss, raw = shard_memory(shards)
         assert returned == samples, f"visit 2 got {returned} drafts of {samples}"
-        moved_mb = 2 * committed * 8 / 1e6  # the drafts claimed back plus the ones committed
+        moved_mb = 2 * committed * 14 / 1e6  # the drafts claimed back plus the ones committed (14 bytes a token)
         print(
             f"{num_shards:>7} {wall:>9.2f} {np.percentile(claims, 50):>13.1f} {np.percentile(claims, 99):>13.1f} "
             f"{np.percentile(commits, 50):>14.1f} {np.percentile(commits, 99):>14.1f} {moved_mb / wall:>5.0f} "
             f"{(rss - base_rss) / raw:>8.2f} {raw / 1e6:>8.0f}"
         )
-        for handle in engines + shards:
+        for handle in engines + reuse.handles:
             ray.kill(handle, no_restart=True)
     ray.shutdown()
     return 0

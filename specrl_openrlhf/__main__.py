@@ -27,10 +27,16 @@ def show_hook() -> int:
 
 
 def parse_rule(text: str, lenience: float | None):
-    """`NAME`, `NAME@LENIENCE` or `path/rule.py:Class[@LENIENCE]` -> a policy (the config validates it)."""
-    from .config import ReuseConfig
+    """`NAME`, `NAME@LENIENCE` or `path/rule.py:Class[@LENIENCE]`, each optionally followed by `,key=value` parameters
+    (`spec@1.65`, `rules.py:Mine@2,decay=0.25`) -> a policy (the config validates it). A default `lenience` goes to
+    the rules that take one."""
+    import json
 
-    name, _, value = text.partition("@")
+    from .config import ReuseConfig
+    from .policies import takes_lenience
+
+    head, *assignments = text.split(",")
+    name, _, value = head.partition("@")
     if value:
         try:
             lenience = float(value)
@@ -38,15 +44,37 @@ def parse_rule(text: str, lenience: float | None):
             raise ValueError(
                 f"--rollout_reuse {text}: the lenience after @ must be a number, e.g. spec@1.65"
             ) from None
-    return ReuseConfig(policy=name, lenience=lenience).build_policy()
+    elif lenience is not None and not takes_lenience(name):
+        lenience = None
+    params = {}
+    for assignment in assignments:
+        key, equals, raw = assignment.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(
+                f"--rollout_reuse {text}: give parameters as key=value after the rule, e.g. RULE,decay=0.5"
+            )
+        try:
+            params[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key.strip()] = raw
+    return ReuseConfig(policy=name, lenience=lenience, params=params).build_policy()
 
 
 def replay_command(args) -> int:
     import time
+    from pathlib import Path
 
     from .replay import ReplayError, format_table, replay, tally
     from .trace import read_traces
 
+    if args.trace_dir is None:  # the folder may also come last, after the rules
+        args.trace_dir = args.rollout_reuse.pop() if len(args.rollout_reuse) > 1 else None
+    if args.trace_dir is None:
+        print("error: name the folder given to --reuse.trace_dir, before or after --rollout_reuse", file=sys.stderr)
+        return 2
+    if not Path(args.trace_dir).is_dir():
+        print(f"error: {args.trace_dir}: no such folder (the folder given to --reuse.trace_dir)", file=sys.stderr)
+        return 2
     try:
         for path in args.plugin:
             load_plugin(path)
@@ -65,33 +93,13 @@ def replay_command(args) -> int:
     if args.csv:
         import csv
 
+        from .replay import csv_rows
+
+        rows = csv_rows(results)
         with open(args.csv, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(
-                [
-                    "rule",
-                    "drafts",
-                    "draft_tokens",
-                    "reused_tokens",
-                    "fully_reused",
-                    "reuse_ratio",
-                    "mean_verified_prefix",
-                    "full_reuse_ratio",
-                ]
-            )
-            for r in results:
-                writer.writerow(
-                    [
-                        r.rule,
-                        r.drafts,
-                        r.draft_tokens,
-                        r.reused_tokens,
-                        r.fully_reused,
-                        f"{r.reuse_ratio:.6f}",
-                        f"{r.mean_verified_prefix:.4f}",
-                        f"{r.full_reuse_ratio:.6f}",
-                    ]
-                )
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
     return 0
 
 
@@ -105,9 +113,12 @@ def main(argv=None) -> int:
         "replay",
         help="compare acceptance rules on draft traces (recorded with --reuse.trace_dir), no engine needed",
         description="Each rule cuts the recorded drafts with the uniforms the run drew: the run's own rule "
-        "reproduces the run's cuts. Rules: a name (spec), NAME@LENIENCE (spec@2.0) or path/rule.py:Class.",
+        "reproduces the run's cuts. Rules: a name (spec), NAME@LENIENCE (spec@2.0) or path/rule.py:Class, each "
+        "optionally with parameters: path/rule.py:Class@2,decay=0.25.",
     )
-    replaying.add_argument("trace_dir", help="the folder given to --reuse.trace_dir")
+    replaying.add_argument(
+        "trace_dir", nargs="?", help="the folder given to --reuse.trace_dir (or last, after the rules)"
+    )
     replaying.add_argument("--rollout_reuse", nargs="+", required=True, metavar="RULE", help="rules to replay")
     replaying.add_argument("--lenience", type=float, default=None, help="lenience for rules without @LENIENCE")
     replaying.add_argument("--reuse.plugin", dest="plugin", action="append", default=[], metavar="FILE.py")

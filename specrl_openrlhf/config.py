@@ -15,8 +15,17 @@ import math
 import types
 from dataclasses import dataclass
 
-from .policies import DEFAULT_LENIENCE, ReusePolicy, check_lenience, load_plugin, make, registered
-from .policies.registry import absolute_reference
+from .policies import (
+    DEFAULT_LENIENCE,
+    ReusePolicy,
+    builtin_names,
+    check_lenience,
+    lenient_builtins,
+    load_plugin,
+    make,
+    registered,
+)
+from .references import absolute_reference
 from .rollout import REUSED_LOGPROBS, SCORING_MODES
 
 GROUP_TITLE = "speculative rollouts (specrl-openrlhf)"
@@ -58,7 +67,7 @@ class ReuseConfig:
     lenience: float | None = option(
         "--lenience",
         None,
-        f"lenience l > 0 of a lenient rule (spec, delayed; default e^0.5 = {DEFAULT_LENIENCE:.4f}; paper: e^0.5 GRPO, "
+        f"lenience l > 0 of a lenient rule ({{lenient}}; default e^0.5 = {DEFAULT_LENIENCE:.4f}; paper: e^0.5 GRPO, "
         "e^0.3 PPO, e^0.15 DAPO); refused by rules without one",
         shown="the rule's (e^0.5)",
         cell=True,
@@ -218,8 +227,10 @@ def dest(field: dataclasses.Field) -> str:
     return field.metadata["flag"].removeprefix("--")
 
 
-def help_text(field: dataclasses.Field) -> str:
-    return field.metadata["help"].replace("{policies}", ", ".join(registered()))
+def help_text(field: dataclasses.Field, names=None) -> str:
+    """A flag's help; the rule names it lists are those registered now (the docs list the built-ins only)."""
+    text = field.metadata["help"].replace("{lenient}", ", ".join(lenient_builtins()))
+    return text.replace("{policies}", ", ".join(registered() if names is None else names))
 
 
 def add_arguments(parser: argparse.ArgumentParser, names=None) -> argparse._ArgumentGroup:
@@ -278,7 +289,7 @@ def flags_markdown() -> str:
         if "choices" in kwargs:
             value = " " + "\\|".join(kwargs["choices"])
         shown = field.metadata["shown"] or (f"`{field.default}`" if isinstance(field.default, str) else field.default)
-        meaning = help_text(field).replace("|", "\\|")
+        meaning = help_text(field, builtin_names()).replace("|", "\\|")
         lines.append(f"| `{field.metadata['flag']}{value}` | {shown} | {meaning} |")
     return "\n".join(lines)
 

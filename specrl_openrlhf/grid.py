@@ -16,13 +16,16 @@ the seeds and the flags every cell shares::
     args:                      # flags shared by every cell; `true` is a bare flag
       --actor.model_name_or_path: Qwen/Qwen3-1.7B-Base
 
-Cells are presets x sweep entries (one per lenience value) x seeds. A sweep entry without `lenience` uses the
-preset's own (the paper's value for that algorithm). `--dry-run` prints one command per cell, `--emit ray-job` one
-`ray job submit` per cell; otherwise the cells run here one after another, each in its own folder with its log,
-`cell.json` and metrics, and a rerun skips the cells that finished. `python -m specrl_openrlhf.report OUT` then
-prints the paper's tables.
+Cells are presets x sweep entries (one per lenience value) x seeds (`--seeds 0,1,2` replaces the file's). A sweep
+entry without `lenience` gets the preset's own (the paper's value for that algorithm) if its rule takes one. A rule
+given by path (`rules/my_rule.py:Class`) is found relative to the grid file. `--dry-run` prints one command per cell,
+`--emit ray-job` one `ray job submit` per cell; otherwise the cells run here one after another, each in its own folder
+with its log, `cell.json` and metrics, and a rerun skips the cells that finished. `cell.json` is what the report
+reads to put a cell in its group (same grid, preset and seed: one baseline). `python -m specrl_openrlhf.report OUT`
+then prints the paper's tables.
 
-Standard library and PyYAML only: the grid runs training as subprocesses.
+Standard library and PyYAML only at import: the grid runs training as subprocesses (validating a grid loads the
+rules it names).
 """
 
 from __future__ import annotations
@@ -40,30 +43,44 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .policies import PluginError, UnknownPolicyError, check_lenience, policy_class, short_name
-from .policies.registry import absolute_reference
+from .references import absolute_reference, short_name
 
 RUNNERS = ("openrlhf", "cpu")
 GRID_KEYS = ("description", "runner", "presets", "layout", "seeds", "traces", "sweep", "args")
-SWEEP_KEYS = ("policy", "lenience", "params")
+SWEEP_KEYS = ("policy", "lenience", "params")  # ReuseConfig fields a sweep entry sets (see `reuse_flags`)
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
 CPU_MODULE = "specrl_openrlhf.integration.miniature.quickstart"
 REWARD_FILE = Path(__file__).resolve().parent / "rewards" / "math_verify_reward.py"
-# Flags the grid sets per cell; a grid's `args` must not set them.
-CELL_FLAGS = {
+# Flags of the training commands the grid sets per cell, besides our per-cell ReuseConfig flags.
+RUNNER_CELL_FLAGS = {
     "openrlhf": (
-        "--rollout_reuse",
-        "--lenience",
-        "--reuse.params",
         "--train.seed",
         "--ckpt.path",
         "--logger.tensorboard_dir",
+        "--logger.wandb.group",
         "--logger.wandb.run_name",
-        "--reuse.trace_dir",
     ),
-    "cpu": ("--policy", "--lenience", "--params", "--seed", "--out", "--only", "--grid", "--trace-dir", "--group-key"),
+    "cpu": ("--seeds", "--out", "--only", "--grid", "--tensorboard"),
 }
 DONE_FILE = "done.json"
+
+
+def reuse_flags(**values) -> list[str]:
+    """The words that set a cell's ReuseConfig fields (policy, lenience, params, trace_dir): generated from the
+    config, the one source of our flags."""
+    from .config import cell_flags
+
+    return cell_flags(**values)
+
+
+def cell_flag_names(runner: str) -> tuple[str, ...]:
+    """Flags the grid sets per cell; a grid's `args` must not set them."""
+    import dataclasses
+
+    from .config import ReuseConfig, cell_fields
+
+    ours = [f.metadata["flag"] for f in dataclasses.fields(ReuseConfig) if f.name in cell_fields()]
+    return (*ours, *RUNNER_CELL_FLAGS[runner])
 
 
 class GridError(ValueError):
@@ -81,6 +98,8 @@ class Cell:
     preset: str | None
     seed: int
     group: str  # the cells that share a baseline: same grid, preset and seed
+    regime: str  # the group less its seed: the report pairs a rule's cells across seeds within it
+    method: str  # the rule as compared across seeds: its name, lenience and parameters
 
     def describe(self) -> dict:
         return dataclasses.asdict(self)
@@ -97,6 +116,7 @@ class Grid:
     traces: bool
     sweep: tuple[tuple[str, tuple[tuple[float, str] | None, ...], dict], ...]  # (policy, (lenience, label)s, params)
     args: tuple[str, ...]
+    lenient: frozenset[str] = frozenset()  # the swept rules that take a lenience
 
     @property
     def configs_dir(self) -> Path:
@@ -112,7 +132,9 @@ class Grid:
                         parts = [preset, _policy_label(policy), *(f"{k}{_number(v)}" for k, v in params.items())]
                         if lenience is not None:
                             parts.append(f"l{lenience[1]}")
+                        method = "-".join(p for p in parts[1:] if p)
                         parts.append(f"s{seed}")
+                        regime = f"{self.name}/{preset or 'cpu'}"
                         cells.append(
                             Cell(
                                 name="-".join(p for p in parts if p),
@@ -121,38 +143,50 @@ class Grid:
                                 params=params,
                                 preset=preset or None,
                                 seed=seed,
-                                group=f"{self.name}/{preset or 'cpu'}/s{seed}",
+                                group=f"{regime}/s{seed}",
+                                regime=regime,
+                                method=method,
                             )
                         )
         return cells
 
+    def with_seeds(self, seeds: list[int]) -> Grid:
+        return dataclasses.replace(self, seeds=tuple(seeds))
+
     def command(self, cell: Cell, cell_dir: Path, extra: list[str] = (), python: str = "python") -> list[str]:
         """The command line that trains one cell, writing under `cell_dir`."""
         cell_dir = Path(cell_dir).resolve()
-        lenience = [] if cell.lenience is None else ["--lenience", _number(cell.lenience)]
-        if cell.params:
-            params_flag = "--params" if self.runner == "cpu" else "--reuse.params"
-            lenience += [params_flag, json.dumps(cell.params)]
+        traces = str(cell_dir / "traces") if self.traces else None
         if self.runner == "cpu":
-            command = [python, "-m", CPU_MODULE, "--only", "--policy", cell.policy, *lenience]
-            command += ["--seed", str(cell.seed), "--out", str(cell_dir), "--group-key", cell.group]
-            if self.traces:
-                command += ["--trace-dir", str(cell_dir / "traces")]
-            return command + list(self.args) + list(extra)
+            command = [python, "-m", CPU_MODULE, "--only", "--seeds", str(cell.seed), "--out", str(cell_dir)]
+            ours = reuse_flags(policy=cell.policy, lenience=cell.lenience, params=cell.params, trace_dir=traces)
+            return command + ours + list(self.args) + list(extra)
+        preset, preset_lenience = split_lenience(read_args_file(self.configs_dir / f"{cell.preset}.args"))
+        lenience = cell.lenience
+        if lenience is None and cell.policy in self.lenient:  # the paper's lenience for this algorithm
+            lenience = preset_lenience
         command = [python, "-m", OPENRLHF_MODULE]
         command += read_args_file(self.configs_dir / "common.args")
         if self.layout:
             command += read_args_file(self.configs_dir / f"{self.layout}.args")
-        command += read_args_file(self.configs_dir / f"{cell.preset}.args")
+        command += preset
         if "--reward.remote_url" not in self.args and "--reward.remote_url" not in extra:
             command += ["--reward.remote_url", str(REWARD_FILE)]
         command += list(self.args) + list(extra)
-        command += ["--rollout_reuse", cell.policy, *lenience, "--train.seed", str(cell.seed)]
+        command += reuse_flags(policy=cell.policy, lenience=lenience, params=cell.params, trace_dir=traces)
+        command += ["--train.seed", str(cell.seed)]
         command += ["--ckpt.path", str(cell_dir / "ckpt"), "--logger.tensorboard_dir", str(cell_dir / "tensorboard")]
-        command += ["--logger.wandb.run_name", f"{self.name}-{cell.name}"]
-        if self.traces:
-            command += ["--reuse.trace_dir", str(cell_dir / "traces")]
+        command += ["--logger.wandb.group", self.name, "--logger.wandb.run_name", f"{self.name}-{cell.name}"]
         return command
+
+
+def split_lenience(words: list[str]) -> tuple[list[str], float | None]:
+    """A preset's flags without its `--lenience VALUE` (the paper's lenience for that algorithm), and that value. The
+    grid gives it to the cells whose rule takes a lenience: `--lenience` is an error for the others."""
+    if "--lenience" not in words:
+        return words, None
+    i = words.index("--lenience")
+    return words[:i] + words[i + 2 :], float(words[i + 1])
 
 
 def read_args_file(path: Path) -> list[str]:
@@ -176,6 +210,8 @@ def parse_lenience(value, where: str) -> tuple[float, str]:
             number, label = (math.exp(float(match.group(1))), f"e{match.group(1)}") if match else (float(text), text)
         except ValueError:
             raise GridError(f"{where}: lenience {value!r} is not a number; write 1.65, e^0.5 or exp(0.5)") from None
+    from .policies import check_lenience
+
     try:
         check_lenience(where, number)
     except (TypeError, ValueError) as error:
@@ -216,10 +252,14 @@ def load_grid(path: str | Path) -> Grid:
         seeds=tuple(_seed(s, f"{where}: seeds") for s in _list(data, "seeds", where, default=[0])),
         traces=_bool(data.get("traces", False), f"{where}: traces"),
         sweep=tuple(
-            _sweep_entry(entry, f"{where}: sweep[{i}]") for i, entry in enumerate(_list(data, "sweep", where))
+            _sweep_entry(entry, f"{where}: sweep[{i}]", path.parent)
+            for i, entry in enumerate(_list(data, "sweep", where))
         ),
         args=tuple(_args(data.get("args") or {}, f"{where}: args", runner)),
     )
+    from .policies import takes_lenience
+
+    grid = dataclasses.replace(grid, lenient=frozenset(p for p, _, _ in grid.sweep if takes_lenience(p)))
     if runner == "openrlhf":
         needed = [("common", "common.args")] + [(f"presets: {p}", f"{p}.args") for p in grid.presets]
         if grid.layout:
@@ -260,13 +300,20 @@ def _seed(value, where: str) -> int:
     return value
 
 
+def _int(text: str, where: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise GridError(f"{where}: {text!r} is not a seed; seeds are integers >= 0, e.g. 0,1,2") from None
+
+
 def _bool(value, where: str) -> bool:
     if not isinstance(value, bool):
         raise GridError(f"{where}: {value!r} is not true or false")
     return value
 
 
-def _sweep_entry(entry, where: str) -> tuple[str, tuple]:
+def _sweep_entry(entry, where: str, base: Path) -> tuple[str, tuple]:
     if isinstance(entry, (str, bool)):
         entry = {"policy": entry}
     if not isinstance(entry, dict):
@@ -274,7 +321,10 @@ def _sweep_entry(entry, where: str) -> tuple[str, tuple]:
     _check_keys(entry, SWEEP_KEYS, where)
     if "policy" not in entry:
         raise GridError(f"{where}: `policy` is missing; name a policy such as spec")
-    policy = "off" if entry["policy"] is False else absolute_reference(str(entry["policy"]))  # YAML: off is false
+    from .policies import PluginError, UnknownPolicyError, policy_class
+
+    # YAML reads `off` as false; a rule file is found relative to the grid file
+    policy = "off" if entry["policy"] is False else absolute_reference(str(entry["policy"]), base)
     try:
         cls = policy_class(policy)
     except (UnknownPolicyError, PluginError) as error:
@@ -323,9 +373,10 @@ def _args(args, where: str, runner: str) -> list[str]:
                 words += [_number(v) for v in value] if isinstance(value, list) else [_number(value)]
     else:
         raise GridError(f"{where}: give flags as a mapping such as {{--actor.model_name_or_path: MODEL}}")
+    forbidden = cell_flag_names(runner)
     for word in words:
         flag = word.split("=", 1)[0]
-        if flag in CELL_FLAGS[runner]:
+        if flag in forbidden:
             raise GridError(f"{where}: {flag} is set per cell by the grid; remove it from `args`")
     if words and not words[0].startswith("--"):
         raise GridError(f"{where}: {words[0]!r} is not a flag; flags start with --")
@@ -389,6 +440,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("grid", help="a grid file, e.g. configs/grids/lenience.yaml")
     parser.add_argument("--out", default=None, help="folder of the cells (default: runs/grids/<grid name>)")
+    parser.add_argument("--seeds", default=None, help="seeds to run, replacing the grid's (e.g. 0,1,2)")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--dry-run", action="store_true", help="print one training command per cell, run nothing")
     what.add_argument("--emit", choices=["ray-job"], default=None, help="print one `ray job submit` per cell")
@@ -397,6 +449,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     try:
         grid = load_grid(args.grid)
+        if args.seeds:
+            grid = grid.with_seeds([_seed(_int(s, "--seeds"), "--seeds") for s in args.seeds.split(",")])
         if extra:
             _args(extra, "flags after --", grid.runner)
     except GridError as error:

@@ -41,6 +41,10 @@ class ReuseStats:
     drift_sum: float = 0.0  # log p_curr - log p_gen: drift since the token was decoded
     reused_age_sum: float = 0.0  # over kept tokens: visits since each was decoded
     reused_old_tokens: int = 0  # kept tokens decoded more than two visits ago
+    resampled_tokens: int = 0  # rejected positions redrawn from the residual (lossless)
+    residual_tail_sum: float = 0.0  # over them: probability mass the top-k lists left out, a bound on the bias
+    residual_fallbacks: int = 0  # redrawn from p_curr because the seen residual was empty
+    resample_unavailable: int = 0  # rejections left to the engine: the draft carried no top-k (another rule wrote it)
     lenience_sum: float = 0.0  # sum over drafts of the (finite) lenience the rule applied to them
     invalid_drafts: int = 0  # drafts cut short because they held token ids the engine rejects
     cached_prompt_tokens: int = 0  # continuation prompt tokens served from vLLM's prefix cache
@@ -84,6 +88,10 @@ class ReuseStats:
             f"{PREFIX}drift_since_decode": ratio(self.drift_sum, self.scored_tokens),
             f"{PREFIX}reused_token_age": ratio(self.reused_age_sum, self.reused_tokens),
             f"{PREFIX}reused_older_than_2": ratio(self.reused_old_tokens, self.reused_tokens),
+            f"{PREFIX}resampled_tokens": float(self.resampled_tokens),
+            f"{PREFIX}residual_tail_mass": ratio(self.residual_tail_sum, self.resampled_tokens),
+            f"{PREFIX}residual_fallbacks": float(self.residual_fallbacks),
+            f"{PREFIX}resample_unavailable": float(self.resample_unavailable),
             f"{PREFIX}lenience": ratio(self.lenience_sum, self.drafts_found),
             f"{PREFIX}invalid_drafts": float(self.invalid_drafts),
             f"{PREFIX}cached_prompt_tokens": float(self.cached_prompt_tokens),

@@ -3,19 +3,21 @@ spec exact random my_rule.py:MyRule`. No engine: each rule cuts the recorded dra
 so replaying the rule a run used reproduces that run's cuts, and any other rule sees the very same drafts.
 
 What replay can't know is what a continuation would have generated: "decoded tokens saved" counts the draft tokens
-a rule keeps, which the engine would otherwise have decoded.
+a rule keeps, which the engine would otherwise have decoded. What it can show is how stale a rule's kept tokens are:
+their mean log p_curr / p_gen (the drift since they were decoded) and the share decoded more than two visits ago.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from .adaptive import FeedbackCoordinator
 from .policies import ReusePolicy
-from .rollout import draft_batch
+from .rollout import checked_cuts, draft_batch
+from .staleness import OLD_AGE
 from .trace import TraceRecords, uniforms_for
 
 
@@ -30,6 +32,8 @@ class ReplayResult:
     draft_tokens: int
     reused_tokens: int  # = decoded tokens saved
     fully_reused: int  # drafts kept whole that needed no continuation
+    kept_drift: float = float("nan")  # over kept tokens: mean log p_curr - log p_gen (NaN: none scored)
+    kept_old: float = 0.0  # over kept tokens: the share decoded more than two visits ago
     seconds: float = 0.0
 
     @property
@@ -50,12 +54,19 @@ def tally(name: str, records: TraceRecords, cuts: np.ndarray) -> ReplayResult:
     stop condition or filled the sample's budget (the rollout then skips generation, as here)."""
     whole = cuts == records.lengths
     complete = records.draft_ended | (records.lengths >= records.budget)
+    kept = np.zeros(len(records.draft_logprobs), bool)  # [sum L]: the tokens the cuts keep
+    for r, cut in enumerate(cuts.tolist()):
+        kept[records.offsets[r] : records.offsets[r] + cut] = True
+    drift = records.scored_logprobs[kept].astype(np.float64) - records.gen_logprobs[kept]
+    drift = drift[np.isfinite(drift)]
     return ReplayResult(
         rule=name,
         drafts=len(records),
         draft_tokens=int(records.lengths.sum()),
         reused_tokens=int(cuts.sum()),
         fully_reused=int((whole & complete).sum()),
+        kept_drift=float(drift.mean()) if len(drift) else float("nan"),
+        kept_old=float((records.ages[kept] > OLD_AGE).mean()) if kept.any() else 0.0,
     )
 
 
@@ -83,7 +94,7 @@ def replay(
             uniforms=[uniforms_for(records.entropy[r], int(records.lengths[r])) for r in rows],
             scored_logprobs=[records.row("scored_logprobs", r) for r in rows] if policy.needs_scores else None,
         )
-        batch_cuts = torch.minimum(policy.cut(batch).long().clamp(min=0), batch.lengths)
+        batch_cuts = checked_cuts(policy, batch, policy.cut(batch))
         if coordinator is not None:
             coordinator.report(policy.feedback(batch, batch_cuts), len(rows))
         cuts[start : rows.stop] = batch_cuts.numpy()
@@ -95,12 +106,26 @@ def format_table(results: list[ReplayResult], records: TraceRecords) -> str:
         f"{len(records)} traced drafts, {int(records.lengths.sum())} draft tokens "
         f"(recorded by: {', '.join(p for p in records.policies if p)})",
         "",
-        "| rule | reuse ratio | mean verified prefix | full-reuse ratio | decoded tokens saved | replay s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| rule | reuse ratio | mean verified prefix | full-reuse ratio | decoded tokens saved "
+        "| kept: log p_curr/p_gen | kept: older than 2 visits | replay s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
         lines.append(
             f"| {r.rule} | {r.reuse_ratio:.3f} | {r.mean_verified_prefix:.1f} | {r.full_reuse_ratio:.3f} | "
-            f"{r.reused_tokens} | {r.seconds:.2f} |"
+            f"{r.reused_tokens} | {r.kept_drift:.4f} | {r.kept_old:.3f} | {r.seconds:.2f} |"
         )
     return "\n".join(lines)
+
+
+def csv_rows(results: list[ReplayResult]) -> list[dict]:
+    """One row per rule, with the derived ratios, for `--csv`."""
+    return [
+        {
+            **dataclasses.asdict(r),
+            "reuse_ratio": r.reuse_ratio,
+            "mean_verified_prefix": r.mean_verified_prefix,
+            "full_reuse_ratio": r.full_reuse_ratio,
+        }
+        for r in results
+    ]

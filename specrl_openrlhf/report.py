@@ -1,10 +1,14 @@
 """`python -m specrl_openrlhf.report RUNS_DIR`: the paper's tables from the metrics of every run under a folder.
 
-It reads two kinds of runs:
+It reads three kinds of runs:
 - our CPU runs (`metrics.json`, written by the quickstart and by `python -m specrl_openrlhf.grid` cells);
 - OpenRLHF runs' TensorBoard logs (`--logger.tensorboard_dir`), with TensorBoard's own event reader. Their cell
   (policy, lenience, seed, group) comes from the `cell.json` the grid runner writes beside the log, or from
-  `args.json`.
+  `args.json`;
+- wandb run folders (`wandb/offline-run-*`, `wandb/run-*`), read from disk (`wandb_logs`): the run's name, group
+  and config say its cell.
+A run found twice (a quickstart's metrics.json and its own TensorBoard or wandb logs) is reported once, from
+metrics.json.
 
 Both become the same rows: `step_row` turns one step of OpenRLHF-shaped logs (means over samples, as OpenRLHF's
 trainer logs them) into totals and per-draft means, for our runs and OpenRLHF's alike. The report prints the
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .metrics import PER_DRAFT_METRICS, STALENESS_METRICS
-from .policies import short_name
+from .references import short_name
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +55,15 @@ STAGES = {  # OpenRLHF's timing keys -> our stage names
     "timing/ppo_train": "train_s",
     "timing/broadcast": "sync_s",  # the weight sync
 }
-SUMMED = ("decoded_tokens", "reused_tokens", "draft_tokens", "scored_tokens", "drafts_found", "fallbacks")
+SUMMED = (
+    "decoded_tokens",
+    "reused_tokens",
+    "draft_tokens",
+    "scored_tokens",
+    "drafts_found",
+    "fallbacks",
+    "resampled_tokens",
+)
 # t quantiles for two-sided 95% intervals, by degrees of freedom (1-30); beyond, the normal's
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
 T_975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
@@ -142,7 +154,7 @@ def load_cpu_metrics(path: Path) -> list[RunSeries]:
                 lenience=info.get("lenience"),
                 group=cell.get("group") or (group if isinstance(group, str) else f"{path.parent}#{group}"),
                 source=str(path),
-                method=info.get("method", ""),
+                method=cell.get("method") or info.get("method", ""),
                 regime=cell.get("regime") or info.get("regime", ""),
                 seed=cell.get("seed", info.get("seed", data.get("settings", {}).get("seed"))),
                 steps=[r for r in rows if r.get("kind") == "step"],
@@ -179,8 +191,9 @@ def load_tensorboard_run(directory: Path) -> RunSeries | None:
     return series_from_scalars(scalars, directory)
 
 
-def series_from_scalars(scalars: dict[str, dict[int, float]], directory: Path) -> RunSeries:
-    """A run from OpenRLHF's logged scalars ({'train/...' or 'eval/...': {step: value}}), whatever stored them."""
+def series_from_scalars(scalars: dict[str, dict[int, float]], directory: Path, cell: dict | None = None) -> RunSeries:
+    """A run from OpenRLHF's logged scalars ({'train/...' or 'eval/...': {step: value}}), whatever stored them;
+    `cell` says which run it is (default: the `cell.json` or `args.json` near `directory`)."""
     train = {tag.removeprefix("train/"): values for tag, values in scalars.items() if tag.startswith("train/")}
     steps = sorted({s for key in ("rollout/num_samples", "timing/generation") for s in train.get(key, {})})
     rows = [step_row(step, {k: v[step] for k, v in train.items() if step in v}) for step in steps]
@@ -189,7 +202,7 @@ def series_from_scalars(scalars: dict[str, dict[int, float]], directory: Path) -
         dataset = tag.removeprefix("eval/").removeprefix("eval_").removesuffix("_pass1")
         for step, value in scalars[tag].items():
             evals.setdefault(step, {"step": step})[dataset] = value
-    cell = read_cell(directory)
+    cell = read_cell(directory) if cell is None else cell
     lenience = cell.get("lenience")
     applied = [row["lenience"] for row in rows if row.get("lenience")]
     if lenience is None and applied:  # the preset's lenience: the run logged what it applied
@@ -221,17 +234,47 @@ def read_cell(directory: Path) -> dict:
     return {}
 
 
+def load_wandb_run(folder: Path) -> RunSeries | None:
+    """A run from a wandb run folder: OpenRLHF's WandbLogger logs what its TensorboardLogger does."""
+    from . import wandb_logs
+
+    scalars = wandb_logs.scalars(folder)
+    if not scalars:
+        return None
+    info = wandb_logs.run_info(folder)
+    config = info["config"]
+    cell = read_cell(folder) or {
+        "name": info.get("name") or config.get("name"),
+        "group": info.get("group") or config.get("group"),
+        **{k: config[k] for k in ("policy", "lenience", "method", "regime", "seed") if k in config},
+    }
+    if "policy" not in cell and "rollout_reuse" in config:  # an OpenRLHF run: its own arguments
+        cell.update(policy=config["rollout_reuse"], lenience=config.get("lenience"))
+    return series_from_scalars(scalars, folder, {k: v for k, v in cell.items() if v is not None})
+
+
 def discover(root: Path) -> list[RunSeries]:
-    """Every run under `root`: metrics.json files and folders holding TensorBoard event files."""
+    """Every run under `root`: metrics.json files, folders holding TensorBoard event files, wandb run folders."""
+    from . import wandb_logs
+
     runs: list[RunSeries] = []
     for path in sorted(root.rglob("metrics.json")):
         try:
             runs.extend(load_cpu_metrics(path))
         except (OSError, ValueError, KeyError) as error:
             logger.warning("skipping %s: %s", path, error)
-    for folder in sorted({p.parent for p in root.rglob("events.out.tfevents.*")}):
-        run = load_tensorboard_run(folder)
-        if run is not None:
+    seen = {(run.name, run.group) for run in runs}
+    logged = [
+        (folder, load_tensorboard_run) for folder in sorted({p.parent for p in root.rglob("events.out.tfevents.*")})
+    ]
+    logged += [(folder, load_wandb_run) for folder in wandb_logs.run_folders(root)]
+    for folder, load in logged:
+        try:
+            run = load(folder)
+        except (OSError, ValueError) as error:
+            logger.warning("skipping %s: %s", folder, error)
+            continue
+        if run is not None and (run.name, run.group) not in seen:
             runs.append(run)
     return runs
 
@@ -563,7 +606,7 @@ def main(argv=None) -> int:
         parser.error(f"RUNS_DIR {root}: no such folder")
     runs = discover(root)
     if not runs:
-        parser.error(f"RUNS_DIR {root}: no metrics.json or TensorBoard event files under it")
+        parser.error(f"RUNS_DIR {root}: no metrics.json, TensorBoard event files or wandb runs under it")
     files = write_report(runs, Path(args.out) if args.out else root / "report")
     rows = table_rows(runs)
     print(markdown(rows))

@@ -19,6 +19,7 @@ from .adaptive import FeedbackBuffer
 from .cache import Draft
 from .metrics import ReuseStats
 from .policies import DraftBatch, ReusePolicy
+from .residual import draw, residual, top_k_of
 from .staleness import reused_token_sums, scored_token_sums
 from .trace import TraceWriter, uniforms_for
 
@@ -28,22 +29,29 @@ REUSED_LOGPROBS = ("auto", "scored", "draft")
 SCORING_MODES = ("chunked", "full")
 MAX_NEXT_TOKEN_IDS = 128  # vLLM's cap on `logprob_token_ids`
 MAX_POINT_PROBES = 4  # more positions missing than this: rescore them without reading the prefix cache
+RESIDUAL_STREAM = 1  # entropy suffix of the uniform that draws a rejected position from the residual
 
 
 class UnsupportedSamplingError(ValueError):
     """Sampling settings under which p_prev and p_curr would describe different distributions."""
 
 
-def check_sampling(policy: ReusePolicy, **settings) -> None:
-    """Fail unless the scored (always raw) logprobs describe the distribution samples are drawn from.
+def check_sampling(
+    policy: ReusePolicy, *, min_tokens: int = 0, processed_logprobs: bool = False, **settings
+) -> list[str]:
+    """Fail unless the scored (always raw) logprobs describe the distribution samples are drawn from; return
+    warnings for what is close but not exact.
 
     vLLM's prompt logprobs, which scoring uses, are raw: temperature 1, no top-p/top-k/min-p, no penalties. A
     lenient ratio between a raw p_curr and a tempered or truncated p_prev is meaningless, so policies that score
-    drafts need plain sampling. Policies that do not score (random, full, off) accept any settings.
+    drafts need plain sampling. Policies that do not score (random, full, off) accept any settings. With
+    `min_tokens` > 0 the engine masks EOS at the first positions; when the engine reports processed logprobs (as
+    OpenRLHF sets it for the IS correction), a draft's p_prev there is renormalised without EOS while the scored
+    p_curr is not: their ratio is off by 1 - p(EOS) at those positions, which the warning says.
     Keyword arguments are SamplingParams fields (temperature, top_p, top_k, min_p and the penalties).
     """
     if not policy.needs_scores:
-        return
+        return []
     plain = {
         "temperature": (1.0,),
         "top_p": (1.0, None),
@@ -62,6 +70,13 @@ def check_sampling(policy: ReusePolicy, **settings) -> None:
             f"temperature 1.0, top_p 1.0 and top_k -1 (the paper's setting, --rollout.temperature 1.0 "
             f"--rollout.top_p 1.0), or pick a policy that does not score drafts (random, full, off)."
         )
+    if min_tokens and processed_logprobs:
+        return [
+            f"the engine masks EOS at the first {min_tokens} position(s) (min_tokens) and reports processed logprobs: "
+            "there a draft's p_prev is renormalised without EOS and p_curr is not, so their ratio is off by "
+            "1 - p(EOS), which is negligible unless responses often end at once"
+        ]
+    return []
 
 
 @dataclass
@@ -88,9 +103,16 @@ class Sample:
     uniforms: np.ndarray | None = None  # [L] float64
     entropy: tuple[int, ...] = ()  # what the uniforms were drawn from (traces store it)
     ages_now: np.ndarray | None = None  # [L] int64, visits since each draft token was decoded, counting this one
+    scored_top: tuple[np.ndarray, np.ndarray] | None = None  # ([L, k] ids, [L, k] logprobs) of p_curr (lossless)
     cut: int = 0
     decided: bool = False  # the cut is final
+    resampled: tuple[int, float] | None = None  # the rejected position, redrawn from the residual: (token, log p_curr)
     stats: ReuseStats = field(default_factory=ReuseStats)
+
+    @property
+    def prefix_len(self) -> int:
+        """Tokens the continuation starts after: the verified prefix, and the redrawn token if there is one."""
+        return self.cut + (self.resampled is not None)
 
     @property
     def draft_len(self) -> int:
@@ -179,7 +201,9 @@ class SpeculativePlanner:
         trace: where to record every cut draft (`--reuse.trace_dir`), or None. Traces need p_curr of whole drafts, so
             tracing scores drafts in one piece.
         scoring: "chunked" (score drafts in chunks for rules whose first rejection decides the cut, reading the
-            prefix cache) or "full" (every draft in one request that never reads the prefix cache).
+            prefix cache) or "full" (every draft in one request that never reads the prefix cache). A rule that redraws
+            rejected positions (`resample_top_k`) is scored in full: it needs p_curr's top-k at every scored position.
+        stop_token_ids: tokens that end a response (EOS): a redrawn token among them completes the sample.
     """
 
     def __init__(
@@ -192,6 +216,7 @@ class SpeculativePlanner:
         max_model_len: int | None = None,
         trace: TraceWriter | None = None,
         scoring: str = "chunked",
+        stop_token_ids=(),
     ):
         if reused_logprobs not in REUSED_LOGPROBS:
             raise ValueError(f"reused_logprobs must be one of {REUSED_LOGPROBS}, got {reused_logprobs!r}")
@@ -205,12 +230,16 @@ class SpeculativePlanner:
             reused_logprobs = "scored" if policy.needs_scores else "draft"
         self.reused_logprobs = reused_logprobs
         self.scores_drafts = policy.needs_scores or reused_logprobs == "scored"
+        self.top_k = int(policy.resample_top_k)
+        if self.top_k:
+            scoring = "full"
         self.read_cache = scoring == "chunked"
         self.chunks = (
             ChunkSchedule()
             if scoring == "chunked" and policy.needs_scores and policy.prefix_decidable and trace is None
             else None
         )
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.trace = trace
         self.feedback = FeedbackBuffer()  # a stateful rule's reports, until the rollout sends them on
 
@@ -226,11 +255,12 @@ class SpeculativePlanner:
         if self.max_model_len is not None:
             limit = min(limit, self.max_model_len - len(sample.prompt_ids) - 1)
         tokens = draft.token_ids[: max(limit, 0)]
-        if self.max_token_id is not None:
-            invalid = np.flatnonzero((tokens < 0) | (tokens > self.max_token_id))
-            if len(invalid):
-                sample.stats.invalid_drafts = 1
-                tokens = tokens[: invalid[0]]
+        invalid = ~np.isfinite(draft.logprobs[: len(tokens)]) | ~np.isfinite(draft.gen_logprobs[: len(tokens)])
+        if self.max_token_id is not None:  # ids the engine would refuse as prompt tokens
+            invalid |= (tokens < 0) | (tokens > self.max_token_id)
+        if invalid.any():  # a corrupt draft (a bad id, a NaN logprob) is used up to its first bad token
+            sample.stats.invalid_drafts = 1
+            tokens = tokens[: np.flatnonzero(invalid)[0]]
         if len(tokens) == 0:
             return sample
         sample.draft_ended = len(tokens) == len(draft) and draft.finish_reason == "stop"
@@ -242,6 +272,11 @@ class SpeculativePlanner:
         sample.uniforms = uniforms_for(sample.entropy, len(tokens))
         if self.scores_drafts:
             sample.scored = np.full(len(tokens), np.nan, np.float32)
+        if self.top_k:
+            sample.scored_top = (
+                np.full((len(tokens), self.top_k), -1, np.int32),
+                np.full((len(tokens), self.top_k), -np.inf, np.float32),
+            )
         return sample
 
     # ---- step 2: scoring ----------------------------------------------------------------------------------------
@@ -313,7 +348,11 @@ class SpeculativePlanner:
         tokens = sample.draft.token_ids
         for position in range(first, request.end):
             if np.isnan(sample.scored[position]):
-                sample.scored[position] = prompt_logprobs[offset + position][int(tokens[position])].logprob
+                entries = prompt_logprobs[offset + position]
+                sample.scored[position] = entries[int(tokens[position])].logprob
+                if sample.scored_top is not None:
+                    top = top_k_of(entries, self.top_k)
+                    sample.scored_top[0][position], sample.scored_top[1][position] = top
         if request.next_token_ids and request.end < sample.draft_len:
             sample.scored[request.end] = next_logprobs[int(tokens[request.end])].logprob
         if first < request.end and np.isnan(sample.scored[first : request.end]).any():
@@ -371,10 +410,7 @@ class SpeculativePlanner:
             return
         lengths = np.array([s.scored_upto if needs_scores else s.draft_len for s in ready], np.int64)  # [B]
         batch = batch_of(ready, lengths, needs_scores)
-        cuts = self.policy.cut(batch)
-        if cuts.shape != batch.lengths.shape:
-            raise ValueError(f"policy {self.policy.name!r} returned cuts of shape {tuple(cuts.shape)}, want [B]")
-        cuts = torch.minimum(cuts.long().clamp(min=0), batch.lengths).tolist()  # a plugin must never overrun a draft
+        cuts = checked_cuts(self.policy, batch, self.policy.cut(batch)).tolist()
         decided = []
         for s, cut, seen in zip(ready, cuts, lengths.tolist()):
             if needs_scores and cut == seen < s.draft_len:
@@ -397,6 +433,8 @@ class SpeculativePlanner:
             if self.chunks is not None:  # tokens past the first rejection tell nothing about the rate
                 rejected = s.cut < s.draft_len
                 self.chunks.observe(min(s.scored_upto, s.cut + rejected), rejected)
+            if self.top_k and s.cut < s.draft_len:
+                self._resample(s)
             if self.trace is not None:
                 self.trace.record(
                     s.draft, s.scored, s.ages_now, s.max_tokens, s.draft_ended, s.entropy, s.cut, lenience
@@ -405,6 +443,46 @@ class SpeculativePlanner:
             lengths = np.array([s.draft_len for s in decided], np.int64)
             batch = batch_of(decided, lengths, self.policy.needs_scores)
             self.feedback.add(self.policy.feedback(batch, torch.tensor([s.cut for s in decided])), len(decided))
+
+    def _resample(self, sample: Sample) -> None:
+        """Redraw the rejected position from the residual norm(max(0, p_curr - p_prev)) (see `residual`). A draft
+        without p_prev's top-k (written by another rule, or restored from an older cache) leaves the position to the
+        engine, as in SPEC-RL, and is counted."""
+        position = sample.cut
+        if sample.draft.top_ids is None or sample.scored_top is None or (sample.scored_top[0][position] < 0).all():
+            sample.stats.resample_unavailable += 1
+            return
+        tokens, probs, tail, empty = residual(
+            sample.scored_top[0][position],
+            sample.scored_top[1][position],
+            sample.draft.top_ids[position],
+            sample.draft.top_logprobs[position],
+        )
+        u = float(uniforms_for((*sample.entropy, RESIDUAL_STREAM), 1)[0])
+        token = draw(tokens, probs, u)
+        row = sample.scored_top
+        logprob = float(row[1][position][list(row[0][position]).index(token)])
+        sample.resampled = (token, logprob)
+        sample.stats.resampled_tokens += 1
+        sample.stats.residual_tail_sum += tail
+        sample.stats.residual_fallbacks += int(empty)
+
+    def _next_top(self, sample: Sample, length: int, new_top) -> tuple[np.ndarray, np.ndarray]:
+        """The next draft's top-k per token: p_curr's from scoring for the kept prefix and the redrawn position, the
+        continuation's own from decoding after them (empty rows where the engine gave none)."""
+        k, cut = self.top_k, sample.cut
+        parts = (
+            [_top_rows(sample.scored_top, 0, cut + (sample.resampled is not None), cut, k)]
+            if cut or sample.resampled
+            else []
+        )
+        decoded = length - sample.prefix_len
+        parts.append(
+            _top_rows(new_top, 0, decoded, decoded, k) if new_top is not None else _top_rows(None, 0, 0, decoded, k)
+        )
+        ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, k), np.int32)
+        logprobs = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, k), np.float32)
+        return ids, logprobs
 
     def _meter(self, sample: Sample) -> None:
         """The scored tokens' stats and the staleness meter (see `staleness`), into the sample's stats."""
@@ -426,13 +504,17 @@ class SpeculativePlanner:
     # ---- step 4: continuation -----------------------------------------------------------------------------------
 
     def continuation(self, sample: Sample) -> tuple[list[int], int] | None:
-        """(prompt + verified prefix, remaining token budget), or None when the verified prefix is complete."""
+        """(prompt + verified prefix [+ redrawn token], remaining token budget), or None when that is complete."""
         if sample.draft is not None and sample.cut == sample.draft_len and sample.draft_ended:
             return None
-        remaining = sample.max_tokens - sample.cut
+        if sample.resampled is not None and sample.resampled[0] in self.stop_token_ids:
+            return None
+        remaining = sample.max_tokens - sample.prefix_len
         if remaining <= 0:
             return None
         prefix = sample.draft.token_ids[: sample.cut].tolist() if sample.cut else []
+        if sample.resampled is not None:
+            prefix.append(sample.resampled[0])
         return sample.prompt_ids + prefix, remaining
 
     # ---- step 5: assembly ---------------------------------------------------------------------------------------
@@ -445,13 +527,23 @@ class SpeculativePlanner:
         finish_reason: str | None = None,
         *,
         want_logprobs: bool = True,
+        new_top: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[SampleOutput, Draft]:
-        """Verified prefix + continuation, and the draft to store for the next visit.
+        """Verified prefix [+ redrawn token] + continuation, and the draft to store for the next visit.
 
-        `finish_reason` is the continuation's; it is derived from the draft when nothing was generated.
+        `finish_reason` is the continuation's; it is derived from the draft when nothing was generated. `new_top`:
+        the continuation's top-k per token ([n, k] ids and logprobs), which rules that redraw rejected positions keep.
         """
         cut = sample.cut
         new_token_ids = list(new_token_ids)
+        if new_logprobs is None:
+            new_logprobs = [math.nan] * len(new_token_ids)
+        if len(new_logprobs) != len(new_token_ids):
+            raise ValueError(f"continuation has {len(new_token_ids)} tokens but {len(new_logprobs)} logprobs")
+        redrawn = [] if sample.resampled is None else [sample.resampled[0]]
+        if redrawn:  # the redrawn token leads the generated part: it was sampled now, from the current policy
+            new_token_ids = redrawn + new_token_ids
+            new_logprobs = [sample.resampled[1], *new_logprobs]
         if sample.draft is not None and cut:
             prefix_ids = sample.draft.token_ids[:cut].tolist()
             stored_prefix_lp = sample.scored[:cut] if sample.scored is not None else sample.draft.logprobs[:cut]
@@ -463,28 +555,55 @@ class SpeculativePlanner:
             prefix_ids, stored_prefix_lp = [], np.zeros(0, np.float32)
             reported_prefix_lp = stored_prefix_lp
             prefix_gen, prefix_ages = stored_prefix_lp, np.zeros(0, np.int64)
-        if new_logprobs is None:
-            new_logprobs = [math.nan] * len(new_token_ids)
-        if len(new_logprobs) != len(new_token_ids):
-            raise ValueError(f"continuation has {len(new_token_ids)} tokens but {len(new_logprobs)} logprobs")
-        if finish_reason is None:  # nothing generated
-            finish_reason = "stop" if (sample.draft_ended and cut == sample.draft_len) else "length"
+        if finish_reason is None:  # nothing generated by the engine
+            complete = (sample.draft_ended and cut == sample.draft_len) or (
+                redrawn and redrawn[0] in self.stop_token_ids
+            )
+            finish_reason = "stop" if complete else "length"
         token_ids = prefix_ids + new_token_ids
         new_lp = np.asarray(new_logprobs, dtype=np.float32)
+        top_ids = top_logprobs = None
+        if self.top_k:
+            top_ids, top_logprobs = self._next_top(sample, len(token_ids), new_top)
         next_draft = Draft(
             np.asarray(token_ids, np.int32),
             np.concatenate([stored_prefix_lp, new_lp]),
             finish_reason,
             gen_logprobs=np.concatenate([prefix_gen, new_lp]),
             ages=np.concatenate([prefix_ages, np.zeros(len(new_lp), np.int64)]),
+            top_ids=top_ids,
+            top_logprobs=top_logprobs,
         )
         self._meter(sample)
-        sample.stats.decoded_tokens = len(new_token_ids)
+        sample.stats.decoded_tokens = len(new_token_ids) - len(redrawn)
         sample.stats.fully_reused = int(sample.draft is not None and not new_token_ids)
         reported = np.concatenate([reported_prefix_lp, new_lp]).tolist() if want_logprobs else None
         draft_id = None if sample.draft is None else (sample.draft.visit, sample.draft.index)
         output = SampleOutput(token_ids, reported, finish_reason, cut, sample.stats, draft_id)
         return output, next_draft
+
+
+def _top_rows(top, start: int, end: int, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [start, end) of a ([L, k] ids, [L, k] logprobs) pair, or `rows` empty rows when there is none."""
+    if top is None:
+        return np.full((rows, k), -1, np.int32), np.full((rows, k), -np.inf, np.float32)
+    return top[0][start:end], top[1][start:end]
+
+
+def checked_cuts(policy: ReusePolicy, batch: DraftBatch, cuts) -> torch.Tensor:
+    """A rule's cuts, [B] int64, once they are known to keep its contract: one integer per draft, 0 <= cut <= length.
+    Anything else is the rule's bug, raised with its name: the rollout then generates the batch normally."""
+    name = policy.describe()
+    if not isinstance(cuts, torch.Tensor) or cuts.shape != batch.lengths.shape:
+        shape = tuple(cuts.shape) if isinstance(cuts, torch.Tensor) else type(cuts).__name__
+        raise ValueError(f"rule {name} returned cuts of shape {shape}, want [B] = {tuple(batch.lengths.shape)}")
+    if cuts.is_floating_point():
+        if not torch.isfinite(cuts).all() or (cuts != torch.round(cuts)).any():
+            raise ValueError(f"rule {name} returned cuts that are not whole numbers (NaN, inf or fractions)")
+    cuts = cuts.long()
+    if (cuts < 0).any() or (cuts > batch.lengths).any():
+        raise ValueError(f"rule {name} returned cuts outside [0, draft length]")
+    return cuts
 
 
 def batch_of(samples: list[Sample], lengths: np.ndarray, with_scores: bool) -> DraftBatch:
@@ -501,7 +620,8 @@ def batch_of(samples: list[Sample], lengths: np.ndarray, with_scores: bool) -> D
 
 def draft_batch(lengths, *, draft_logprobs, gen_logprobs, ages, uniforms, scored_logprobs=None) -> DraftBatch:
     """Right-padded tensors of rows given as 1-D arrays (each at least as long as its row's length): the one way the
-    rollout and replay build what a rule sees. NaN p_curr (not scored) becomes 0.0, like padding."""
+    rollout and replay build what a rule sees. Padding is 0; p_curr stays NaN where a row was not scored (only a
+    stateful rule's `feedback` sees such rows: whole drafts, scored up to where the rule decided)."""
     lengths = np.asarray(lengths, np.int64)  # [B]
     rows, width = len(lengths), int(lengths.max()) if len(lengths) else 0
 
@@ -511,13 +631,9 @@ def draft_batch(lengths, *, draft_logprobs, gen_logprobs, ages, uniforms, scored
             out[row, :length] = array[:length]
         return torch.from_numpy(out)
 
-    scored = None
-    if scored_logprobs is not None:
-        scored = padded(scored_logprobs, np.float32)
-        scored = torch.nan_to_num(scored, nan=0.0)
     return DraftBatch(
         draft_logprobs=padded(draft_logprobs, np.float32),
-        scored_logprobs=scored,
+        scored_logprobs=None if scored_logprobs is None else padded(scored_logprobs, np.float32),
         lengths=torch.from_numpy(lengths),
         uniforms=padded(uniforms, np.float64),
         gen_logprobs=padded(gen_logprobs, np.float32),

@@ -11,9 +11,7 @@ import specrl_openrlhf as sr
 from specrl_openrlhf.adaptive import FeedbackBuffer, FeedbackCoordinator
 from specrl_openrlhf.policies import policy_class
 
-from .policies.test_registry import REPO
-
-ADAPTIVE = f"{REPO / 'policies' / 'adaptive_lenience.py'}:AdaptiveLenience"
+from .helpers import ADAPTIVE
 
 
 class Counting(sr.ReusePolicy):

@@ -159,3 +159,51 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         cache.save(path)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["d.npz"]
+
+
+def test_version_1_files_still_load(tmp_path):
+    """A cache saved by the previous format (token ids and logprobs only) loads, with p_gen = p_prev and age 0."""
+    import json
+
+    key = prompt_key([1, 2])
+    header = json.dumps({"format": "specrl-draft-cache", "version": 1}).encode()
+    arrays = {
+        "header": np.frombuffer(header, np.uint8),
+        "keys": np.frombuffer(key, np.uint8)[None, :],
+        "visit_entry": np.array([0]),
+        "visit_number": np.array([3]),
+        "response_visit": np.array([0, 0]),
+        "response_length": np.array([2, 1]),
+        "response_finish": np.array([0, 1], np.uint8),
+        "tokens": np.array([5, 6, 7], np.int32),
+        "logprobs": np.array([-1.0, -2.0, -3.0], np.float32),
+    }
+    path = tmp_path / "v1.npz"
+    np.savez(path, **arrays)
+    cache = DraftCache()
+    assert cache.load(path)
+    drafts = cache.drafts(key)
+    assert [d.token_ids.tolist() for d in drafts] == [[5, 6], [7]] and drafts[1].finish_reason == "length"
+    assert drafts[0].gen_logprobs.tolist() == [-1.0, -2.0] and drafts[0].ages.tolist() == [0, 0]
+
+
+def test_the_new_per_token_arrays_survive_a_save(tmp_path):
+    key = prompt_key([4])
+    cache = DraftCache()
+    cache.claim(key, "v", 1)
+    top_ids, top_lp = np.array([[5, 1], [6, 2]], np.int32), np.array([[-0.1, -2.0], [-0.2, -3.0]], np.float32)
+    draft = Draft(
+        np.array([5, 6]),
+        np.array([-0.1, -0.2]),
+        "stop",
+        gen_logprobs=np.array([-0.5, -0.6]),
+        ages=np.array([3, 0]),
+        top_ids=top_ids,
+        top_logprobs=top_lp,
+    )
+    cache.commit(key, "v", draft)
+    restored = DraftCache()
+    assert restored.load(cache.save(tmp_path / "c.npz"))
+    [back] = restored.drafts(key)
+    assert back.gen_logprobs.tolist() == pytest.approx([-0.5, -0.6]) and back.ages.tolist() == [3, 0]
+    assert np.array_equal(back.top_ids, top_ids) and np.allclose(back.top_logprobs, top_lp)

@@ -14,9 +14,8 @@ import pytest
 from specrl_openrlhf import grid as grid_module
 from specrl_openrlhf.grid import GridError, load_grid, parse_lenience, run_cells
 
-from .test_adaptive import ADAPTIVE
+from .helpers import ADAPTIVE, REPO
 
-REPO = Path(__file__).resolve().parents[1]
 GRIDS = REPO / "configs" / "grids"
 
 
@@ -55,10 +54,15 @@ def test_lenience_grid_commands_carry_each_cells_flags(tmp_path):
         assert flag_value(command, "--rollout_reuse") == name.split("-")[1]
         assert flag_value(command, "--train.seed") == "42"
         assert flag_value(command, "--logger.tensorboard_dir") == str(tmp_path / name / "tensorboard")
-    # The cell's lenience comes after the preset's e^0.5 and wins; cells without one keep the preset's.
+    # The cell's own lenience; the preset's (e^0.5) only for a lenient rule without one; none for the others.
     assert float(flag_value(commands["grpo-spec-le0.8-s42"], "--lenience")) == pytest.approx(math.exp(0.8))
     assert float(flag_value(commands["grpo-spec-l1-s42"], "--lenience")) == 1.0
-    assert float(flag_value(commands["grpo-off-s42"], "--lenience")) == pytest.approx(math.exp(0.5))
+    assert flag_value(commands["grpo-off-s42"], "--lenience") is None
+    assert flag_value(commands["grpo-full-s42"], "--lenience") is None
+    assert all(command.count("--lenience") <= 1 for command in commands.values())
+    # wandb: one group per grid, one run name per cell
+    assert {flag_value(c, "--logger.wandb.group") for c in commands.values()} == {"lenience"}
+    assert flag_value(commands["grpo-off-s42"], "--logger.wandb.run_name") == "lenience-grpo-off-s42"
 
 
 def test_main_grid_uses_each_algorithms_paper_lenience(tmp_path):
@@ -72,7 +76,44 @@ def test_a_rules_parameters_reach_its_cells_command(tmp_path):
     grid = load_grid(GRIDS / "cpu.yaml")
     cell = next(c for c in grid.cells() if c.params)
     command = grid.command(cell, tmp_path)
-    assert json.loads(flag_value(command, "--params")) == {"target_kept": 0.9} == cell.params
+    assert json.loads(flag_value(command, "--reuse.params")) == {"target_kept": 0.9} == cell.params
+    assert flag_value(command, "--seeds") == "0" and "--only" in command  # the quickstart's cell interface
+
+
+def test_the_variants_grid_gives_the_preset_lenience_to_lenient_rules_only(tmp_path):
+    grid = load_grid(GRIDS / "variants.yaml")
+    lenience = {c.policy: flag_value(grid.command(c, tmp_path), "--lenience") for c in grid.cells()}
+    assert lenience["off"] is None and lenience["random"] is None
+    assert float(lenience["spec"]) == float(lenience["delayed"]) == pytest.approx(math.exp(0.5))
+
+
+def test_seeds_on_the_command_line_replace_the_grids(capsys, tmp_path):
+    assert grid_module.main([str(GRIDS / "cpu.yaml"), "--out", str(tmp_path), "--dry-run", "--seeds", "0,1,2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 * 3 and {flag_value(line.split(), "--seeds") for line in lines} == {"0", "1", "2"}
+    assert grid_module.main([str(GRIDS / "cpu.yaml"), "--dry-run", "--seeds", "0,x"]) == 2
+    assert "'x' is not a seed" in capsys.readouterr().err
+
+
+def test_rule_paths_resolve_against_the_grid_file(tmp_path, monkeypatch):
+    path = write_grid(tmp_path, "runner: cpu\nsweep: [{policy: ../../rules/keep.py:Keep}]\n")
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "keep.py").write_text(
+        "import torch\nimport specrl_openrlhf as sr\n\n\nclass Keep(sr.ReusePolicy):\n"
+        "    needs_scores = False\n\n    def cut(self, batch):\n        return batch.lengths\n"
+    )
+    monkeypatch.chdir(REPO)  # anywhere but beside the grid
+    [cell] = load_grid(path).cells()
+    assert cell.policy == f"{rules / 'keep.py'}:Keep"
+
+
+def test_cells_tell_the_report_their_group_regime_and_rule(tmp_path):
+    grid = load_grid(GRIDS / "lenience.yaml").with_seeds([1, 2])
+    cells = {c.name: c for c in grid.cells()}
+    spec = cells["grpo-spec-le0.5-s2"]
+    assert (spec.group, spec.regime, spec.method) == ("lenience/grpo/s2", "lenience/grpo", "spec-le0.5")
+    assert cells["grpo-off-s1"].group == "lenience/grpo/s1" != spec.group
 
 
 def test_dry_run_and_ray_jobs_print_one_command_per_cell(capsys, tmp_path):
@@ -86,7 +127,7 @@ def test_dry_run_and_ray_jobs_print_one_command_per_cell(capsys, tmp_path):
     assert len(lines) == 4 and lines[0].startswith("ray job submit --no-wait --submission-id cpu-off-s0 -- python -m")
 
 
-@pytest.mark.ray
+@pytest.mark.openrlhf
 def test_a_cell_command_parses_with_openrlhfs_own_command(tmp_path):
     """The dry run's commands are real: OpenRLHF's module (through our hook) accepts one, flag for flag."""
     grid = load_grid(GRIDS / "lenience.yaml")
@@ -94,7 +135,7 @@ def test_a_cell_command_parses_with_openrlhfs_own_command(tmp_path):
     command = grid.command(cell, tmp_path / cell.name, ["--data.prompt_dataset", "DATA", "--reuse.dry_run"])
     process = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr[-3000:]
-    resolved = json.loads(process.stdout)
+    resolved = json.loads(process.stdout[process.stdout.index("{") :])
     assert resolved["policy"] == f"spec(lenience={math.exp(0.5)!r})"
     assert resolved["openrlhf_args"]["logger"]["tensorboard_dir"] == str(tmp_path / cell.name / "tensorboard")
 
@@ -133,6 +174,8 @@ def write_grid(tmp_path, text: str) -> Path:
         ("presets: [grpo]\nseeds: [-1]\nsweep: [spec]\n", "-1 is not a seed"),
         ("runner: slurm\nsweep: [spec]\n", "runner 'slurm' is not one of openrlhf, cpu"),
         ("presets: [grpo]\nsweep: [spec]\nargs: {--lenience: 2}\n", "--lenience is set per cell by the grid"),
+        ("presets: [grpo]\nsweep: [spec]\nargs: {--logger.wandb.group: g}\n", "--logger.wandb.group is set per cell"),
+        ("runner: cpu\nsweep: [spec]\nargs: {--seeds: 3}\n", "--seeds is set per cell"),
         ("presets: [grpo]\nsweep: [spec]\nargs: {--reuse.trace_dir: t}\n", "--reuse.trace_dir is set per cell"),
         (
             f"presets: [grpo]\nsweep: [{{policy: '{ADAPTIVE}', lenience: [2, 0.5]}}]\n",

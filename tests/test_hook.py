@@ -1,5 +1,6 @@
-"""The .pth hook that lets `python -m openrlhf.cli.train_ppo_ray` take our flags: when it steps in, and when not."""
+"""The hook that lets `python -m openrlhf.cli.train_ppo_ray` take our flags: when it steps in, and what it touches."""
 
+import argparse
 import subprocess
 import sys
 
@@ -39,18 +40,38 @@ def test_switch(monkeypatch, value, on):
     assert hook.enabled() is on
 
 
+def test_the_parser_hook_takes_only_openrlhfs_main_parser_once():
+    taken = []
+
+    def take_over(parser, parse_args, args, namespace, module_globals):
+        taken.append(module_globals["__name__"])
+        return parse_args(parser, args, namespace)
+
+    remove = hook.hook_upstream_parser(take_over)
+    try:
+        argparse.ArgumentParser().parse_args([])  # any other code's parser: argparse's own
+        assert taken == [] and argparse.ArgumentParser.parse_args.__module__ == "_specrl_openrlhf_hook"
+        upstream_main = {"__name__": "__main__", "__spec__": type("Spec", (), {"name": hook.UPSTREAM_MODULE})()}
+        exec("import argparse\nargparse.ArgumentParser().parse_args([])", upstream_main)
+        assert taken == ["__main__"]
+        assert argparse.ArgumentParser.parse_args.__module__ == "argparse"  # gone after its one call
+    finally:
+        remove()
+    assert argparse.ArgumentParser.parse_args.__module__ == "argparse"
+
+
 PROBE = (
-    "import sys; print('_specrl_openrlhf_hook' in sys.modules, "
-    "any(type(f).__name__ == '_MainModuleFinder' for f in sys.meta_path))"
+    "import sys, argparse; "
+    "print('_specrl_openrlhf_hook' in sys.modules, argparse.ArgumentParser.parse_args.__module__)"
 )
 
 
 def test_other_processes_are_untouched():
     plain = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
-    assert plain.stdout.split() == ["False", "False"]  # the .pth line does not even import the module
+    assert plain.stdout.split() == ["False", "argparse"]  # the .pth line does not even import the module
     # The module name on the command line, but not as `-m`: imported by the .pth line's cheap test, and inert.
     command = [sys.executable, "-c", PROBE, "-m", "openrlhf.cli.train_ppo_ray", "--rollout_reuse", "spec"]
-    assert subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()[1] == "False"
+    assert subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()[1] == "argparse"
 
 
 def test_the_pth_file_is_installed():

@@ -10,8 +10,7 @@ import specrl_openrlhf as sr
 from specrl_openrlhf.replay import ReplayError, replay, tally
 from specrl_openrlhf.trace import TraceWriter, read_traces
 
-from .test_adaptive import ADAPTIVE
-from .test_trace import cut_drafts
+from .helpers import ADAPTIVE, cut_drafts
 
 
 @pytest.fixture
@@ -38,12 +37,17 @@ def test_other_rules_are_ordered_by_lenience(traces):
     assert kept["exact"] <= records.cut.sum() <= kept["spec@4"] <= kept["full"] == records.lengths.sum()
 
 
-def test_a_stateful_rule_adapts_during_replay(traces):
+def test_a_stateful_rule_updates_from_its_feedback_during_replay(traces):
+    """One update after all 300 drafts: until then the rule cuts at its starting lenience (the run's, 1.65), so its
+    feedback is the run's own kept share, and log ℓ moves by gain x (target - kept share)."""
     records = read_traces(traces[0])
-    rule = sr.policies.policy_class(ADAPTIVE)()
-    start = rule.lenience
-    replay(rule, records, batch_size=32)
-    assert rule.lenience != start
+    adaptive = sr.policies.policy_class(ADAPTIVE)
+    rule = adaptive(adaptive.Params(lenience=1.65))
+    cuts = replay(rule, records, batch_size=32, update_every=len(records))
+    assert np.array_equal(cuts, records.cut)
+    kept_share = records.cut.sum() / records.lengths.sum()
+    expected = np.log(1.65) + rule.params.gain * (rule.params.target_kept - kept_share)
+    assert rule.log_lenience == pytest.approx(max(expected, 0.0))
 
 
 def test_scoring_rules_need_scored_traces(tmp_path):
@@ -67,5 +71,9 @@ def test_command_line_reports_bad_rules_and_folders(traces, tmp_path):
     assert (tmp_path / "t.csv").read_text().startswith("rule,drafts,draft_tokens")
     assert "Did you mean 'spec'" in run(str(traces[0]), "--rollout_reuse", "specc").stderr
     assert "lenience after @ must be a number" in run(str(traces[0]), "--rollout_reuse", "spec@x").stderr
+    with_params = run(str(traces[0]), "--rollout_reuse", f"{ADAPTIVE}@2,target_kept=0.9,gain=0.5")
+    assert "| AdaptiveLenience(target_kept=0.9, lenience=2.0, gain=0.5," in with_params.stdout
+    assert "'spec' takes no parameter x" in run(str(traces[0]), "--rollout_reuse", "spec,x=1").stderr
+    assert "give parameters as key=value" in run(str(traces[0]), "--rollout_reuse", "spec,0.5").stderr
     missing = run(str(tmp_path / "none"), "--rollout_reuse", "spec")
     assert missing.returncode == 2 and "--reuse.trace_dir" in missing.stderr

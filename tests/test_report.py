@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specrl_openrlhf import report
@@ -55,12 +56,89 @@ def test_markdown_and_csv_have_the_papers_table_shape(grid_run):
     assert all(math.isclose(float(p["speedup"]), r["speedup"]) for p, r in zip(parsed, rows))
 
 
+def a_real_picture(path: Path) -> bool:
+    """A PNG that decodes to a figure with something drawn on it (not blank)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("L"), dtype=np.float64)
+    return image.format == "PNG" and min(pixels.shape) > 100 and pixels.std() > 10
+
+
 def test_plots_per_run_per_grid_and_against_lenience(grid_run, tmp_path):
     files = report.write_report(report.load_cpu_metrics(grid_run / "metrics.json"), tmp_path / "out")
-    assert sorted(files) == ["csv", "lenience", "markdown", "plot"]
+    assert sorted(files) == ["csv", "lenience", "markdown", "paired", "paired_csv", "plot"]
     pngs = [files["plot"], files["lenience"], *sorted((tmp_path / "out" / "per_run").glob("*.png"))]
-    assert len(pngs) == 2 + 10
-    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert len(pngs) == 2 + 10 and all(a_real_picture(p) for p in pngs)
+
+
+def test_step_rows_from_openrlhfs_logs():
+    """OpenRLHF logs per-sample info as means over samples: totals are means x samples; per-draft values are means
+    over the samples that had a draft (a sample without one logs 0)."""
+    logs = {
+        "rollout/num_samples": 8.0,
+        "rollout/reward_mean": 0.25,
+        "reuse/drafts_found": 0.5,
+        "reuse/decoded_tokens": 10.0,
+        "reuse/reused_tokens": 4.0,
+        "reuse/draft_tokens": 8.0,
+        "reuse/kl_prev_curr": 0.01,
+        "reuse/excess_acceptance": 0.002,
+        "reuse/time_scoring_s": 1.0,
+        "reuse/time_generation_s": 3.0,
+        "timing/generation": 2.0,
+    }
+    row = report.step_row(3, logs)
+    assert row["decoded_tokens"] == 80 and row["reused_tokens"] == 32 and row["drafts_found"] == 4
+    assert row["kl_prev_curr"] == pytest.approx(0.02) and row["excess_acceptance"] == pytest.approx(0.004)
+    assert row["kept_share"] == 0.5 and row["scoring_s"] == pytest.approx(0.5) and row["reward"] == 0.25
+    stock = report.step_row(3, {"rollout/num_samples": 8.0, "rollout/response_length_mean": 30.0})
+    assert stock["decoded_tokens"] == 240 and "kl_prev_curr" not in stock
+
+
+def test_mean_and_95_interval_over_seeds():
+    mean, lo, hi = report.mean_interval([0.01, 0.03, 0.02])
+    assert mean == pytest.approx(0.02) and (hi - mean) == pytest.approx(4.303 * 0.01 / math.sqrt(3), rel=1e-3)
+    assert lo == pytest.approx(2 * mean - hi)
+    one = report.mean_interval([0.05])
+    assert one[0] == 0.05 and math.isnan(one[1]) and math.isnan(one[2])
+
+
+def run_series(name, policy, seed, accuracy, decoded, kl=None, regime="r"):
+    steps = [{"step": 0, "decoded_tokens": decoded, "rollout_s": decoded / 100, "drafts_found": 8.0}]
+    if kl is not None:
+        steps[0].update(kl_prev_curr=kl, excess_acceptance=kl / 10, drift_since_decode=-kl)
+    return report.RunSeries(
+        name=name,
+        policy=policy,
+        lenience=None,
+        group=f"{regime}/s{seed}",
+        source="-",
+        method=policy,
+        regime=regime,
+        seed=seed,
+        steps=steps,
+        evals=[{"step": 1, "held_out": accuracy}],
+    )
+
+
+def test_paired_rows_pair_each_seed_with_its_own_baseline(tmp_path):
+    runs = []
+    for seed, (base, rule) in enumerate([(0.70, 0.66), (0.60, 0.55), (0.75, 0.72)]):
+        runs += [run_series("off", "off", seed, base, 300.0), run_series("spec", "spec", seed, rule, 100.0, kl=0.02)]
+    runs += [
+        run_series("off", "off", 0, 0.5, 300.0, regime="q"),
+        run_series("exact", "exact", 0, 0.5, 150.0, 0.01, "q"),
+    ]
+    [spec, exact] = report.paired_rows(runs)
+    assert (spec["regime"], spec["method"], spec["seeds"]) == ("r", "spec", 3)
+    assert spec["token_ratio"] == pytest.approx(3.0) and spec["acc_diff"] == pytest.approx(-0.04)
+    assert spec["acc_diff_lo"] < spec["acc_diff"] < spec["acc_diff_hi"] < 0
+    assert spec["kl_prev_curr"] == pytest.approx(0.02)
+    assert exact["seeds"] == 1 and exact["acc_diff"] == 0.0 and math.isnan(exact["acc_diff_lo"])
+    gap = report.plot_staleness_gap([spec, exact], tmp_path / "gap.png")
+    assert gap is not None and a_real_picture(gap)
+    assert "| r | spec | 3 | 3.00× |" in report.paired_markdown([spec, exact])
 
 
 def test_command_line(grid_run, tmp_path):

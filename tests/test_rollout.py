@@ -7,7 +7,6 @@ import torch
 
 from specrl_openrlhf import (
     Draft,
-    ReuseConfig,
     ReusePolicy,
     SpeculativePlanner,
     UnsupportedSamplingError,
@@ -16,10 +15,7 @@ from specrl_openrlhf import (
 )
 from specrl_openrlhf.rollout import ChunkSchedule
 
-
-def draft(tokens, logprobs=None, finish="stop"):
-    logprobs = [-1.0] * len(tokens) if logprobs is None else logprobs
-    return Draft(np.asarray(tokens, np.int32), np.asarray(logprobs, np.float32), finish)
+from .helpers import draft
 
 
 def test_truncates_to_budget_context_and_vocabulary():
@@ -106,12 +102,12 @@ class Overrun(ReusePolicy):
         return batch.lengths + 5
 
 
-def test_plugin_cuts_are_clamped():
+def test_a_rule_that_overruns_its_drafts_is_an_error_naming_it():
     planner = SpeculativePlanner(make("full"))
     planner.policy = Overrun()
     sample = planner.new_sample([1], 10, draft([5, 6]))
-    planner.decide([sample])
-    assert sample.cut == 2
+    with pytest.raises(ValueError, match=r"rule Overrun\(\) returned cuts outside \[0, draft length\]"):
+        planner.decide([sample])
 
 
 @pytest.mark.parametrize(
@@ -123,17 +119,6 @@ def test_unsupported_sampling_fails_clearly(settings):
         check_sampling(make("spec"), **settings)
     check_sampling(make("random"), **settings)  # no scoring, no constraint
     check_sampling(make("spec"), temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0)
-
-
-def test_config_validation():
-    assert ReuseConfig(policy="spec", lenience=1.65).build_policy().params.lenience == 1.65
-    assert ReuseConfig.from_json(ReuseConfig(policy="exact", plugins=("a.py",)).to_json()).plugins == ("a.py",)
-    with pytest.raises(ValueError, match="--lenience"):
-        ReuseConfig(policy="spec", lenience=0.0)
-    with pytest.raises(ValueError, match="--reuse.logprobs"):
-        ReuseConfig(reused_logprobs="mine")
-    with pytest.raises(ValueError, match="--reuse.cache_max_gb"):
-        ReuseConfig(cache_max_gb=-1)
 
 
 # ---- scoring in chunks, reading the prefix cache -------------------------------------------------------------------
@@ -342,3 +327,82 @@ def test_whole_drafts_for_rules_not_judged_chunk_by_chunk_and_for_traces(policy,
     samples, p_curr = visit_of(planner, list(range(10, 74)), drafts, lambda seq: -3.0)  # first tokens: rejected
     drive(planner, samples, FakeEngine(p_curr), [samples])
     assert all(s.decided and s.stats.scored_tokens == 4 and not np.isnan(s.scored).any() for s in samples)
+
+
+# ---- the cut distribution through the planner, with its own uniforms -----------------------------------------------
+
+RATIOS = (0.5, 1.5, 0.2, 0.8)  # p_curr / p_prev at each draft position: below and above 1
+
+
+@pytest.mark.parametrize("scoring", ["full", "chunked"])
+@pytest.mark.parametrize("lenience", [1.0, 1.65, 4.0])
+def test_planner_cuts_follow_the_lenient_rule(lenience, scoring):
+    """6000 four-token drafts with mixed ratios through SpeculativePlanner (uniforms from its own seeding, scores
+    from a fake engine in chunks or whole): the cut k has P = a_0...a_{k-1} (1 - a_k), a_i = min(1, l r_i)."""
+    rows, prompt = 6000, list(range(10, 42))
+    p_prev = np.log(np.array([0.4, 0.3, 0.5, 0.25]))
+    accept = np.minimum(1.0, lenience * np.array(RATIOS))
+    planner = SpeculativePlanner(make("spec", lenience=lenience), seed=9, scoring=scoring)
+    if planner.chunks is not None:
+        planner.chunks.observe(examined=2, rejected=True)  # as after visits that rejected often: chunks of a few
+    counts = np.zeros(len(RATIOS) + 1)
+    for start in range(0, rows, 1000):
+        drafts = [
+            Draft(np.array([20, 21, 22, 23], np.int32), p_prev.astype(np.float32), "stop", 0, 0) for _ in range(1000)
+        ]
+        samples = [
+            planner.new_sample(prompt, 8, d, key=(start + i).to_bytes(16, "little")) for i, d in enumerate(drafts)
+        ]
+        table = {tuple(prompt) + (20, 21, 22, 23)[: i + 1]: float(p_prev[i] + np.log(RATIOS[i])) for i in range(4)}
+        drive(planner, samples, FakeEngine(table), [samples[i : i + 8] for i in range(0, len(samples), 8)])
+        counts += np.bincount([s.cut for s in samples], minlength=len(RATIOS) + 1)
+    kept_through = np.concatenate([[1.0], np.cumprod(accept)])  # P(cut >= k)
+    expected = rows * (kept_through - np.append(kept_through[1:], 0.0))
+    seen = expected > 0
+    chi2 = float(((counts[seen] - expected[seen]) ** 2 / expected[seen]).sum())
+    assert counts[~seen].sum() == 0 and chi2 < 16.27, (counts, expected)  # chi-square(3 dof) at 99.9%
+
+
+def test_sampling_checks_warn_about_eos_masked_first_positions():
+    assert check_sampling(make("spec"), temperature=1.0, min_tokens=1) == []  # raw logprobs: no mismatch
+    [warning] = check_sampling(make("spec"), temperature=1.0, min_tokens=1, processed_logprobs=True)
+    assert "first 1 position(s) (min_tokens)" in warning and "1 - p(EOS)" in warning
+    assert check_sampling(make("random"), temperature=0.7, min_tokens=1, processed_logprobs=True) == []
+
+
+def test_lossless_redraws_the_rejected_position_and_continues_after_it():
+    planner = SpeculativePlanner(make("lossless", top_k=3), seed=1, stop_token_ids=[2])
+    top = (np.array([[5, 6, 2]] * 3, np.int32), np.log(np.array([[0.5, 0.3, 0.2]] * 3, np.float32)))
+    d = Draft(np.array([5, 5, 5]), np.log([0.5, 0.5, 0.5]), "stop", top_ids=top[0], top_logprobs=top[1])
+    sample = planner.new_sample([1], 10, d, b"r" * 16)
+    sample.scored = np.log(np.array([0.5, 0.01, 0.5], np.float32))  # token 1 all but vanishes: rejected
+    sample.scored_top[0][:] = [[6, 2, 5]] * 3
+    sample.scored_top[1][:] = np.log([[0.79, 0.2, 0.01]] * 3)
+    planner.decide([sample])
+    assert sample.cut == 1 and sample.resampled is not None
+    token, logprob = sample.resampled
+    assert token in (6, 2) and logprob == pytest.approx(math.log(0.79 if token == 6 else 0.2), rel=1e-5)
+    request = planner.continuation(sample)
+    if token == 2:  # the redrawn token ends the response: nothing to continue
+        assert request is None
+    else:
+        assert request == ([1, 5, 6], 8)
+    output, stored = planner.assemble(
+        sample,
+        [7] if request else [],
+        [-0.3] if request else None,
+        "stop" if request else None,
+        new_top=(np.array([[7, 5, 6]]), np.array([[-0.3, -1.0, -2.0]], np.float32)) if request else None,
+    )
+    assert output.token_ids[:2] == [5, token] and output.stats.resampled_tokens == 1
+    assert output.stats.decoded_tokens == (1 if request else 0) and stored.top_ids.shape == (len(output.token_ids), 3)
+    assert np.array_equal(stored.top_ids[1], [6, 2, 5])  # the redrawn position keeps p_curr's top-k
+
+
+def test_lossless_without_top_k_leaves_the_rejection_to_the_engine():
+    planner = SpeculativePlanner(make("lossless"), seed=1)
+    sample = planner.new_sample([1], 10, draft([5, 5], [-0.5, -0.5]), b"r" * 16)
+    sample.scored = np.array([-0.5, -9.0], np.float32)
+    planner.decide([sample])
+    assert sample.cut == 1 and sample.resampled is None and sample.stats.resample_unavailable == 1
+    assert planner.continuation(sample) == ([1, 5], 9)

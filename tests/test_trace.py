@@ -8,22 +8,7 @@ import pytest
 import specrl_openrlhf as sr
 from specrl_openrlhf.trace import TraceWriter, read_traces, uniforms_for
 
-from .test_rollout import draft
-
-
-def cut_drafts(planner, count: int, seed: int = 0):
-    """`count` scored drafts of varying length through the planner, as a rollout would cut them."""
-    rng = np.random.default_rng(seed)
-    samples = []
-    for i in range(count):
-        length = int(rng.integers(1, 30))
-        logprobs = rng.uniform(-2.0, 0.0, length).astype(np.float32)
-        sample = planner.new_sample([1, 2, 3], 64, draft([5] * length, logprobs), key=i.to_bytes(16, "little"))
-        if planner.scores_drafts:  # as the rollout does: only rules that score drafts get p_curr
-            sample.scored = logprobs - rng.exponential(0.3, length).astype(np.float32)
-        samples.append(sample)
-    planner.decide(samples)
-    return samples
+from .helpers import cut_drafts
 
 
 def test_planner_records_every_cut_draft(tmp_path):
@@ -68,3 +53,16 @@ def test_a_failed_write_never_reaches_the_rollout(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         cut_drafts(sr.SpeculativePlanner(sr.make("spec"), trace=writer), 2)
     assert "could not write" in caplog.text
+
+
+def test_records_reach_disk_within_flush_s_without_more_records(tmp_path):
+    """A killed process loses at most its last flush_s seconds: a background thread writes what waits."""
+    import time
+
+    writer = TraceWriter(tmp_path, "spec()", flush_every=10_000, flush_s=0.2)
+    cut_drafts(sr.SpeculativePlanner(sr.make("spec"), trace=writer), 3)
+    deadline = time.monotonic() + 10
+    while not list(tmp_path.glob("trace-*.npz")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(read_traces(tmp_path)) == 3
+    writer.close()

@@ -249,7 +249,8 @@ class CommitBatcher:
 class RayDraftStore:
     """Async claim/commit against the shards, for `AsyncSpeculativeGenerator`: one call per visit to claim its
     drafts, and commits coalesced per shard. Shards are looked up by name on first use and again after a failure,
-    so a store built while a shard was down recovers once it is back."""
+    so a store built while a shard was down recovers once it is back, and one whose shard was replaced (killed and
+    started again under its name) moves to the new one at once."""
 
     def __init__(self, num_shards: int, run: str = ""):
         self.num_shards, self.run = num_shards, run
@@ -262,11 +263,18 @@ class RayDraftStore:
         """Shard restarts seen so far, over all shards."""
         return sum(self._restarts.values())
 
-    async def _call(self, shard: int, method: str, *args):
+    async def _call(self, shard: int, method: str, *args, retry: bool = True):
         if shard not in self._handles:
             self._handles[shard] = ray.get_actor(actor_name(shard, self.run))
         try:
             return await asyncio.wait_for(getattr(self._handles[shard], method).remote(*args), timeout=CALL_TIMEOUT_S)
+        except ray.exceptions.RayActorError:
+            # The shard we knew is gone for good (Ray restarts keep a handle alive); a new one under its name serves
+            # this call. None: the call fails and its sample is generated normally.
+            self._handles.pop(shard, None)
+            if not retry:
+                raise
+            return await self._call(shard, method, *args, retry=False)
         except Exception:
             self._handles.pop(shard, None)
             raise

@@ -114,7 +114,7 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
     async def _setup(self, llm_engine) -> None:
         """Build the user's executor first (rewards must work whatever happens), then the reuse path."""
         from .draft_store import RayDraftStore, current_run, run_actor
-        from .vllm_rollout import engine_limits
+        from .vllm_rollout import engine_limits, stop_token_ids
 
         settings = await run_actor().settings.remote()
         inner_path = settings.get("inner_agent_func_path")
@@ -124,7 +124,8 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
         self._training_signature = tuple(settings["training_signature"])
         config = ReuseConfig.from_json(settings["reuse_config"])
         policy = config.build_policy()
-        max_token_id, max_model_len = engine_limits(llm_engine.llm.model_config, llm_engine.llm.tokenizer)
+        model_config, tokenizer = llm_engine.llm.model_config, llm_engine.llm.tokenizer
+        max_token_id, max_model_len = engine_limits(model_config, tokenizer)
         planner = SpeculativePlanner(
             policy,
             seed=config.seed,
@@ -133,6 +134,7 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
             max_model_len=max_model_len,
             trace=TraceWriter(config.trace_dir, policy.describe()) if config.trace_dir else None,
             scoring=config.scoring,
+            stop_token_ids=stop_token_ids(model_config, tokenizer),
         )
         store = RayDraftStore(settings["num_shards"], current_run())
         self._generator = AsyncSpeculativeGenerator(

@@ -71,9 +71,15 @@ def check_combination(namespace, config: ReuseConfig) -> list[str]:
     get = lambda name, default=None: lookup(namespace, name, default)  # noqa: E731
     if not get("vllm.num_engines"):
         raise ValueError("--rollout_reuse needs vLLM rollout engines: set --vllm.num_engines to 1 or more")
-    # OpenRLHF samples with top_k -1 and no penalties; temperature and top-p are flags, min_tokens is 1.
-    check_sampling(policy, temperature=get("rollout.temperature", 1.0), top_p=get("rollout.top_p", 1.0))
-    warnings = []
+    # OpenRLHF samples with top_k -1, no penalties and min_tokens 1; temperature and top-p are flags; its engines
+    # report processed logprobs when the IS correction is on.
+    warnings = check_sampling(
+        policy,
+        temperature=get("rollout.temperature", 1.0),
+        top_p=get("rollout.top_p", 1.0),
+        min_tokens=1,
+        processed_logprobs=get("algo.advantage.is_correction_level", "off") != "off",
+    )
     if get("data.max_images_per_prompt", 0):
         warnings.append("prompts with images are generated normally: drafts are reused for text-only prompts")
     agent = get("train.agent_func_path")

@@ -1,4 +1,9 @@
-"""Speculative rollouts over vLLM: batched over `vllm.LLM`, per request over the async engine."""
+"""The speculative rollout driver: one sample per call over vLLM's async engine, as OpenRLHF's rollout actors run it.
+
+`AsyncSpeculativeGenerator` drives `SpeculativePlanner`'s engine-free steps (draft, score, cut, continue, assemble)
+over any async `generate(prompt_token_ids, params)`: OpenRLHF's `RolloutRayActor.generate`, or `engine_generate` over
+a `vllm.AsyncLLM`. `gather_samples` runs n concurrent calls per prompt and collects them, as OpenRLHF does.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
@@ -16,6 +22,7 @@ from ..adaptive import FeedbackCoordinator
 from ..cache import Draft, DraftCache, prompt_key
 from ..metrics import ReuseStats
 from ..policies import ReusePolicy
+from ..residual import top_k_of
 from ..rollout import SampleOutput, SpeculativePlanner, check_sampling
 
 logger = logging.getLogger(__name__)
@@ -40,7 +47,7 @@ def engine_limits(model_config, tokenizer) -> tuple[int, int]:
 
 
 def check_sampling_params(policy: ReusePolicy, params: SamplingParams) -> None:
-    check_sampling(
+    check_sampling(  # its warnings were given at start-up (the command knows the engine's logprobs mode)
         policy,
         temperature=params.temperature,
         top_p=params.top_p,
@@ -52,13 +59,14 @@ def check_sampling_params(policy: ReusePolicy, params: SamplingParams) -> None:
     )
 
 
-def scoring_params(request) -> SamplingParams:
-    """The SamplingParams of a `ScoringRequest`: the prompt logprobs of prompt + draft, and of the tokens asked to
-    follow it. Reading the prefix cache saves recomputing what an earlier request computed (the prompt, earlier
-    chunks); vLLM then leaves those positions without logprobs."""
+def scoring_params(request, top_k: int = 0) -> SamplingParams:
+    """The SamplingParams of a `ScoringRequest`: the prompt logprobs of prompt + draft (with each position's top-k
+    for rules that redraw rejected positions), and of the tokens asked to follow it. Reading the prefix cache saves
+    recomputing what an earlier request computed (the prompt, earlier chunks); vLLM then leaves those positions
+    without logprobs."""
     return SamplingParams(
         max_tokens=1,
-        prompt_logprobs=0,
+        prompt_logprobs=top_k,
         detokenize=False,
         skip_reading_prefix_cache=not request.read_cache,
         logprob_token_ids=list(request.next_token_ids) or None,
@@ -72,33 +80,52 @@ def next_logprobs(request_output) -> dict | None:
 
 
 def continuation_params(
-    params: SamplingParams, max_tokens: int, verified: int, sample_index: int = 0
+    params: SamplingParams, max_tokens: int, verified: int, sample_index: int = 0, top_k: int = 0
 ) -> SamplingParams:
     """The user's params for one continuation after `verified` reused tokens: n=1, the remaining budget, the
-    remaining minimum length, and logprobs on (the cache needs them)."""
+    remaining minimum length, and logprobs on (the cache needs them; `top_k` per token for rules that redraw)."""
     out = params.clone()
     out.n = 1
     out.max_tokens = max_tokens
     out.min_tokens = max(0, (params.min_tokens or 0) - verified)
-    out.logprobs = max(params.logprobs or 0, 0)
+    out.logprobs = max(params.logprobs or 0, top_k)
     if params.seed is not None:  # n separate requests with one seed would all sample the same tokens
         out.seed = params.seed + sample_index
     return out
 
 
-def completion_of(request_output) -> tuple[list[int], list[float], str, int]:
-    """(token ids, logprob of each sampled token, finish reason, prompt tokens served from prefix cache)."""
+def completion_of(request_output, top_k: int = 0):
+    """(token ids, logprob of each sampled token, finish reason, prompt tokens served from prefix cache, and with
+    `top_k` each token's top-k as ([n, k] ids, [n, k] logprobs), else None)."""
     completion = request_output.outputs[0]
     token_ids = list(completion.token_ids)
-    logprobs = [entry[token].logprob for token, entry in zip(token_ids, completion.logprobs or [])]
+    entries = completion.logprobs or []
+    logprobs = [entry[token].logprob for token, entry in zip(token_ids, entries)]
     if len(logprobs) != len(token_ids):
         logprobs = None
-    return token_ids, logprobs, completion.finish_reason or "length", int(request_output.num_cached_tokens or 0)
+    top = None
+    if top_k and logprobs is not None:
+        rows = [top_k_of(entry, top_k) for entry in entries]
+        shape = (len(rows), top_k)
+        top = (
+            np.stack([r[0] for r in rows]) if rows else np.zeros(shape, np.int32),
+            np.stack([r[1] for r in rows]) if rows else np.zeros(shape, np.float32),
+        )
+    finish = completion.finish_reason or "length"
+    return token_ids, logprobs, finish, int(request_output.num_cached_tokens or 0), top
+
+
+def stop_token_ids(model_config, tokenizer) -> set[int]:
+    """The tokens that end a response on this engine: the tokenizer's EOS and the model's generation config's."""
+    ids = {tokenizer.eos_token_id} if getattr(tokenizer, "eos_token_id", None) is not None else set()
+    eos = getattr(getattr(model_config, "hf_config", None), "eos_token_id", None)
+    ids |= set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+    return {int(i) for i in ids}
 
 
 @dataclass
 class RolloutBatch:
-    """Outputs of one batched speculative rollout: `outputs[p][j]` is sample j of prompt p."""
+    """Outputs of `gather_samples`: `outputs[p][j]` is sample j of prompt p; `stats` sums every sample's."""
 
     outputs: list[list[SampleOutput]]
     stats: ReuseStats = field(default_factory=ReuseStats)
@@ -106,153 +133,6 @@ class RolloutBatch:
     @property
     def metrics(self) -> dict[str, float]:
         return self.stats.as_dict()
-
-
-class SpeculativeLLM:
-    """Speculative rollouts over a `vllm.LLM`, with every scoring request and every continuation batched.
-
-    >>> rollout = SpeculativeLLM(llm, make("spec", lenience=1.65))  # doctest: +SKIP
-    >>> batch = rollout.generate(prompt_token_ids, SamplingParams(n=8, max_tokens=512, logprobs=0))  # doctest: +SKIP
-    >>> batch.metrics["reuse/decoded_tokens"]  # doctest: +SKIP
-    """
-
-    def __init__(
-        self,
-        llm,
-        policy: ReusePolicy,
-        *,
-        cache: DraftCache | None = None,
-        seed: int = 0,
-        reused_logprobs: str = "auto",
-        trace=None,
-        scoring: str = "chunked",
-    ):
-        self.llm = llm
-        self.policy = policy
-        self.cache = cache if cache is not None else DraftCache(keep_visits=max(policy.draft_age, 1))
-        max_token_id, max_model_len = engine_limits(llm.llm_engine.model_config, llm.get_tokenizer())
-        self.planner = SpeculativePlanner(
-            policy,
-            seed=seed,
-            reused_logprobs=reused_logprobs,
-            max_token_id=max_token_id,
-            max_model_len=max_model_len,
-            trace=trace,
-            scoring=scoring,
-        )
-        self.coordinator = FeedbackCoordinator(policy, 1) if policy.keeps_state else None
-
-    def _run(self, prompts: list[list[int]], params: list[SamplingParams]):
-        return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
-        """`params.n` samples for each prompt (token ids). `params.max_tokens` is each sample's budget."""
-        check_sampling_params(self.policy, params)
-        if params.max_tokens is None:
-            raise ValueError("SamplingParams.max_tokens must be set: it is each sample's token budget")
-        if self.policy.draft_age == 0:
-            return self._plain(prompts, params, fallback=False)
-        try:
-            return self._speculative(prompts, params)
-        except Exception as error:  # never lose a batch to the reuse path: regenerate it normally
-            logger.warning("speculative rollout failed (%s: %s); generating normally", type(error).__name__, error)
-            return self._plain(prompts, params, fallback=True)
-
-    def _score(self, requests, groups) -> None:
-        """One batched call for `requests` ((sample, ScoringRequest) each); positions the prefix cache served come from
-        a sibling of the same prompt, or from more requests (`SpeculativePlanner.rescoring`)."""
-        outputs = self._run([r.token_ids for _, r in requests], [scoring_params(r) for _, r in requests])
-        gaps = [
-            (sample, self.planner.take_scores(sample, r, o.prompt_logprobs, o.num_cached_tokens, next_logprobs(o)))
-            for (sample, r), o in zip(requests, outputs)
-        ]
-        rescore = []
-        group_of = {id(s): g for g in groups for s in g}
-        for sample, missing in gaps:  # after every output is in: a sibling's may fill the gap
-            if len(missing):
-                missing = self.planner.recover_scores(sample, missing, group_of[id(sample)])
-            if len(missing):
-                rescore += [(sample, r) for r in self.planner.rescoring(sample, missing)]
-        if rescore:
-            self._score(rescore, groups)
-
-    def _plain(self, prompts: list[list[int]], params: SamplingParams, *, fallback: bool) -> RolloutBatch:
-        """Stock generation: the `off` policy, and the fallback when the reuse path fails."""
-        start = time.perf_counter()
-        outputs = self._run(prompts, [params] * len(prompts))
-        stats = ReuseStats(time_generation_s=time.perf_counter() - start)
-        batch = []
-        for output in outputs:
-            row = []
-            for completion in output.outputs:
-                token_ids = list(completion.token_ids)
-                logprobs = (
-                    [e[t].logprob for t, e in zip(token_ids, completion.logprobs)] if completion.logprobs else None
-                )
-                sample_stats = ReuseStats(samples=1, fallbacks=int(fallback), decoded_tokens=len(token_ids))
-                row.append(SampleOutput(token_ids, logprobs, completion.finish_reason or "length", 0, sample_stats))
-                stats = stats + sample_stats
-            batch.append(row)
-        return RolloutBatch(batch, stats)
-
-    def _speculative(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
-        want_logprobs = params.logprobs is not None
-        n = params.n
-        stats = ReuseStats()
-
-        # 1. Drafts: one visit per prompt occurrence, a distinct draft per sample.
-        samples, keys, visits = [], [], []
-        for prompt in prompts:
-            key, visit_id = prompt_key(prompt), uuid.uuid4().hex
-            for _ in range(n):
-                draft = self.cache.claim(key, visit_id, self.policy.draft_age) if self.policy.draft_age else None
-                samples.append(self.planner.new_sample(prompt, params.max_tokens, draft, key))
-                keys.append(key)
-                visits.append(visit_id)
-
-        # 2-3. Score and cut, in rounds of batched scoring requests until every draft is cut. A prompt probe per
-        # prompt comes first, so that the samples' own requests read the prompt from the prefix cache.
-        start = time.perf_counter()
-        self.planner.decide(samples)  # rules that do not read p_curr cut now
-        groups = [samples[p * n : (p + 1) * n] for p in range(len(prompts))]
-        probes = [(group, r) for group in groups if (r := self.planner.prompt_probe(group)) is not None]
-        if probes:
-            outputs = self._run([r.token_ids for _, r in probes], [scoring_params(r) for _, r in probes])
-            for (group, request), output in zip(probes, outputs):
-                self.planner.take_probe(group, request, next_logprobs(output), output.num_cached_tokens)
-            self.planner.decide(samples)  # a first token rejected by the probe's score decides its draft
-        while requests := [(s, r) for s in samples if (r := self.planner.next_scoring(s)) is not None]:
-            self._score(requests, groups)
-            self.planner.decide(samples)
-        if self.coordinator is not None:  # a stateful rule updates after each batch
-            self.coordinator.report(*self.planner.feedback.take())
-        stats.time_scoring_s = time.perf_counter() - start
-
-        # 4. Continue every sample that needs it, in one batch.
-        start = time.perf_counter()
-        requests = [(i, c) for i, s in enumerate(samples) if (c := self.planner.continuation(s)) is not None]
-        continued = {}
-        if requests:
-            outputs = self._run(
-                [prefix for _, (prefix, _) in requests],
-                [continuation_params(params, budget, samples[i].cut, i % n) for i, (_, budget) in requests],
-            )
-            continued = {i: completion_of(out) for (i, _), out in zip(requests, outputs)}
-        stats.time_generation_s = time.perf_counter() - start
-
-        # 5. Assemble and 6. store the results as the next drafts.
-        start = time.perf_counter()
-        flat = []
-        for i, sample in enumerate(samples):
-            new_ids, new_lp, finish, cached = continued.get(i, ((), None, None, 0))
-            sample.stats.cached_prompt_tokens = cached
-            output, next_draft = self.planner.assemble(sample, new_ids, new_lp, finish, want_logprobs=want_logprobs)
-            if self.policy.draft_age:
-                self.cache.commit(keys[i], visits[i], next_draft)
-            flat.append(output)
-            stats = stats + output.stats
-        stats.time_assembly_s = time.perf_counter() - start
-        return RolloutBatch([flat[p * n : (p + 1) * n] for p in range(len(prompts))], stats)
 
 
 @dataclass
@@ -380,7 +260,8 @@ class AsyncSpeculativeGenerator:
     async def _score(self, sample, request, visit: OpenVisit) -> None:
         """One scoring request; positions the prefix cache served come from a sibling that scored the same tokens
         (waiting for siblings' requests in flight), or from more requests (`SpeculativePlanner.rescoring`)."""
-        task = asyncio.ensure_future(self._generate(request.token_ids, scoring_params(request), SCORING_PRIORITY))
+        params = scoring_params(request, self.planner.top_k)
+        task = asyncio.ensure_future(self._generate(request.token_ids, params, SCORING_PRIORITY))
         visit.scoring.add(task)
         try:
             output = await task
@@ -419,7 +300,7 @@ class AsyncSpeculativeGenerator:
             except Exception as error:
                 self._warn("speculative sample failed; generating normally", error)
         start = time.perf_counter()
-        new_ids, new_lp, finish, _ = completion_of(await self.generate_fn(prompt_ids, params))
+        new_ids, new_lp, finish, _, _ = completion_of(await self.generate_fn(prompt_ids, params))
         stats = ReuseStats(samples=1, decoded_tokens=len(new_ids), fallbacks=int(self.policy.draft_age > 0))
         stats.time_generation_s = time.perf_counter() - start
         return SampleOutput(new_ids, new_lp if params.logprobs is not None else None, finish, 0, stats)
@@ -461,7 +342,9 @@ class AsyncSpeculativeGenerator:
             self.planner.decide(visit.samples)  # rules that do not read p_curr cut now
             probe = self.planner.prompt_probe(visit.samples)
             if probe is not None:
-                output = await self._generate(probe.token_ids, scoring_params(probe), SCORING_PRIORITY)
+                output = await self._generate(
+                    probe.token_ids, scoring_params(probe, self.planner.top_k), SCORING_PRIORITY
+                )
                 self.planner.take_probe(visit.samples, probe, next_logprobs(output), output.num_cached_tokens)
             visit.ready.set()
         elif not follow_up:
@@ -480,18 +363,21 @@ class AsyncSpeculativeGenerator:
         if self.planner.feedback.samples >= self.visits.samples_per_visit:  # a stateful rule reports once a visit
             await self._report_feedback()
         start = time.perf_counter()
-        new_ids, new_lp, finish = (), None, None
+        new_ids, new_lp, finish, new_top = (), None, None, None
         request = self.planner.continuation(sample)
         if request is not None:
             prefix, budget = request
             expected = max(sample.draft_len - sample.cut, 1) if sample.draft is not None else budget
-            output = await self._generate(prefix, continuation_params(params, budget, sample.cut), -expected)
-            new_ids, new_lp, finish, sample.stats.cached_prompt_tokens = completion_of(output)
+            top_k = self.planner.top_k
+            output = await self._generate(
+                prefix, continuation_params(params, budget, sample.prefix_len, 0, top_k), -expected
+            )
+            new_ids, new_lp, finish, sample.stats.cached_prompt_tokens, new_top = completion_of(output, top_k)
         sample.stats.time_generation_s = time.perf_counter() - start
 
         start = time.perf_counter()
         output, next_draft = self.planner.assemble(
-            sample, new_ids, new_lp, finish, want_logprobs=params.logprobs is not None
+            sample, new_ids, new_lp, finish, want_logprobs=params.logprobs is not None, new_top=new_top
         )
         try:
             await self.store.commit(key, visit.visit_id, next_draft, follow_up)

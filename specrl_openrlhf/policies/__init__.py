@@ -1,5 +1,6 @@
 """Reuse policies: one interface (`ReusePolicy`), a registry and the built-ins."""
 
+from ..references import short_name
 from . import builtin  # noqa: F401  (registers the built-ins)
 from .base import (
     DraftBatch,
@@ -9,18 +10,20 @@ from .base import (
     first_rejection,
     lenient_acceptance_logprob,
     lenient_cut,
-    short_name,
 )
 from .builtin import DEFAULT_LENIENCE, LenienceParams
 from .registry import (
     PluginError,
     UnknownPolicyError,
+    builtin_names,
     describe_policies,
+    lenient_builtins,
     load_plugin,
     make,
     policy_class,
     register,
     registered,
+    takes_lenience,
 )
 
 __all__ = [
@@ -31,10 +34,12 @@ __all__ = [
     "PluginError",
     "ReusePolicy",
     "UnknownPolicyError",
+    "builtin_names",
     "check_lenience",
     "describe_policies",
     "first_rejection",
     "lenient_acceptance_logprob",
+    "lenient_builtins",
     "lenient_cut",
     "load_plugin",
     "make",
@@ -42,4 +47,5 @@ __all__ = [
     "register",
     "registered",
     "short_name",
+    "takes_lenience",
 ]

@@ -14,6 +14,8 @@ from typing import ClassVar
 
 import torch
 
+from ..references import short_name
+
 
 @dataclass(frozen=True, kw_only=True)
 class NoParams:
@@ -29,7 +31,8 @@ class DraftBatch:
     """
 
     draft_logprobs: torch.Tensor  # [B, T] float32, log p_prev(y_i): under the policy that drafted or last kept y_i
-    scored_logprobs: torch.Tensor | None  # [B, T] float32, log p_curr(y_i); None if the policy skips scoring
+    scored_logprobs: torch.Tensor | None  # [B, T] float32, log p_curr(y_i); None if the policy skips scoring; in
+    # `feedback` batches (whole drafts), NaN past where the rule decided
     lengths: torch.Tensor  # [B] int64, real draft length of each row (0 <= lengths <= T)
     uniforms: torch.Tensor  # [B, T] float64 in [0, 1), fresh and seeded per row; the only randomness a policy uses
     gen_logprobs: torch.Tensor | None = None  # [B, T] float32, log p_gen(y_i): when y_i was decoded
@@ -108,7 +111,7 @@ class ReusePolicy(ABC):
 
     def describe(self) -> str:
         fields = ", ".join(f"{f.name}={getattr(self.params, f.name)!r}" for f in dataclasses.fields(self.params))
-        return f"{short_name(self.name)}({fields})"
+        return f"{short_name(self.name) or type(self).__name__}({fields})"
 
     def __repr__(self) -> str:
         return f"<ReusePolicy {self.describe()}>"
@@ -142,11 +145,6 @@ def lenient_cut(batch: DraftBatch, lenience: float) -> torch.Tensor:
     )
     accepted = torch.log(batch.uniforms) <= accept_logprob  # [B, T]; log(0) = -inf is always accepted
     return first_rejection(accepted, batch.lengths)
-
-
-def short_name(reference: str) -> str:
-    """A policy's name for tables and folders: a rule loaded as `path/rule.py:Class` goes by `Class`."""
-    return reference.rpartition(":")[2]
 
 
 def check_lenience(owner: str, value) -> None:

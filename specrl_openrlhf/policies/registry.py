@@ -1,4 +1,10 @@
-"""Name -> policy registry, in the style of Gymnasium's `register`/`make`, plus plugin files loaded by path."""
+"""Name -> policy registry, in the style of Gymnasium's `register`/`make`.
+
+Rules come from three places: the built-ins and `register` calls, rule references (`path/rule.py:Class`,
+`package.module:Class`) loaded on first use, and packages that advertise rules as entry points of the group
+`specrl_openrlhf.policies` (`my_rule = my_package.rules:MyRule` in their metadata), loaded the first time their name
+is asked for, in every process, so a team can ship its rules as a package.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from ..references import is_reference
 from .base import ReusePolicy
 
 _REGISTRY: dict[str, type[ReusePolicy]] = {}
 _ALIASES: dict[str, type[ReusePolicy]] = {}  # rule references (rule.py:Class) already loaded
+ENTRY_POINT_GROUP = "specrl_openrlhf.policies"
 
 
 class UnknownPolicyError(ValueError):
@@ -33,6 +41,8 @@ def register(name: str, *, override: bool = False):
     def decorator(cls: type[ReusePolicy]) -> type[ReusePolicy]:
         if not (isinstance(cls, type) and issubclass(cls, ReusePolicy)):
             raise TypeError(f"register({name!r}) decorates ReusePolicy subclasses, got {cls!r}")
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"register({name!r}): a rule's name is a non-empty string without ':'")
         if not dataclasses.is_dataclass(cls.Params) or not cls.Params.__dataclass_params__.frozen:
             raise TypeError(f"{cls.__name__}.Params must be a frozen dataclass")
         if name in _REGISTRY and _REGISTRY[name] is not cls and not override:
@@ -44,9 +54,36 @@ def register(name: str, *, override: bool = False):
     return decorator
 
 
-def registered() -> dict[str, type[ReusePolicy]]:
-    """The registered policies, by name, in registration order."""
-    return dict(_REGISTRY)
+def registered() -> dict[str, type[ReusePolicy] | None]:
+    """The registered policies, by name, in registration order, then the installed entry points' names (None until
+    they are loaded)."""
+    return {**_REGISTRY, **{name: None for name in entry_points() if name not in _REGISTRY}}
+
+
+def entry_points() -> dict:
+    """The rules installed packages advertise: {name: importlib.metadata.EntryPoint}."""
+    from importlib.metadata import entry_points as installed
+
+    return {point.name: point for point in installed(group=ENTRY_POINT_GROUP)}
+
+
+def _load_entry_point(name: str) -> type[ReusePolicy] | None:
+    point = entry_points().get(name)
+    if point is None:
+        return None
+    package = getattr(point.dist, "name", "an installed package")
+    where = f"--rollout_reuse {name}: the entry point {point.value} of {package}"
+    try:
+        cls = point.load()
+    except Exception as error:  # a package may fail in any way; report it as the package's fault
+        raise PluginError(f"{where} failed to load: {type(error).__name__}: {error}") from error
+    if not (isinstance(cls, type) and issubclass(cls, ReusePolicy)):
+        raise PluginError(f"{where} is not a ReusePolicy subclass (see policies/template.py)")
+    if not dataclasses.is_dataclass(cls.Params) or not cls.Params.__dataclass_params__.frozen:
+        raise PluginError(f"{where}: {cls.__name__}.Params must be a frozen dataclass")
+    if name not in _REGISTRY:  # loading may have registered it already
+        register(name)(cls)
+    return _REGISTRY[name]
 
 
 def policy_class(name: str) -> type[ReusePolicy]:
@@ -55,29 +92,24 @@ def policy_class(name: str) -> type[ReusePolicy]:
     one and lists the valid ones."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    if isinstance(name, str) and ":" in name:
+    if is_reference(name):
         return rule_class(name)
-    close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+    if isinstance(name, str) and (name.endswith(".py") or "/" in name):
+        raise PluginError(
+            f"--rollout_reuse {name}: the class name is missing; write path/to/rule.py:ClassName, naming the "
+            "ReusePolicy subclass in the file (or load a file that registers names with --reuse.plugin FILE.py)"
+        )
+    from_package = _load_entry_point(name) if isinstance(name, str) else None
+    if from_package is not None:
+        return from_package
+    names = list(registered())
+    close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownPolicyError(
-        f"unknown reuse policy {name!r}.{hint} Valid names: {', '.join(_REGISTRY)}. "
+        f"unknown reuse policy {name!r}.{hint} Valid names: {', '.join(names)}. "
         f"A rule of your own: --rollout_reuse path/to/rule.py:ClassName (or package.module:ClassName), "
         f"or register names with --reuse.plugin FILE.py."
     )
-
-
-def is_rule_reference(name: str) -> bool:
-    return isinstance(name, str) and ":" in name and name not in _REGISTRY
-
-
-def absolute_reference(name: str) -> str:
-    """`rule.py:Class` with the file made absolute, so that Ray processes with another working folder find it."""
-    if not is_rule_reference(name):
-        return name
-    target, _, attr = name.rpartition(":")
-    if not target.endswith(".py"):
-        return name
-    return f"{Path(target).expanduser().resolve()}:{attr}"
 
 
 def rule_class(reference: str) -> type[ReusePolicy]:
@@ -124,7 +156,8 @@ def make(name: str, **params) -> ReusePolicy:
     unknown = sorted(set(params) - accepted)
     if unknown == ["lenience"]:
         raise TypeError(
-            f"reuse policy {name!r} takes no lenience; drop --lenience, or pick a lenient rule (spec, delayed)"
+            f"reuse policy {name!r} takes no lenience; drop --lenience, or pick a lenient rule "
+            f"({', '.join(lenient_builtins())})"
         )
     if unknown:
         raise TypeError(
@@ -142,10 +175,22 @@ def takes_lenience(name: str) -> bool:
     return "lenience" in {f.name for f in dataclasses.fields(policy_class(name).Params)}
 
 
+def builtin_names() -> list[str]:
+    """The rules this package ships, in registration order."""
+    return [name for name, cls in _REGISTRY.items() if cls.__module__ == f"{__package__}.builtin"]
+
+
+def lenient_builtins() -> list[str]:
+    """The shipped rules that take a lenience: `spec`, `anchored`, `delayed`."""
+    return [name for name in builtin_names() if takes_lenience(name)]
+
+
 def describe_policies() -> str:
-    """One line per registered policy: name, parameters with defaults, what it does."""
+    """One line per registered policy, installed entry points included: name, parameters with defaults, what it
+    does."""
     lines = []
-    for name, cls in _REGISTRY.items():
+    for name in registered():
+        cls = policy_class(name)
         fields = [
             f"{f.name}={f.default!r}" if f.default is not dataclasses.MISSING else f.name
             for f in dataclasses.fields(cls.Params)
@@ -155,7 +200,8 @@ def describe_policies() -> str:
         if cls.draft_age != 1:
             flags.append("no drafts" if cls.draft_age == 0 else f"drafts from {cls.draft_age} visits back")
         extra = f" [{'; '.join(flags)}]" if flags else ""
-        lines.append(f"{name:<10} ({', '.join(fields)}){extra}  {summary}")
+        origin = "" if cls.__module__.startswith(__package__) else f" (from {cls.__module__})"
+        lines.append(f"{name:<10} ({', '.join(fields)}){extra}  {summary}{origin}")
     return "\n".join(lines)
 
 

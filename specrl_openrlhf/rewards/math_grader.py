@@ -2,7 +2,9 @@
 with the `math-verify` library), else 0. `math_verify_reward.py` beside this file is the OpenRLHF entry point.
 
 Malformed output, a parse error or a parse slower than `TIMEOUT_S` scores 0; it never raises. Grading runs in a
-small process pool, because a stuck sympy parse can only be stopped by killing its process.
+small process pool, because a stuck sympy parse can only be stopped by killing its process. A batch is graded in
+parallel, and each distinct (response, label) once: grades are kept (up to `KEEP` of them), so the identical
+responses that reuse produces, within a step and across steps, cost one parse.
 
 >>> math_verify_reward(["Q: 1+1? The answer is \\\\boxed{2}"], ["Q: 1+1?"], ["2"])
 [1.0]
@@ -16,13 +18,19 @@ import atexit
 import concurrent.futures
 import multiprocessing
 import threading
+import time
+from collections import OrderedDict
 
 TIMEOUT_S = 5  # per parse and per comparison, enforced inside the worker (math-verify's own signal alarm)
 WORKERS = 2
 STARTUP_TIMEOUT_S = 300.0  # a new worker imports math-verify (and re-imports the parent's main module)
 STUCK_S = 120.0  # a caller gives up after this long, queueing included, and replaces the pool
+KEEP = 1 << 16  # grades kept, least recently used dropped first
 _pool: concurrent.futures.ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_grades: OrderedDict[tuple[str, str], float] = OrderedDict()
+_grades_lock = threading.Lock()
+submitted = 0  # parses sent to the pool so far (what the kept grades save)
 
 
 def _grade(response: str, label: str) -> float:
@@ -82,20 +90,50 @@ def response_of(query: str, prompt: str) -> str:
 
 def score(response: str, label) -> float:
     """1.0 or 0.0 for one response; 0.0 on malformed input, errors and timeouts."""
-    if not isinstance(response, str) or label is None or not str(label).strip():
-        return 0.0
-    try:
-        return _get_pool().submit(_grade, response[-4000:], str(label)).result(timeout=STUCK_S)
-    except concurrent.futures.TimeoutError:
-        _reset_pool()  # a worker stuck past its own alarm can't be interrupted: kill it
-        return 0.0
-    except Exception:
-        return 0.0
+    return grade([(response, label)])[0]
+
+
+def grade(items: list[tuple[str, object]]) -> list[float]:
+    """One 0/1 grade per (response, label), the distinct ones not graded before sent to the pool together."""
+    global submitted
+    keys = [
+        (response[-4000:], str(label))
+        if isinstance(response, str) and label is not None and str(label).strip()
+        else None
+        for response, label in items
+    ]
+    with _grades_lock:
+        known = {k: _grades[k] for k in keys if k is not None and k in _grades}
+    todo = list(dict.fromkeys(k for k in keys if k is not None and k not in known))
+    if todo:
+        try:
+            pool = _get_pool()
+            futures = {k: pool.submit(_grade, *k) for k in todo}
+            submitted += len(futures)
+        except Exception:
+            futures = {}
+        deadline = time.monotonic() + STUCK_S
+        for k, future in futures.items():
+            try:
+                known[k] = future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except concurrent.futures.TimeoutError:
+                _reset_pool()  # a worker stuck past its own alarm can't be interrupted: kill it
+                break
+            except Exception:
+                continue
+        with _grades_lock:
+            for k in todo:
+                if k in known:
+                    _grades[k] = known[k]
+                    _grades.move_to_end(k)
+            while len(_grades) > KEEP:
+                _grades.popitem(last=False)
+    return [known.get(k, 0.0) if k is not None else 0.0 for k in keys]
 
 
 def math_verify_reward(queries, prompts, labels) -> list[float]:
     """One 0/1 reward per query."""
-    return [score(response_of(q, p), label) for q, p, label in zip(queries, prompts, labels)]
+    return grade([(response_of(q, p), label) for q, p, label in zip(queries, prompts, labels)])
 
 
 def reward_func(queries, prompts, labels):

@@ -3,19 +3,9 @@ import threading
 
 import pytest
 
-from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs
+from specrl_openrlhf.integration.miniature.engine import CPU_ENGINE_ENV, cpu_engine_kwargs
 
 ENGINE_KWARGS = cpu_engine_kwargs(max_model_len=1024)
-
-
-@pytest.fixture(scope="session")
-def llm(tiny_model_dir):
-    vllm = pytest.importorskip("vllm")
-    from specrl_openrlhf.integration.miniature.weights import EXTENSION
-
-    engine = vllm.LLM(model=str(tiny_model_dir), worker_extension_cls=EXTENSION, **ENGINE_KWARGS)
-    yield engine
-    engine.llm_engine.engine_core.shutdown()
 
 
 class LoopThread:
@@ -33,7 +23,7 @@ class LoopThread:
 @pytest.fixture(scope="session")
 def async_engine(tiny_model_dir):
     """vLLM's async engine (the one OpenRLHF uses), in processed_logprobs mode, as OpenRLHF sets it for IS
-    correction."""
+    correction; the one engine of this process, shared by every test (each leaves its weights as it found them)."""
     vllm = pytest.importorskip("vllm")
     runner = LoopThread()
 
@@ -44,6 +34,7 @@ def async_engine(tiny_model_dir):
             model=str(tiny_model_dir),
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
+            max_logprobs=128,  # the whole vocabulary: `lossless` is then exact
             **ENGINE_KWARGS,
         )
         return vllm.AsyncLLMEngine.from_engine_args(args)
@@ -53,10 +44,27 @@ def async_engine(tiny_model_dir):
     engine.shutdown()
 
 
+@pytest.fixture
+def set_weights(async_engine, tiny_model_dir, tmp_path):
+    """`set_weights(noise, seed)` perturbs the shared engine's weights for one test; they are restored after it."""
+    from specrl_openrlhf.integration.miniature.weights import perturbed_state_dict, reload_async_engine, write_weights
+
+    engine, runner = async_engine
+    count = [0]
+
+    def set_to(noise: float, seed: int) -> None:
+        count[0] += 1
+        path = write_weights(perturbed_state_dict(tiny_model_dir, noise, seed), tmp_path / f"w{count[0]}.safetensors")
+        runner.run(reload_async_engine(engine, path))
+
+    yield set_to
+    set_to(0.0, 0)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray instance for the session, started as `train_with_reuse` starts OpenRLHF's (with the worker
-    setup hook that marks evaluation requests)."""
+    setup hook that marks evaluation requests), with the environment our CPU engines run in."""
     ray = pytest.importorskip("ray")
     from specrl_openrlhf.integration.openrlhf_eval import WORKER_SETUP_HOOK
 
@@ -65,7 +73,7 @@ def ray_cluster():
         include_dashboard=False,
         log_to_driver=False,
         namespace="specrl-test",
-        runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK},
+        runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK, "env_vars": CPU_ENGINE_ENV},
     )
     yield ray
     ray.shutdown()

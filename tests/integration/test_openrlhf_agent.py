@@ -18,6 +18,7 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noq
 from openrlhf.utils.agent import AgentInstanceBase  # noqa: E402
 
 import specrl_openrlhf as sr  # noqa: E402
+from specrl_openrlhf.integration.draft_store import start_reuse  # noqa: E402
 from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs  # noqa: E402
 from specrl_openrlhf.integration.miniature.weights import (  # noqa: E402
     EXTENSION,
@@ -25,7 +26,6 @@ from specrl_openrlhf.integration.miniature.weights import (  # noqa: E402
     rollout_actor_class,
     write_weights,
 )
-from specrl_openrlhf.integration.draft_store import create_draft_cache, save_draft_cache  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_eval import install_in_worker  # noqa: E402
 from specrl_openrlhf.integration.vllm_rollout import engine_generate  # noqa: E402
@@ -53,18 +53,24 @@ def reward_file(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def engines(ray_cluster, tiny_model_dir, reward_file, tmp_path_factory):
-    config = sr.ReuseConfig(policy="spec", lenience=1.0, seed=0, cache_shards=2)
-    settings = {
-        "reuse_config": config.to_json(),
+CONFIG = sr.ReuseConfig(policy="spec", lenience=1.0, seed=0, cache_shards=2, cache_max_gb=1.0)
+
+
+def settings(reward_file: str) -> dict:
+    return {
+        "reuse_config": CONFIG.to_json(),
         "num_shards": 2,
         "samples_per_visit": N_SAMPLES,
         "training_signature": [1.0, 1.0, -1],
         "remote_url": [reward_file],
         "inner_agent_func_path": None,
+        "update_every": 8,
     }
-    shards = create_draft_cache(settings, num_shards=2, max_bytes=1 << 30)
+
+
+@pytest.fixture(scope="module")
+def engines(ray_cluster, tiny_model_dir, reward_file, tmp_path_factory):
+    """Two OpenRLHF rollout actors with our executor, shared by this module's tests (they take a minute to start)."""
     actors = [
         rollout_actor_class().remote(
             model=str(tiny_model_dir),
@@ -77,7 +83,19 @@ def engines(ray_cluster, tiny_model_dir, reward_file, tmp_path_factory):
         for i in range(2)
     ]
     ray.get([a.get_num_unfinished_requests.remote() for a in actors])
-    yield actors, shards, tmp_path_factory.mktemp("weights")
+    yield actors, tmp_path_factory.mktemp("weights")
+    for actor in actors:
+        ray.kill(actor)
+
+
+@pytest.fixture
+def reuse(engines, reward_file):
+    """The run's reuse actors (settings, two cache shards), fresh for each test: a test that kills or fills them
+    leaves nothing behind. The engines' executors find them by name."""
+    actors = start_reuse(settings(reward_file), CONFIG)
+    yield actors
+    for handle in actors.handles:
+        ray.kill(handle, no_restart=True)
 
 
 def samples_generator(actors, tokenizer, eval_prompts=None):
@@ -95,10 +113,10 @@ def samples_generator(actors, tokenizer, eval_prompts=None):
     return SamplesGenerator(types.SimpleNamespace(args=args), loader, eval_loader, tokenizer, actors)
 
 
-def test_three_visits_through_openrlhf(engines, tiny_model_dir):
+def test_three_visits_through_openrlhf(engines, reuse, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    actors, shards, scratch = engines
+    actors, scratch = engines
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     kwargs = dict(temperature=1.0, top_p=1.0, max_new_tokens=48, max_len=1024, n_samples_per_prompt=N_SAMPLES)
     visits = []
@@ -135,8 +153,11 @@ def test_three_visits_through_openrlhf(engines, tiny_model_dir):
             all(old[j][: len(prefix)] == prefix for prefix, j in zip(prefixes, order))
             for order in itertools.permutations(range(len(old)))
         )
-    stats = ray.get([s.stats.remote() for s in shards])
+    stats = ray.get([s.stats.remote() for s in reuse.shards])
     assert sum(s["prompts"] for s in stats) == len(PROMPTS)
+    # the staleness meter reached OpenRLHF's experience info: the weights moved between visits
+    assert all(e.info["reuse/kl_prev_curr"].item() >= 0 for e in visits[1])
+    assert sum(e.info["reuse/kl_prev_curr"].item() for e in visits[1]) > 0
 
 
 def cache_counts(shards):
@@ -144,15 +165,17 @@ def cache_counts(shards):
     return sum(s["claims"] for s in stats), sum(s["commits"] for s in stats)
 
 
-def test_evaluation_never_reuses_drafts(engines, tiny_model_dir):
+def test_evaluation_never_reuses_drafts(engines, reuse, tiny_model_dir):
     """OpenRLHF's real generate_eval_samples at the training temperature, on prompts that have drafts."""
     from transformers import AutoTokenizer
 
-    actors, shards, _ = engines
+    actors, _ = engines
+    shards = reuse.shards
     install_in_worker()  # what Ray's worker_process_setup_hook does in OpenRLHF's trainer actor
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     generator = samples_generator(actors, tokenizer, eval_prompts=PROMPTS)
     kwargs = dict(temperature=1.0, top_p=1.0, max_new_tokens=48, max_len=1024, n_samples_per_prompt=N_SAMPLES)
+    samples_generator(actors, tokenizer).generate_samples(**kwargs)  # drafts for every prompt
     before = cache_counts(shards)
     evaluated = generator.generate_eval_samples(**kwargs)
     assert len(evaluated) == len(PROMPTS) * N_SAMPLES
@@ -180,14 +203,14 @@ def response_tokens(experience):
     return experience.sequences[0][action].tolist()
 
 
-def test_two_engines_share_the_cache(engines, tiny_model_dir):
+def test_two_engines_share_the_cache(engines, reuse, tiny_model_dir):
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
-    actors, _, _ = engines
+    actors, _ = engines
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=32, logprobs=1)
-    prompt = "a prompt only this test uses: "
+    prompt = "a prompt for two engines: "
     first = ray.get(actors[0].generate_responses.remote(prompt, "x", params, 1024, tokenizer, N_SAMPLES))
     second = ray.get(actors[1].generate_responses.remote(prompt, "x", params, 1024, tokenizer, N_SAMPLES))
     assert all(r["extra_logs"]["reuse/drafts_found"] == 0 for r in first)
@@ -197,24 +220,21 @@ def test_two_engines_share_the_cache(engines, tiny_model_dir):
     assert all(r["reward"] is not None for r in second)
 
 
-def test_cache_saved_and_restored(engines, tmp_path):
-    _, shards, _ = engines
-    paths = save_draft_cache(shards, tmp_path / "ckpt")
-    assert len(paths) == 2
-    restored = sr.DraftCache()
-    for path in paths:
-        restored.load(path)
-    assert len(restored) == len(PROMPTS) + 1
+def test_cache_follows_checkpoints_saves_and_resumes_warm(engines, reuse, tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
 
-
-def test_cache_follows_checkpoints_and_resumes_warm(engines, tmp_path):
-    from specrl_openrlhf.integration.draft_store import CACHE_DIRNAME
+    from specrl_openrlhf.integration.draft_store import CACHE_DIRNAME, DraftCacheActor, ReuseRun
     from specrl_openrlhf.integration.openrlhf_cli import CheckpointWatcher, latest_checkpoint_dir
 
-    _, shards, _ = engines
+    actors, _ = engines
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=16, logprobs=1)
+    prompts = [f"checkpoint test {i}: " for i in range(3)]
+    ray.get([actors[0].generate_responses.remote(p, "x", params, 1024, tokenizer, N_SAMPLES) for p in prompts])
     actor_dir = tmp_path / "_actor"
     actor_dir.mkdir()
-    watcher = CheckpointWatcher(shards, str(tmp_path), poll_s=0.05)
+    watcher = CheckpointWatcher(reuse, str(tmp_path), poll_s=0.05)
     watcher.start()
     (actor_dir / "global_step3").mkdir()  # what DeepSpeed writes, 'latest' last
     (actor_dir / "latest").write_text("global_step3")
@@ -226,14 +246,16 @@ def test_cache_follows_checkpoints_and_resumes_warm(engines, tmp_path):
     watcher.stopped.set()
     assert latest_checkpoint_dir(str(tmp_path)) == actor_dir / "global_step3"
     assert sorted(p.name for p in saved.glob("drafts-*.npz")) == ["drafts-000-of-002.npz", "drafts-001-of-002.npz"]
+    restored = sr.DraftCache()
+    for path in saved.glob("drafts-*.npz"):
+        restored.load(path)
+    assert len(restored) == len(prompts)
     # a resumed run loads them, here into one shard instead of two
-    from specrl_openrlhf.integration.draft_store import DraftCacheActor, publish_drafts_dir
-
-    before = sum(s["prompts"] for s in ray.get([s.stats.remote() for s in shards]))
-    publish_drafts_dir(saved, run="resumed")
-    restored = DraftCacheActor.remote(0, 1, 1 << 30, "resumed")
-    assert ray.get(restored.stats.remote())["prompts"] == before > 0
-    ray.kill(restored)
+    run = ReuseRun.options(name="specrl_openrlhf_run_resumed").remote(settings("unused"), str(saved))
+    shard = DraftCacheActor.remote(0, 1, 1 << 30, "resumed")
+    assert ray.get(shard.stats.remote())["prompts"] == len(prompts)
+    ray.kill(shard)
+    ray.kill(run)
 
 
 def wait_for(condition, timeout=120.0):
@@ -249,11 +271,12 @@ def wait_for(condition, timeout=120.0):
     raise TimeoutError("condition not met")
 
 
-def test_killed_shards_restart_reload_the_checkpoint_and_reuse_resumes(engines, tiny_model_dir, tmp_path):
+def test_killed_shards_restart_reload_the_checkpoint_and_reuse_resumes(engines, reuse, tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
-    actors, shards, _ = engines
+    actors, _ = engines
+    shards = reuse.shards
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=200, logprobs=1)
     prompts = [f"restart test {i}: " for i in range(4)]
@@ -265,16 +288,18 @@ def test_killed_shards_restart_reload_the_checkpoint_and_reuse_resumes(engines, 
         ]
 
     ray.get(submit())  # drafts for every prompt...
-    save_draft_cache(shards, tmp_path / "ckpt")  # ...saved as the checkpoint watcher does
+    reuse.save(tmp_path / "ckpt")  # ...saved as the checkpoint watcher does
     claims_before = cache_counts(shards)[0]
     refs = submit()
     wait_for(lambda: cache_counts(shards)[0] >= claims_before + len(prompts) * N_SAMPLES)  # every sample claimed
     for shard in shards:  # in the middle of the visit: samples are decoding, their commits still to come
         ray.kill(shard, no_restart=False)
     during = ray.get(refs)
+    assert [len(out) for out in during] == [N_SAMPLES] * len(prompts)  # every prompt gets its samples
     for response in (r for out in during for r in out):  # every sample comes back whole
         start, end = response["action_ranges"][0]
         assert end > start and len(response["rollout_log_probs"]) == end and response["reward"] is not None
+    assert sum(r["extra_logs"]["reuse/cache_errors"] for out in during for r in out) > 0  # the kill did hit commits
     stats = wait_for(lambda: ray.get([s.stats.remote() for s in shards]))
     assert [s["restarts"] for s in stats] == [1, 1]
     assert sum(s["prompts"] for s in stats) >= len(prompts)  # reloaded from the checkpoint
@@ -283,19 +308,20 @@ def test_killed_shards_restart_reload_the_checkpoint_and_reuse_resumes(engines, 
     assert all(r["extra_logs"]["reuse/cache_restarts"] >= 1 for r in after)
 
 
-def test_dead_cache_actor_falls_back_to_normal_generation(engines, tiny_model_dir):
+def test_dead_cache_actor_falls_back_to_normal_generation(engines, reuse, tiny_model_dir):
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
-    actors, shards, _ = engines
-    for shard in shards:
-        ray.kill(shard)
+    actors, _ = engines
+    for shard in reuse.shards:
+        ray.kill(shard, no_restart=True)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=32, logprobs=1)
     out = ray.get(actors[0].generate_responses.remote(PROMPTS[0], LABELS[0], params, 1024, tokenizer, N_SAMPLES))
     assert len(out) == N_SAMPLES
     for response in out:
-        assert response["extra_logs"]["reuse/fallbacks"] == 1 and response["reward"] is not None
+        assert response["extra_logs"]["reuse/fallbacks"] == 1 and response["extra_logs"]["reuse/cache_errors"] >= 1
+        assert response["reward"] is not None
         start, end = response["action_ranges"][0]
         assert end > start and len(response["rollout_log_probs"]) == end
 
@@ -374,5 +400,5 @@ def test_two_turn_agent_stays_bounded_and_reuses_its_first_turns(async_engine, t
         assert len(generator.visits) <= 16  # follow-up prompts (one sample's history) never fill a visit
         assert first.nbytes <= first.max_bytes and follow_up.nbytes <= follow_up.max_bytes
     assert hits[0] == 0 and hits[-1] - hits[-2] == len(prompts) * N_SAMPLES  # first turns reuse their drafts
-    assert follow_up.evicted_prompts > 0  # follow-up turns filled their own share, not the first turns'
+    assert follow_up.commits > 0 and follow_up.nbytes > 0  # follow-up turns fill a share of their own
     assert follow_up.hits > 0  # a follow-up prompt that recurs (its first turn kept whole) gets its last response

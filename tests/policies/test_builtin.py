@@ -115,3 +115,22 @@ def test_random_cut_is_uniform():
 def test_spec_without_scores_is_an_error():
     with pytest.raises(ValueError, match="scored logprobs"):
         make("spec").cut(batch([[0.0]], None, [1], [[0.5]]))
+
+
+def test_anchored_judges_each_token_on_its_drift_since_decoding():
+    """A token that fell 0.30 -> 0.20 -> 0.13 over two visits: spec at ℓ = e^0.5 sees 0.13/0.20 = 0.65 per visit and
+    keeps it whatever the uniform; anchored sees the whole drift, 0.13/0.30, and accepts with ℓ x 0.433 = 0.71."""
+    log = math.log
+    drafts = DraftBatch(
+        draft_logprobs=torch.tensor([[log(0.2), log(0.5)]] * 2, dtype=torch.float32),  # p_prev: refreshed last visit
+        scored_logprobs=torch.tensor([[log(0.13), log(0.5)]] * 2, dtype=torch.float32),  # p_curr
+        gen_logprobs=torch.tensor([[log(0.3), log(0.5)]] * 2, dtype=torch.float32),  # p_gen: two visits ago
+        ages=torch.tensor([[2, 1]] * 2),
+        lengths=torch.tensor([2, 2]),
+        uniforms=torch.tensor([[0.70, 0.99], [0.72, 0.99]], dtype=torch.float64),
+    )
+    assert make("spec").cut(drafts).tolist() == [2, 2]
+    assert make("anchored").cut(drafts).tolist() == [2, 0]  # accepted with 1.6487 x 0.13 / 0.3 = 0.714
+    assert make("anchored", lenience=1.0).cut(drafts).tolist() == [0, 0]
+    without_p_gen = DraftBatch(**{**drafts.__dict__, "gen_logprobs": None, "ages": None})
+    assert make("anchored").cut(without_p_gen).tolist() == make("spec").cut(without_p_gen).tolist()

@@ -4,18 +4,28 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.policies import PluginError, UnknownPolicyError, load_plugin, make, policy_class, registered
+from specrl_openrlhf.policies import (
+    PluginError,
+    UnknownPolicyError,
+    builtin_names,
+    lenient_builtins,
+    load_plugin,
+    make,
+    policy_class,
+    registered,
+)
 
-REPO = Path(__file__).resolve().parents[2]
+from ..helpers import REPO
 
 
 def test_builtins_registered():
-    assert list(registered())[:6] == ["off", "spec", "exact", "random", "delayed", "full"]
+    names = ["off", "spec", "exact", "random", "delayed", "full", "lossless", "anchored"]
+    assert list(registered())[:8] == builtin_names() == names
+    assert lenient_builtins() == ["spec", "delayed", "anchored"]
 
 
 def test_unknown_name_suggests_and_lists():
@@ -41,10 +51,11 @@ def test_lenience_of_wrong_type(value):
         make("spec", lenience=value)
 
 
-def test_unknown_parameter_and_ignored_lenience():
+def test_unknown_parameter_and_a_lenience_for_a_rule_without_one():
     with pytest.raises(TypeError, match="takes no parameter temperature"):
         make("spec", temperature=1.0)
-    assert make("full", lenience=2.0).name == "full"  # one command line can switch policies
+    with pytest.raises(TypeError, match="'exact' takes no lenience; drop --lenience"):
+        make("exact", lenience=2.0)  # it would be silently ignored
 
 
 def test_params_are_frozen_and_keyword_only():
@@ -107,6 +118,39 @@ def test_plugin_registers_a_new_rule(tmp_path):
     assert sr.make("keep_two_test").name == "keep_two_test"
 
 
+def test_rules_shipped_as_a_package_load_from_entry_points(tmp_path, monkeypatch):
+    """A package advertises `[specrl_openrlhf.policies] name = module:Class`; the name works like a built-in's."""
+    package = tmp_path / "team_rules"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import torch\n"
+        "import specrl_openrlhf as sr\n\n\n"
+        "class KeepOne(sr.ReusePolicy):\n"
+        "    needs_scores = False\n\n"
+        "    def cut(self, batch):\n"
+        "        return torch.clamp(batch.lengths, max=1)\n\n\n"
+        "class NotARule:\n"
+        "    pass\n"
+    )
+    metadata = tmp_path / "team_rules-1.0.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: team-rules\nVersion: 1.0\n")
+    (metadata / "entry_points.txt").write_text(
+        "[specrl_openrlhf.policies]\nkeep_one_entry = team_rules:KeepOne\nnot_a_rule = team_rules:NotARule\n"
+        "missing_rule = team_rules_missing:Rule\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "keep_one_entry" in registered()  # listed before it is loaded
+    rule = sr.ReuseConfig(policy="keep_one_entry").build_policy()
+    assert type(rule).__name__ == "KeepOne" and rule.name == "keep_one_entry"
+    with pytest.raises(PluginError, match="not_a_rule: the entry point team_rules:NotARule of team-rules is not"):
+        make("not_a_rule")
+    with pytest.raises(PluginError, match="failed to load: ModuleNotFoundError"):
+        make("missing_rule")
+    with pytest.raises(UnknownPolicyError, match="Did you mean 'keep_one_entry'"):
+        make("keep_one_entri")
+
+
 def test_cli_lists_policies():
     out = subprocess.run(
         [sys.executable, "-m", "specrl_openrlhf", "policies"], capture_output=True, text=True, check=True
@@ -120,6 +164,9 @@ def test_core_imports_no_engine():
     """Every core module (all but `integration` and the `cli` shim) imports without vLLM, Ray, OpenRLHF,
     transformers or the plotting and logging stacks, which it loads only inside the functions that need them."""
     heavy = "{'vllm', 'ray', 'openrlhf', 'transformers', 'matplotlib', 'tensorboard', 'yaml'}"
+    grid_and_report = "import sys, specrl_openrlhf.grid, specrl_openrlhf.report; print('torch' in sys.modules)"
+    torch_loaded = subprocess.run([sys.executable, "-c", grid_and_report], capture_output=True, text=True, check=True)
+    assert torch_loaded.stdout.strip() == "False"  # the grid and the report run where torch is not installed
     code = (
         "import importlib, pkgutil, sys, specrl_openrlhf as p\n"
         "for m in pkgutil.walk_packages(p.__path__, 'specrl_openrlhf.'):\n"

@@ -65,10 +65,22 @@ def test_a_stuck_pool_scores_zero_and_recovers(reward, monkeypatch):
     for _ in range(reward.WORKERS):  # both workers busy well past the caller's patience
         pool.submit(time.sleep, 3)
     monkeypatch.setattr(reward, "STUCK_S", 0.5)
-    assert reward.score("\\boxed{2}", "2") == 0.0  # gave up; the pool was replaced
+    assert reward.score("\\boxed{2} while stuck", "2") == 0.0  # gave up; the pool was replaced
     monkeypatch.undo()
-    assert reward.score("\\boxed{2}", "2") == 1.0
+    assert reward.score("\\boxed{2} while stuck", "2") == 1.0  # a timeout is not kept as a grade
 
 
 def test_docstring_examples(reward):
     assert doctest.testmod(reward).failed == 0
+
+
+def test_a_batch_is_graded_in_parallel_and_each_distinct_response_once(reward):
+    """Reuse makes identical responses common: they cost one parse, within a call and across calls."""
+    before = reward.submitted
+    queries = ["Q \\boxed{7} once more"] * 8 + ["Q \\boxed{8} once more"] * 8
+    assert reward.math_verify_reward(queries, ["Q"] * 16, ["7"] * 16) == [1.0] * 8 + [0.0] * 8
+    assert reward.submitted - before == 2
+    assert reward.math_verify_reward(queries[:3], ["Q"] * 3, ["7"] * 3) == [1.0] * 3
+    assert reward.submitted - before == 2  # already graded: no parse
+    assert reward.math_verify_reward(["Q \\boxed{7} once more"], ["Q"], ["8"]) == [0.0]  # another label: graded
+    assert reward.submitted - before == 3

@@ -38,12 +38,3 @@ def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrid
     )
     kwargs.update(overrides)
     return kwargs
-
-
-def start_llm(model_dir, **overrides):
-    """A `vllm.LLM` on CPU that can reload its weights (see `weights.update_llm_weights`)."""
-    from vllm import LLM
-
-    from .weights import EXTENSION
-
-    return LLM(model=str(model_dir), **cpu_engine_kwargs(worker_extension_cls=EXTENSION, **overrides))

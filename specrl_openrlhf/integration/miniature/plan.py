@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...config import ReuseConfig
-from ...policies import short_name
+from ...references import short_name
 
-MAX_RULES_PER_GROUP = 4  # each group holds its engines in memory at once, and idle engines still cost CPU
+MAX_RULES_PER_GROUP = 5  # each group holds its engines in memory at once, and idle engines still cost CPU
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +100,16 @@ GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of
         ("default", "many-visits", "low-lr", "many-visits-low-lr"),
         (Method.of("spec", math.exp(0.5)), Method.of("exact")),
     ),
+    "frontier": (  # decoded tokens against accuracy: the lenient rules, the ones that stay on-policy, the ablation
+        ("default", "many-visits"),
+        (
+            Method.of("exact"),
+            Method.of("spec", math.exp(0.5)),
+            Method.of("lossless"),
+            Method.of("anchored", math.exp(0.5)),
+            Method.of("delayed", math.exp(0.5)),
+        ),
+    ),
 }
 
 
@@ -155,7 +165,8 @@ def plan(rules: list[Method], regimes: list[Regime], seeds: list[int], *, baseli
     names = [m.name for m in rules]
     if len(set(names)) != len(names):
         raise ValueError(f"the same rule twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
-    chunks = [rules[i : i + MAX_RULES_PER_GROUP] for i in range(0, len(rules), MAX_RULES_PER_GROUP)] or [[]]
+    size = math.ceil(len(rules) / math.ceil(len(rules) / MAX_RULES_PER_GROUP)) if rules else 1  # even groups
+    chunks = [rules[i : i + size] for i in range(0, len(rules), size)] or [[]]
     groups = []
     for regime in regimes:
         for seed in seeds:

@@ -1,7 +1,8 @@
 """GRPO on CPU with stock rollouts and speculative ones, side by side (`bash scripts/quickstart.sh`).
 
 A tiny model is warm-started on a noisy teacher (see `task`), then trained with GRPO several times from the same
-weights, on the same data: once with stock OpenRLHF rollouts (`off`), and once per rule. Rollouts go through
+weights, on the same data: once with stock OpenRLHF rollouts (`off`), and once per rule: by default `spec` at
+ℓ = 1.65 and `lossless`, which stays on-policy; with `--rollout_reuse RULE`, that rule alone. Rollouts go through
 OpenRLHF's own `SamplesGenerator` and `RolloutRayActor` (vLLM's async engine, one request per sample) on Ray, with
 our agent executor for the speculative runs; the reward is our math-verify reward file. After each step the new
 weights are loaded into each run's engine. The runs alternate step by step, so the machine's noise hits them alike.
@@ -28,6 +29,8 @@ from ...policies import PluginError, UnknownPolicyError
 from .plan import GRIDS, REGIMES, Method, Regime, plan, with_trace_dirs
 
 DEFAULT_POLICY, DEFAULT_LENIENCE = "spec", 1.65
+# Trained beside the baseline and `spec` when no rule is given: the rule that stays on-policy (docs/benchmarks.md).
+RECOMMENDED = Method.of("lossless")
 # Reuse flags the quickstart takes (the cache's and the checkpoint's concern only clusters).
 REUSE_FLAGS = ("policy", "lenience", "params", "reused_logprobs", "scoring", "plugins", "trace_dir", "update_every")
 REGIME_FLAGS = {"--epochs": "epochs", "--train-size": "train_size", "--lr": "lr", "--eval-every": "eval_every"}
@@ -145,6 +148,8 @@ def planned_groups(args, overrides: dict):
         if lenience is None and args.rollout_reuse is None:
             lenience = DEFAULT_LENIENCE
         rules = [Method.of(given.policy, lenience, given.params, **shared)]
+        if args.rollout_reuse is None and not args.only:  # the default: show the trade-off against the safe rule
+            rules.append(Method(RECOMMENDED.name, replace(RECOMMENDED.config, **shared)))
         regimes = [replace(REGIMES["default"], **overrides)]
     args.main_method = rules[0]
     groups = plan(rules, regimes, args.seeds, baseline=not args.only)
@@ -181,11 +186,35 @@ def open_loggers(run, args, out: Path) -> None:
         logger_args.wandb.run_name = run.label
         run.loggers.append(TensorboardLogger(types.SimpleNamespace(logger=logger_args)))
     if args.wandb:
-        from ..wandb_logs import offline_logger
+        run.loggers.append(DeferredWandbLogger(run.label, run.group, described))
 
-        run.loggers.append(
-            offline_logger(out / "wandb", project="specrl-quickstart", group=run.group, run=run, cell=described)
-        )
+
+class DeferredWandbLogger:
+    """OpenRLHF's WandbLogger for one run, in wandb's offline mode (`--wandb offline`). That logger logs through
+    wandb's one current run per process, and a group's runs train side by side, so each run's logs are kept and
+    handed to a WandbLogger of its own when the run ends: what it writes is what OpenRLHF's logger writes."""
+
+    def __init__(self, name: str, group: str, cell: dict):
+        self.name, self.group, self.cell = name, group, cell
+        self.calls: list[tuple[str, int, dict]] = []
+
+    def log_train(self, step: int, logs: dict) -> None:
+        self.calls.append(("log_train", step, dict(logs)))
+
+    def log_eval(self, step: int, logs: dict) -> None:
+        self.calls.append(("log_eval", step, dict(logs)))
+
+    def close(self) -> None:
+        import types
+
+        from openrlhf.utils.logging_utils import WandbLogger
+
+        wandb = types.SimpleNamespace(key=None, org=None, project="specrl-quickstart", group=self.group)
+        wandb.run_name = self.name
+        logger = WandbLogger(types.SimpleNamespace(logger=types.SimpleNamespace(wandb=wandb), **self.cell))
+        for method, step, logs in self.calls:
+            getattr(logger, method)(step, logs)
+        logger.close()
 
 
 def warm_start_with_progress(config, task, bar) -> Path:
@@ -253,6 +282,8 @@ def main(argv=None) -> int:
     logging.getLogger("openrlhf").setLevel(logging.WARNING)
     transformers_logging.disable_progress_bar()  # its per-load bars would break up ours
     out = Path(args.out).resolve()
+    if args.wandb:  # wandb's own settings: runs in OUT/wandb, nothing sent anywhere
+        os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(out), WANDB_SILENT="true")
     done = finished_groups(out, groups) if args.resume else set()
     todo = [group for group in groups if group.key not in done]
     steps = sum(g.regime.epochs * g.regime.steps_per_epoch(args.rollout_batch) * len(g.runs) for g in todo)

@@ -118,7 +118,38 @@ def summary_lines(paired: list[dict], series: list[report.RunSeries], accuracy_b
         ]
     if accuracy_before is not None:
         lines.append(f"  warm start: held-out accuracy {100 * accuracy_before:.1f}")
+    if len(paired) > 1:
+        lines.append(advice(paired))
     return lines
+
+
+def kept_accuracy(row: dict) -> bool:
+    """Within noise of the baseline: the 95% interval holds 0 (one seed: within 2 points, a weaker reading)."""
+    if math.isnan(row["acc_diff_lo"]):
+        return abs(row["acc_diff"]) <= 0.02
+    return row["acc_diff_lo"] <= 0.0 <= row["acc_diff_hi"]
+
+
+def advice(paired: list[dict]) -> str:
+    """The summary's one line on which rule to use when, from this run's own numbers."""
+    safe = [r for r in paired if kept_accuracy(r)]
+    cheapest = max(paired, key=lambda r: r["token_ratio"])
+    if not safe:
+        return (
+            f"which rule: none kept the baseline's held-out accuracy here; {cheapest['method']} decoded "
+            f"{cheapest['token_ratio']:.2f}x fewer tokens at {100 * cheapest['acc_diff']:+.1f} points"
+        )
+    best = max(safe, key=lambda r: r["token_ratio"])
+    line = (
+        f"which rule: {best['method']} kept the baseline's held-out accuracy ({100 * best['acc_diff']:+.1f} points) "
+        f"decoding {best['token_ratio']:.2f}x fewer tokens: use it"
+    )
+    if cheapest is not best:
+        line += (
+            f"; {cheapest['method']} decodes {cheapest['token_ratio']:.2f}x fewer at {100 * cheapest['acc_diff']:+.1f}"
+            " points, for when rollout time matters more than that"
+        )
+    return line
 
 
 def result_line(paired: list[dict], main_method: str, accuracy_before: float | None, out: Path) -> str:

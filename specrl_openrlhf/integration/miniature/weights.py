@@ -1,4 +1,4 @@
-"""Weight updates for a vLLM engine on CPU, as a vLLM worker extension (used by tests, quickstart, benchmark).
+"""Weight updates for a vLLM engine on CPU, as a vLLM worker extension (used by tests, the quickstart, benchmarks).
 
 On CPU, `load_weights` after start-up fails (linear layers repack their weights), while
 `model_runner.reload_weights` with the full checkpoint-format state dict works. Tensors passed through
@@ -48,13 +48,6 @@ def write_weights(state: dict[str, torch.Tensor], path: str | Path) -> str:
         state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     save_file(state, str(path))
     return str(path)
-
-
-def update_llm_weights(llm, state: dict[str, torch.Tensor], scratch_dir: str | Path) -> None:
-    """Load `state` into a `vllm.LLM` started with `worker_extension_cls=EXTENSION`, and drop its prefix cache."""
-    path = write_weights(state, Path(scratch_dir) / "weights.safetensors")
-    llm.collective_rpc("reload_safetensors", args=(path,))
-    llm.reset_prefix_cache()
 
 
 async def reload_async_engine(engine, path: str) -> None:

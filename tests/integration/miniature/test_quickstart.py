@@ -1,34 +1,31 @@
-"""The quickstart: bad flags fail at once; the whole loop (warm start, Ray, OpenRLHF's rollout actors, GRPO, weight
-sync, reward, report) runs end to end in two tiny epochs."""
+"""The quickstart's flags, plans and summary; its end-to-end run is tests/docs/test_prototyping.py (the tutorial's
+first command is the quickstart's default run)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+import math
 
-import numpy as np
 import pytest
 
-import specrl_openrlhf as sr
-from specrl_openrlhf import report
-from specrl_openrlhf.integration.miniature import quickstart
-from specrl_openrlhf.replay import replay, tally
-from specrl_openrlhf.trace import read_traces
-
-REPO = Path(__file__).resolve().parents[3]
+from specrl_openrlhf.integration.miniature import quickstart, summary
+from specrl_openrlhf.integration.miniature.plan import GRIDS, REGIMES, Method, plan
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--policy", "specc"], "Did you mean 'spec'"),
+        (["--rollout_reuse", "specc"], "Did you mean 'spec'"),
         (["--lenience", "-1"], "--lenience: lenience must be > 0, got -1.0"),
         (["--lenience", "nan"], "must be > 0"),
-        (["--policy", "off"], "--policy off is the baseline"),
-        (["--epochs", "0"], "--epochs must be >= 1"),
+        (["--rollout_reuse", "exact", "--lenience", "2"], "'exact' takes no lenience; drop --lenience"),
+        (["--rollout_reuse", "off"], "--rollout_reuse off is the baseline"),
+        (["--epochs", "0"], "epochs must be >= 1"),
         (["--samples", "1"], "--samples must be >= 2"),
+        (["--seeds", "0,x"], "give seeds as integers"),
+        (["--seeds", "1,1"], "give distinct seeds"),
         (["--grid", "lenience", "--only"], "exclude each other"),
+        (["--grid", "lenience", "--rollout_reuse", "exact"], "--grid lenience trains its own rules; drop"),
+        (["--grid", "drift", "--epochs", "2"], "--grid drift sets --epochs per regime; drop them"),
+        (["--rollout_reuse", "rule.py"], "the class name is missing"),
     ],
 )
 def test_bad_flags_fail_at_once(argv, message, capsys, tmp_path):
@@ -46,80 +43,89 @@ def test_unwritable_output_folder_fails_at_once(capsys, tmp_path):
     assert f"--out {blocker / 'out'}: not a writable folder" in capsys.readouterr().err
 
 
-@pytest.mark.ray
-def test_two_tiny_epochs_end_to_end(tmp_path):
-    out = tmp_path / "out"
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "VLLM_LOGGING_LEVEL": "ERROR"}
-    flags = ["--epochs", "2", "--train-size", "8", "--held-out-size", "8", "--rollout-batch", "4", "--samples", "2"]
-    process = subprocess.run(
-        [sys.executable, "-m", "specrl_openrlhf.integration.miniature.quickstart", *flags, "--warm-start-steps", "4"]
-        + ["--out", str(out), "--trace-dir", str(tmp_path / "traces"), "--tensorboard", str(tmp_path / "tb")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+def labels(groups):
+    return [[run.label for run in group.runs] for group in groups]
+
+
+def test_the_default_trains_spec_and_the_recommended_rule_beside_off(tmp_path):
+    args = quickstart.parse_args(["--out", str(tmp_path)])
+    assert labels(args.groups) == [["off", "spec@1.65", "lossless"]]
+    assert args.main_method.name == "spec@1.65"
+    one = quickstart.parse_args(["--rollout_reuse", "exact", "--seeds", "0,2", "--out", str(tmp_path)])
+    assert labels(one.groups) == [["default-s0-off", "default-s0-exact"], ["default-s2-off", "default-s2-exact"]]
+    assert [g.seed for g in one.groups] == [0, 2]
+    overridden = quickstart.parse_args(
+        ["--epochs", "12", "--train-size", "96", "--lr", "1e-4", "--out", str(tmp_path)]
     )
-    assert process.returncode == 0, process.stderr[-4000:]
-    last = process.stdout.strip().splitlines()[-1]
-    assert last.startswith("RESULT ") and f"out={out}" in last
-    result = dict(item.split("=", 1) for item in last.split()[1:])
-    assert float(result["token_ratio"]) > 1.0  # the spec run reused drafts in its second epoch
+    regime = overridden.groups[0].regime
+    assert (regime.epochs, regime.train_size, regime.lr) == (12, 96, 1e-4)
 
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert [r["name"] for r in metrics["runs"]] == ["off", "spec"]
-    steps = {
-        name: [r for r in metrics["rows"] if r["kind"] == "step" and r["run"] == name] for name in ("off", "spec")
-    }
-    assert [len(rows) for rows in steps.values()] == [4, 4]  # 2 epochs x 2 steps of 4 prompts
-    for rows in steps.values():
-        assert all(r["samples"] == 8 and 0.0 <= r["reward"] <= 1.0 and r["response_tokens"] > 0 for r in rows)
-    off, spec = steps["off"], steps["spec"]
-    assert all(r["reused_tokens"] == 0 and r["decoded_tokens"] == r["response_tokens"] for r in off)
-    assert all(r["drafts_found"] == 0 for r in spec if r["epoch"] == 0)
-    assert all(r["drafts_found"] == 8 and r["reused_tokens"] > 0 for r in spec if r["epoch"] == 1)
-    # Drafts scored under weights that differ from those that wrote them: the trainer's updates reached the engine.
-    assert all(r["mean_log_ratio"] != 0.0 for r in spec if r["epoch"] == 1)
-    epochs = [r for r in metrics["rows"] if r["kind"] == "epoch"]
-    assert len(epochs) == 4 and all(0.0 <= r["held_out_accuracy"] <= 1.0 for r in epochs)
-    for name in ("metrics.csv", "table.md", "table.csv"):
-        assert (out / name).stat().st_size > 0
-    for name in ("runs.png", "per_run/off.png", "per_run/spec.png"):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # Offline replay of the run's own rule on its traces reproduces the run's cuts and reuse.
-    records = read_traces(tmp_path / "traces" / "spec")
-    assert len(records) == sum(r["drafts_found"] for r in spec)
-    cuts = replay(sr.make("spec"), records)
-    assert np.array_equal(cuts, records.cut)
-    assert tally("spec", records, cuts).reused_tokens == sum(r["reused_tokens"] for r in spec)
-    rules = ["spec", "exact", "random", "full", f"{REPO / 'policies' / 'adaptive_lenience.py'}:AdaptiveLenience"]
-    table = subprocess.run(
-        [sys.executable, "-m", "specrl_openrlhf", "replay", str(tmp_path / "traces"), "--rollout_reuse", *rules],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rows = [line for line in table.splitlines() if line.startswith("| ")][2:]  # past the header and its rule
-    assert len(rows) == 1 + len(rules) and rows[0].startswith("| recorded")
-    assert [row.split(" | ")[0] for row in rows[1:5]] == ["| spec(lenience=1.6487212707001282)", "| exact()"] + [
-        "| random()",
-        "| full()",
+def test_grids_plan_every_regime_and_seed_side_by_side(tmp_path):
+    args = quickstart.parse_args(["--grid", "drift", "--seeds", "0,1,2", "--out", str(tmp_path)])
+    regimes, rules = GRIDS["drift"]
+    assert len(args.groups) == len(regimes) * 3 and all(len(g.runs) == 1 + len(rules) for g in args.groups)
+    assert {g.regime.name for g in args.groups} == set(regimes)
+    for name in regimes:  # the same number of steps in every regime: only how they are spread differs
+        regime = REGIMES[name]
+        assert regime.epochs * regime.steps_per_epoch(32) == 36
+    lenience = quickstart.parse_args(["--grid", "lenience", "--out", str(tmp_path)])
+    assert [len(g.runs) for g in lenience.groups] == [5, 5]  # 8 rules: two groups, each with its own baseline
+    assert labels(lenience.groups)[1][0] == "off#1"
+    frontier = quickstart.parse_args(["--grid", "frontier", "--seeds", "0,1,2", "--out", str(tmp_path)])
+    assert [g.key for g in frontier.groups][:3] == ["default/s0", "default/s1", "default/s2"]
+    assert labels(frontier.groups)[0] == [
+        "default-s0-" + name for name in ("off", "exact", "spec@e^0.5", "lossless", "anchored@e^0.5", "delayed@e^0.5")
     ]
 
-    # The report reads the run twice over: our metrics.json, and the TensorBoard logs written with OpenRLHF's own
-    # logger, through TensorBoard's reader; both give the same totals.
-    from_json = {run.name: run for run in report.discover(out)}
-    from_tensorboard = {run.name: run for run in report.discover(tmp_path / "tb")}
-    assert sorted(from_json) == sorted(from_tensorboard) == ["off", "spec"]
-    for name in ("off", "spec"):
-        for key in ("decoded_tokens", "rollout_s"):
-            assert from_tensorboard[name].total(key) == pytest.approx(from_json[name].total(key), rel=1e-5)
-        assert from_tensorboard[name].final_accuracy() == pytest.approx(from_json[name].final_accuracy())
-    assert from_tensorboard["spec"].policy == "spec" and from_tensorboard["spec"].lenience == pytest.approx(
-        sr.DEFAULT_LENIENCE
-    )
-    printed = subprocess.run(
-        [sys.executable, "-m", "specrl_openrlhf.report", str(tmp_path / "tb")], capture_output=True, text=True
-    )
-    assert printed.returncode == 0, printed.stderr
-    assert "| Tokens (M) | Speedup | held_out |" in printed.stdout and "| spec | spec | 1.65 |" in printed.stdout
+
+def test_plans_refuse_the_same_rule_twice():
+    with pytest.raises(ValueError, match="the same rule twice: spec@1.65"):
+        plan([Method.of("spec", 1.65), Method.of("spec", 1.65)], [REGIMES["default"]], [0])
+
+
+def test_resume_keeps_the_groups_that_finished(tmp_path):
+    args = quickstart.parse_args(["--seeds", "0,1", "--out", str(tmp_path)])
+    done_rows = [
+        {"kind": "epoch", "run": label, "epoch": e, "held_out_accuracy": 0.5}
+        for label in labels(args.groups)[0]
+        for e in range(3)
+    ]
+    half = [{"kind": "epoch", "run": labels(args.groups)[1][0], "epoch": 0}]
+    runs = [{"name": label, "acc_before": 0.4} for label in labels(args.groups)[0]]
+    (tmp_path / "metrics.json").write_text(json.dumps({"runs": runs, "rows": done_rows + half}))
+    assert quickstart.finished_groups(tmp_path, args.groups) == {"default/s0"}
+    assert len(args.groups[0].runs[0].rows) == 3 and args.groups[0].runs[0].accuracy_before == 0.4
+
+
+def paired_row(method, token_ratio, diff, lo, hi):
+    nan = math.nan
+    return {
+        "regime": "default",
+        "method": method,
+        "seeds": 3,
+        "token_ratio": token_ratio,
+        "time_ratio": 1.1,
+        "acc": 0.7 + diff,
+        "acc_off": 0.7,
+        "acc_diff": diff,
+        "acc_diff_lo": lo,
+        "acc_diff_hi": hi,
+        "kl_prev_curr": 0.02,
+        "excess_acceptance": nan,
+        "drift_since_decode": nan,
+        "reused_token_age": nan,
+    }
+
+
+def test_the_summary_says_which_rule_to_use_when():
+    spec = paired_row("spec@1.65", 2.3, -0.08, -0.12, -0.04)
+    lossless = paired_row("lossless", 2.0, -0.005, -0.03, 0.02)
+    line = summary.advice([spec, lossless])
+    assert line.startswith("which rule: lossless kept the baseline's held-out accuracy (-0.5 points)")
+    assert "spec@1.65 decodes 2.30x fewer at -8.0 points" in line
+    assert summary.advice([spec]).startswith("which rule: none kept")
+    result = summary.result_line([spec, lossless], "spec@1.65", 0.4, tmp := "/out")
+    assert result.startswith("RESULT token_ratio=2.30 time_ratio=1.10 acc_before=0.400 acc_off=0.700")
+    assert "acc_diff=-0.080 acc_diff_lo=-0.120 acc_diff_hi=-0.040 seeds=3" in result
+    assert "token_ratio[lossless]=2.00 acc_diff[lossless]=-0.005" in result and result.endswith(f"out={tmp}")

@@ -18,8 +18,8 @@ def test_tokenizer_keeps_spaces_and_newlines(tiny_model_dir):
     assert tokenizer.eos_token_id == EOS_ID
 
 
-def test_vllm_detokenizes_whitespace(llm):
-    pytest.importorskip("vllm")
-    tokenizer = llm.get_tokenizer()
+@pytest.mark.engine
+def test_vllm_detokenizes_whitespace(async_engine):
+    tokenizer = async_engine[0].tokenizer
     ids = tokenizer("a\nb c", add_special_tokens=False)["input_ids"]
     assert len(ids) == 5 and tokenizer.decode(ids) == "a\nb c"

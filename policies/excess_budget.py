@@ -1,0 +1,76 @@
+"""Worked example (issue: rules that stay on-policy): a budget on excess acceptance, steered across batches.
+
+Excess acceptance is the share of scored draft tokens kept only because of lenience, mean(min(1, ℓ r) - min(1, r))
+with r = p_curr / p_prev (the staleness meter logs it as `reuse/excess_acceptance`). This rule steers log ℓ so that
+it stays near a budget: when the policy moves fast and lenience starts keeping many tokens the current policy would
+not, ℓ shrinks towards exact acceptance; when it barely moves, ℓ grows. Every engine reports the sums of its batches;
+one coordinator updates the rule once per `--reuse.update_every` samples (see policies/adaptive_lenience.py).
+
+    python -m specrl_openrlhf replay TRACES --rollout_reuse spec policies/excess_budget.py:ExcessBudget
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+import specrl_openrlhf as sr
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExcessBudgetParams:
+    budget: float = 0.01  # the excess acceptance to hold, per scored token
+    lenience: float = sr.DEFAULT_LENIENCE  # the starting lenience
+    gain: float = 20.0  # change of log ℓ per unit of error, per update
+    max_lenience: float = math.exp(2.0)
+
+    def __post_init__(self):
+        if not 0.0 < self.budget < 1.0:
+            raise ValueError(f"excess_budget: budget must be in (0, 1), got {self.budget!r}")
+        sr.policies.check_lenience("excess_budget", self.lenience)
+        if not (self.gain > 0 and math.isfinite(self.gain)):
+            raise ValueError(f"excess_budget: gain must be a positive number, got {self.gain!r}")
+        if not 1.0 <= self.lenience <= self.max_lenience < math.inf:
+            raise ValueError(
+                f"excess_budget: need 1 <= lenience <= max_lenience < inf, got {self.lenience} and {self.max_lenience}"
+            )
+
+
+class ExcessBudget(sr.ReusePolicy):
+    """Spec rule whose lenience is steered to hold the excess acceptance at a budget."""
+
+    Params = ExcessBudgetParams
+    prefix_decidable = True  # within a batch the lenience is fixed
+    keeps_state = True
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.log_lenience = math.log(self.params.lenience)
+
+    @property
+    def lenience(self) -> float:
+        return math.exp(self.log_lenience)
+
+    def cut(self, batch: sr.DraftBatch) -> torch.Tensor:
+        return sr.policies.lenient_cut(batch, self.lenience)
+
+    def feedback(self, batch: sr.DraftBatch, cuts: torch.Tensor) -> dict[str, float]:
+        scored = batch.mask & ~torch.isnan(batch.scored_logprobs)  # p_curr is NaN where the rule did not need it
+        log_ratio = (batch.scored_logprobs.double() - batch.draft_logprobs.double())[scored]
+        exact = torch.clamp(log_ratio, max=0.0).exp()
+        lenient = torch.clamp(self.log_lenience + log_ratio, max=0.0).exp()
+        return {"excess": float((lenient - exact).sum()), "scored": float(scored.sum())}
+
+    def update(self, feedback: dict[str, float]) -> None:
+        if feedback.get("scored", 0.0) <= 0:
+            return
+        error = self.params.budget - feedback["excess"] / feedback["scored"]
+        self.log_lenience = min(
+            max(self.log_lenience + self.params.gain * error, 0.0), math.log(self.params.max_lenience)
+        )
+
+    def state_dict(self) -> dict[str, float]:
+        return {"log_lenience": self.log_lenience}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.log_lenience = float(state["log_lenience"])

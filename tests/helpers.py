@@ -1,0 +1,30 @@
+"""Helpers that several test modules share (a module of their own, so no test module imports another)."""
+
+from pathlib import Path
+
+import numpy as np
+
+import specrl_openrlhf as sr
+
+REPO = Path(__file__).resolve().parents[1]
+ADAPTIVE = f"{REPO / 'policies' / 'adaptive_lenience.py'}:AdaptiveLenience"
+
+
+def draft(tokens, logprobs=None, finish="stop"):
+    logprobs = [-1.0] * len(tokens) if logprobs is None else logprobs
+    return sr.Draft(np.asarray(tokens, np.int32), np.asarray(logprobs, np.float32), finish)
+
+
+def cut_drafts(planner, count: int, seed: int = 0):
+    """`count` scored drafts of varying length through the planner, as a rollout would cut them."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(count):
+        length = int(rng.integers(1, 30))
+        logprobs = rng.uniform(-2.0, 0.0, length).astype(np.float32)
+        sample = planner.new_sample([1, 2, 3], 64, draft([5] * length, logprobs), key=i.to_bytes(16, "little"))
+        if planner.scores_drafts:  # as the rollout does: only rules that score drafts get p_curr
+            sample.scored = logprobs - rng.exponential(0.3, length).astype(np.float32)
+        samples.append(sample)
+    planner.decide(samples)
+    return samples

@@ -30,47 +30,18 @@ class AdaptiveLenienceParams:
     def __post_init__(self):
         if not 0.0 < self.target_kept < 1.0:
             raise ValueError(f"adaptive_lenience: target_kept must be in (0, 1), got {self.target_kept!r}")
-        sr.policies.check_lenience("adaptive_lenience", self.lenience)
-        if not (self.gain > 0 and math.isfinite(self.gain)):
-            raise ValueError(f"adaptive_lenience: gain must be a positive number, got {self.gain!r}")
-        if not (1.0 <= self.lenience <= self.max_lenience < math.inf):
-            raise ValueError(
-                f"adaptive_lenience: need 1 <= lenience <= max_lenience < inf, got {self.lenience} and "
-                f"{self.max_lenience}"
-            )
+        sr.policies.check_steering("adaptive_lenience", self)
 
 
-class AdaptiveLenience(sr.ReusePolicy):
+class AdaptiveLenience(sr.SteeredLenience):
     """Spec rule whose lenience is steered to keep `target_kept` of the draft tokens."""
 
     Params = AdaptiveLenienceParams
-    prefix_decidable = True  # within a batch the lenience is fixed, so the first rejection still decides the cut
-    keeps_state = True
-
-    def __init__(self, params=None):
-        super().__init__(params)
-        self.log_lenience = math.log(self.params.lenience)
-
-    @property
-    def lenience(self) -> float:
-        return math.exp(self.log_lenience)
-
-    def cut(self, batch: sr.DraftBatch) -> torch.Tensor:
-        return sr.policies.lenient_cut(batch, self.lenience)
 
     def feedback(self, batch: sr.DraftBatch, cuts: torch.Tensor) -> dict[str, float]:
         return {"kept": float(cuts.sum()), "offered": float(batch.lengths.sum())}
 
-    def update(self, feedback: dict[str, float]) -> None:
+    def error(self, feedback: dict[str, float]) -> float | None:
         if feedback.get("offered", 0.0) <= 0:
-            return
-        error = self.params.target_kept - feedback["kept"] / feedback["offered"]
-        self.log_lenience = min(
-            max(self.log_lenience + self.params.gain * error, 0.0), math.log(self.params.max_lenience)
-        )
-
-    def state_dict(self) -> dict[str, float]:
-        return {"log_lenience": self.log_lenience}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.log_lenience = float(state["log_lenience"])
+            return None
+        return self.params.target_kept - feedback["kept"] / feedback["offered"]

@@ -27,32 +27,13 @@ class ExcessBudgetParams:
     def __post_init__(self):
         if not 0.0 < self.budget < 1.0:
             raise ValueError(f"excess_budget: budget must be in (0, 1), got {self.budget!r}")
-        sr.policies.check_lenience("excess_budget", self.lenience)
-        if not (self.gain > 0 and math.isfinite(self.gain)):
-            raise ValueError(f"excess_budget: gain must be a positive number, got {self.gain!r}")
-        if not 1.0 <= self.lenience <= self.max_lenience < math.inf:
-            raise ValueError(
-                f"excess_budget: need 1 <= lenience <= max_lenience < inf, got {self.lenience} and {self.max_lenience}"
-            )
+        sr.policies.check_steering("excess_budget", self)
 
 
-class ExcessBudget(sr.ReusePolicy):
+class ExcessBudget(sr.SteeredLenience):
     """Spec rule whose lenience is steered to hold the excess acceptance at a budget."""
 
     Params = ExcessBudgetParams
-    prefix_decidable = True  # within a batch the lenience is fixed
-    keeps_state = True
-
-    def __init__(self, params=None):
-        super().__init__(params)
-        self.log_lenience = math.log(self.params.lenience)
-
-    @property
-    def lenience(self) -> float:
-        return math.exp(self.log_lenience)
-
-    def cut(self, batch: sr.DraftBatch) -> torch.Tensor:
-        return sr.policies.lenient_cut(batch, self.lenience)
 
     def feedback(self, batch: sr.DraftBatch, cuts: torch.Tensor) -> dict[str, float]:
         scored = batch.mask & ~torch.isnan(batch.scored_logprobs)  # p_curr is NaN where the rule did not need it
@@ -61,16 +42,7 @@ class ExcessBudget(sr.ReusePolicy):
         lenient = torch.clamp(self.log_lenience + log_ratio, max=0.0).exp()
         return {"excess": float((lenient - exact).sum()), "scored": float(scored.sum())}
 
-    def update(self, feedback: dict[str, float]) -> None:
+    def error(self, feedback: dict[str, float]) -> float | None:
         if feedback.get("scored", 0.0) <= 0:
-            return
-        error = self.params.budget - feedback["excess"] / feedback["scored"]
-        self.log_lenience = min(
-            max(self.log_lenience + self.params.gain * error, 0.0), math.log(self.params.max_lenience)
-        )
-
-    def state_dict(self) -> dict[str, float]:
-        return {"log_lenience": self.log_lenience}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.log_lenience = float(state["log_lenience"])
+            return None
+        return self.params.budget - feedback["excess"] / feedback["scored"]

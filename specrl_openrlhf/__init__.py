@@ -18,6 +18,7 @@ _EXPORTS = {
     "DraftBatch": "policies",
     "PluginError": "policies",
     "ReusePolicy": "policies",
+    "SteeredLenience": "policies",
     "UnknownPolicyError": "policies",
     "describe_policies": "policies",
     "load_plugin": "policies",

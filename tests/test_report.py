@@ -65,9 +65,17 @@ def a_real_picture(path: Path) -> bool:
     return image.format == "PNG" and min(pixels.shape) > 100 and pixels.std() > 10
 
 
+def test_runs_not_trained_yet_are_left_out(grid_run):
+    metrics = json.loads((grid_run / "metrics.json").read_text())
+    planned = dict(metrics["runs"][0], name="planned-later")  # a grid's later group, written before it trains
+    (grid_run / "metrics.json").write_text(json.dumps(dict(metrics, runs=metrics["runs"] + [planned])))
+    names = [run.name for run in report.load_cpu_metrics(grid_run / "metrics.json")]
+    assert "planned-later" not in names and len(names) == len(metrics["runs"])
+
+
 def test_plots_per_run_per_grid_and_against_lenience(grid_run, tmp_path):
     files = report.write_report(report.load_cpu_metrics(grid_run / "metrics.json"), tmp_path / "out")
-    assert sorted(files) == ["csv", "lenience", "markdown", "paired", "paired_csv", "plot"]
+    assert sorted(files) == ["csv", "frontier", "lenience", "markdown", "paired", "paired_csv", "plot"]
     pngs = [files["plot"], files["lenience"], *sorted((tmp_path / "out" / "per_run").glob("*.png"))]
     assert len(pngs) == 2 + 10 and all(a_real_picture(p) for p in pngs)
 
@@ -138,6 +146,9 @@ def test_paired_rows_pair_each_seed_with_its_own_baseline(tmp_path):
     assert exact["seeds"] == 1 and exact["acc_diff"] == 0.0 and math.isnan(exact["acc_diff_lo"])
     gap = report.plot_staleness_gap([spec, exact], tmp_path / "gap.png")
     assert gap is not None and a_real_picture(gap)
+    frontier = report.plot_frontier([spec, exact], tmp_path / "frontier.png")
+    assert frontier is not None and a_real_picture(frontier)
+    assert report.plot_frontier([dict(spec, acc_diff=math.nan)], tmp_path / "none.png") is None
     assert "| r | spec | 3 | 3.00× |" in report.paired_markdown([spec, exact])
 
 
@@ -152,7 +163,7 @@ def test_command_line(grid_run, tmp_path):
     assert missing.returncode == 2 and "no such folder" in missing.stderr
     (tmp_path / "empty").mkdir()
     empty = run(str(tmp_path / "empty"))
-    assert empty.returncode == 2 and "no metrics.json or TensorBoard event files" in empty.stderr
+    assert empty.returncode == 2 and "no metrics.json, TensorBoard event files or wandb runs" in empty.stderr
 
 
 def test_per_draft_values_in_tensorboard_logs_are_means_over_drafts(tmp_path):

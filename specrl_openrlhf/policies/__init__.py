@@ -25,6 +25,7 @@ from .registry import (
     registered,
     takes_lenience,
 )
+from .steered import SteeredLenience, check_steering
 
 __all__ = [
     "DEFAULT_LENIENCE",
@@ -33,9 +34,11 @@ __all__ = [
     "NoParams",
     "PluginError",
     "ReusePolicy",
+    "SteeredLenience",
     "UnknownPolicyError",
     "builtin_names",
     "check_lenience",
+    "check_steering",
     "describe_policies",
     "first_rejection",
     "lenient_acceptance_logprob",

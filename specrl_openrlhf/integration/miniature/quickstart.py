@@ -11,6 +11,8 @@ weights are loaded into each run's engine. The runs alternate step by step, so t
 against off with a 95% interval over seeds. `--grid lenience` runs the paper's lenience ablation in miniature;
 `--grid drift` the staleness ablation: off, spec at e^0.5 and exact in four regimes that vary how often prompts come
 back and how far the policy moves between visits, at the same number of steps.
+`--grid frontier` trains exact, spec at e^0.5, lossless, anchored and delayed beside off in the default and the
+many-visit regimes: decoded tokens against accuracy.
 """
 
 from __future__ import annotations

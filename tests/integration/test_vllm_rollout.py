@@ -245,13 +245,18 @@ def test_weight_update_between_scoring_and_continuation(async_engine, set_weight
             await reload_async_engine(engine, newer)
         return await plain(prompt, sampling)
 
-    gen = generator(engine, sr.make("spec", lenience=1.0), generate=generate, samples_per_visit=1)
-    set_weights(0.3, 10)
-    rollout(async_engine, gen, PROMPTS[:1], params(n=1))  # the draft, under older weights (seed 10)
-    set_weights(0.25, 10)  # the old weights, that score the draft: close to the drafting ones
-    armed[0] = True
-    batch = rollout(async_engine, gen, PROMPTS[:1], params(n=1))
-    out = batch.outputs[0][0]
+    # A draft can be kept whole (no continuation to update before) or cut at its first token (no prefix to check):
+    # a fresh draft per attempt until one is cut in its middle. Each attempt fails with probability well under 1/2.
+    for attempt in range(8):
+        gen = generator(engine, sr.make("spec", lenience=1.0), seed=attempt, generate=generate, samples_per_visit=1)
+        armed[0], updated[:] = False, []
+        set_weights(0.3, 10)
+        rollout(async_engine, gen, PROMPTS[:1], params(n=1))  # the draft, under older weights (seed 10)
+        set_weights(0.25, 10)  # the old weights, that score the draft: close to the drafting ones
+        armed[0] = True
+        out = rollout(async_engine, gen, PROMPTS[:1], params(n=1)).outputs[0][0]
+        if updated and 0 < out.verified_prefix_len < len(out.token_ids):
+            break
     assert updated and out.stats.drafts_found == 1 and 0 < out.verified_prefix_len < len(out.token_ids)
     k = out.verified_prefix_len
     new = score(async_engine, PROMPTS[0], out.token_ids)  # the weights now: seed 11

@@ -83,12 +83,15 @@ def continuation_params(
     params: SamplingParams, max_tokens: int, verified: int, sample_index: int = 0, top_k: int = 0
 ) -> SamplingParams:
     """The user's params for one continuation after `verified` reused tokens: n=1, the remaining budget, the
-    remaining minimum length, and logprobs on (the cache needs them; `top_k` per token for rules that redraw)."""
+    remaining minimum length, and logprobs on (the cache needs them; `top_k` per token for rules that redraw).
+    Without stop strings vLLM does not detokenize: the caller decodes the whole response once."""
     out = params.clone()
     out.n = 1
     out.max_tokens = max_tokens
     out.min_tokens = max(0, (params.min_tokens or 0) - verified)
     out.logprobs = max(params.logprobs or 0, top_k)
+    if not out.stop:  # the text is decoded once from the assembled ids; vLLM would also decode every top-k token
+        out.detokenize = False
     if params.seed is not None:  # n separate requests with one seed would all sample the same tokens
         out.seed = params.seed + sample_index
     return out

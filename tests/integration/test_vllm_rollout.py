@@ -20,6 +20,7 @@ SamplingParams = vllm.SamplingParams
 from specrl_openrlhf.integration.vllm_rollout import (  # noqa: E402
     AsyncSpeculativeGenerator,
     LocalDraftStore,
+    continuation_params,
     engine_generate,
     engine_limits,
     gather_samples,
@@ -451,6 +452,14 @@ def test_siblings_read_the_prompt_from_the_cache(async_engine, set_weights):
     assert full.scoring_prefill_tokens == full.scored_tokens + prompt_tokens
     # per visit: the prompt once, and at most its last partial block (35 = 32 + 3) again for each of 4 samples
     assert chunked.scoring_prefill_tokens <= chunked.scored_tokens + len(PROMPTS) * (35 + 4 * 3)
+
+
+def test_continuations_leave_detokenizing_to_the_caller_unless_stop_strings_need_it():
+    """Decoding every top-k token of every position cost `lossless` more than its log-probs (docs/benchmarks.md)."""
+    plain = continuation_params(SamplingParams(max_tokens=64, logprobs=0), 40, 24, top_k=20)
+    assert plain.detokenize is False and plain.logprobs == 20 and plain.max_tokens == 40
+    with_stop = continuation_params(SamplingParams(max_tokens=64, stop=["\n\n"]), 40, 24)
+    assert with_stop.detokenize is True and with_stop.stop == ["\n\n"]
 
 
 # ---- lossless on the engine -----------------------------------------------------------------------------------------

@@ -131,24 +131,26 @@ def kept_accuracy(row: dict) -> bool:
 
 
 def advice(paired: list[dict]) -> str:
-    """The summary's one line on which rule to use when, from this run's own numbers."""
+    """The summary's one line on which rule to use when, from this run's own numbers: tokens, rollout time and
+    accuracy side by side, since a rule can save tokens and still make rollouts slower (`lossless` on CPU)."""
+
+    def cost(row: dict) -> str:
+        return (
+            f"{row['token_ratio']:.2f}x fewer tokens at {100 * row['acc_diff']:+.1f} points, "
+            f"rollout time ratio {row['time_ratio']:.2f}"
+        )
+
     safe = [r for r in paired if kept_accuracy(r)]
     cheapest = max(paired, key=lambda r: r["token_ratio"])
     if not safe:
-        return (
-            f"which rule: none kept the baseline's held-out accuracy here; {cheapest['method']} decoded "
-            f"{cheapest['token_ratio']:.2f}x fewer tokens at {100 * cheapest['acc_diff']:+.1f} points"
-        )
-    best = max(safe, key=lambda r: r["token_ratio"])
-    line = (
-        f"which rule: {best['method']} kept the baseline's held-out accuracy ({100 * best['acc_diff']:+.1f} points) "
-        f"decoding {best['token_ratio']:.2f}x fewer tokens: use it"
-    )
-    if cheapest is not best:
-        line += (
-            f"; {cheapest['method']} decodes {cheapest['token_ratio']:.2f}x fewer at {100 * cheapest['acc_diff']:+.1f}"
-            " points, for when rollout time matters more than that"
-        )
+        line = f"which rule: none kept the baseline's held-out accuracy here; {cheapest['method']}: {cost(cheapest)}"
+    else:
+        best = max(safe, key=lambda r: r["token_ratio"])
+        line = f"which rule: {best['method']} kept the baseline's held-out accuracy ({cost(best)})"
+        if cheapest is not best:
+            line += f"; {cheapest['method']}: {cost(cheapest)}"
+    if any(math.isnan(r["acc_diff_lo"]) for r in paired):
+        line += "; one seed is one reading: confirm with --seeds 0,1,2"
     return line
 
 

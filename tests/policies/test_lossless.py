@@ -137,7 +137,7 @@ def chains(policy, samples: int, visits: int, seed: int = 0):
 
 
 def test_lossless_follows_each_visits_policy_exactly():
-    statistics = chains(sr.make("lossless", top_k=VOCAB), samples=50_000, visits=3)
+    statistics = chains(sr.make("lossless", top_k=VOCAB), samples=100_000, visits=3)
     assert all(chi2 < chi2_999(dof) for chi2, dof in statistics), statistics
 
 

@@ -123,11 +123,15 @@ def summary_lines(paired: list[dict], series: list[report.RunSeries], accuracy_b
     return lines
 
 
+PARITY_POINTS = 0.02  # the frontier's goal (docs/benchmarks.md, section 4): |mean paired difference| <= 2 points
+
+
 def kept_accuracy(row: dict) -> bool:
-    """Within noise of the baseline: the 95% interval holds 0 (one seed: within 2 points, a weaker reading)."""
-    if math.isnan(row["acc_diff_lo"]):
-        return abs(row["acc_diff"]) <= 0.02
-    return row["acc_diff_lo"] <= 0.0 <= row["acc_diff_hi"]
+    """Kept the baseline's accuracy: a mean difference within 2 points and, over seeds, a 95% interval holding 0 (a
+    wide interval alone is not parity: 3 seeds can hold 0 around a 3-point loss). One seed is a weaker reading."""
+    if abs(row["acc_diff"]) > PARITY_POINTS:
+        return False
+    return math.isnan(row["acc_diff_lo"]) or row["acc_diff_lo"] <= 0.0 <= row["acc_diff_hi"]
 
 
 def advice(paired: list[dict]) -> str:

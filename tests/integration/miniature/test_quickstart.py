@@ -141,6 +141,9 @@ def test_the_summary_says_which_rule_to_use_when():
         "time ratio 1.10); spec@1.65: 2.30x fewer tokens at -8.0 points, rollout time ratio 1.10"
     )
     assert summary.advice([spec]).startswith("which rule: none kept")
+    wide = paired_row("spec@1.65", 2.2, -0.031, -0.083, 0.022)  # the interval holds 0, the mean is 3 points off
+    assert summary.advice([wide]).startswith("which rule: none kept")
+    assert summary.advice([wide, lossless]).startswith("which rule: lossless kept")
     one_seed = paired_row("lossless", 2.0, -0.005, math.nan, math.nan)
     assert summary.advice([spec, one_seed]).endswith("; one seed is one reading: confirm with --seeds 0,1,2")
     result = summary.result_line([spec, lossless], "spec@1.65", 0.4, tmp := "/out")

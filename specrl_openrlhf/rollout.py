@@ -107,6 +107,7 @@ class Sample:
     cut: int = 0
     decided: bool = False  # the cut is final
     resampled: tuple[int, float] | None = None  # the rejected position, redrawn from the residual: (token, log p_curr)
+    excluded: int | None = None  # the rejected draft token, which the continuation's first step must not sample
     stats: ReuseStats = field(default_factory=ReuseStats)
 
     @property
@@ -204,6 +205,9 @@ class SpeculativePlanner:
             prefix cache) or "full" (every draft in one request that never reads the prefix cache). A rule that redraws
             rejected positions (`resample_top_k`) is scored in full: it needs p_curr's top-k at every scored position.
         stop_token_ids: tokens that end a response (EOS): a redrawn token among them completes the sample.
+        processed_logprobs: the engine reports processed log-probs (`logprobs_mode="processed_logprobs"`, as OpenRLHF
+            sets it for its IS correction): a continuation whose first step banned a token then reports
+            log p(x) / (1 - p(y)) for it, which assembly turns back into log p_curr(x).
     """
 
     def __init__(
@@ -217,6 +221,7 @@ class SpeculativePlanner:
         trace: TraceWriter | None = None,
         scoring: str = "chunked",
         stop_token_ids=(),
+        processed_logprobs: bool = False,
     ):
         if reused_logprobs not in REUSED_LOGPROBS:
             raise ValueError(f"reused_logprobs must be one of {REUSED_LOGPROBS}, got {reused_logprobs!r}")
@@ -240,10 +245,22 @@ class SpeculativePlanner:
             else None
         )
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
+        self.processed_logprobs = bool(processed_logprobs)
         self.trace = trace
         self.feedback = FeedbackBuffer()  # a stateful rule's reports, until the rollout sends them on
 
     # ---- step 1: drafts -----------------------------------------------------------------------------------------
+
+    def proposals(self, drafts: list[Draft | None]) -> list[Draft | None]:
+        """The drafts a visit's samples start from, given the responses claimed for them (one per sample): their own,
+        or, for a rule whose `draft_choice` is "majority", the majority path through all of them (numbered per
+        sample, so that each draws its own uniforms)."""
+        if self.policy.draft_choice != "majority":
+            return drafts
+        path = majority_path(drafts)
+        if path is None:
+            return drafts
+        return [path.numbered(path.visit, index) for index in range(len(drafts))]
 
     def new_sample(self, prompt_ids, max_tokens: int, draft: Draft | None, key: bytes = b"") -> Sample:
         """Wrap a request and its draft, truncating the draft to the budget, the context and the vocabulary."""
@@ -428,6 +445,7 @@ class SpeculativePlanner:
         for s in decided:
             s.stats.reused_tokens = s.cut
             s.stats.rejected_drafts = int(s.cut < s.draft_len)
+            s.stats.examined_tokens = s.cut + s.stats.rejected_drafts
             if lenience is not None and math.isfinite(lenience):
                 s.stats.lenience_sum = lenience
             if self.chunks is not None:  # tokens past the first rejection tell nothing about the rate
@@ -435,6 +453,9 @@ class SpeculativePlanner:
                 self.chunks.observe(min(s.scored_upto, s.cut + rejected), rejected)
             if self.top_k and s.cut < s.draft_len:
                 self._resample(s)
+            if self.policy.excludes_rejected_token and s.cut < s.draft_len:
+                s.excluded = int(s.draft.token_ids[s.cut])
+                s.stats.resampled_tokens += 1
             if self.trace is not None:
                 self.trace.record(
                     s.draft, s.scored, s.ages_now, s.max_tokens, s.draft_ended, s.entropy, s.cut, lenience
@@ -540,6 +561,12 @@ class SpeculativePlanner:
             new_logprobs = [math.nan] * len(new_token_ids)
         if len(new_logprobs) != len(new_token_ids):
             raise ValueError(f"continuation has {len(new_token_ids)} tokens but {len(new_logprobs)} logprobs")
+        if sample.excluded is not None and new_token_ids:
+            if new_token_ids[0] == sample.excluded:
+                raise ValueError("the continuation sampled the rejected draft token its first step had to exclude")
+            if self.processed_logprobs:  # the engine reported log p(x) / (1 - p(y)); the sample's law is p_curr's
+                p_excluded = min(math.exp(float(sample.scored[cut])), 1.0 - 1e-7)
+                new_logprobs = [new_logprobs[0] + math.log1p(-p_excluded), *new_logprobs[1:]]
         redrawn = [] if sample.resampled is None else [sample.resampled[0]]
         if redrawn:  # the redrawn token leads the generated part: it was sampled now, from the current policy
             new_token_ids = redrawn + new_token_ids
@@ -581,6 +608,48 @@ class SpeculativePlanner:
         draft_id = None if sample.draft is None else (sample.draft.visit, sample.draft.index)
         output = SampleOutput(token_ids, reported, finish_reason, cut, sample.stats, draft_id)
         return output, next_draft
+
+
+def majority_path(drafts) -> Draft | None:
+    """The majority path through a prompt's responses: from the start, the next token that most of the responses
+    agreeing with the path so far continue with (ties: the earliest response's), until most of them end. Per-token
+    arrays come from a response that follows the path at that token; None without responses.
+
+    >>> d = lambda *t: Draft(np.array(t), np.zeros(len(t)), "stop")
+    >>> majority_path([d(1, 2, 3), d(1, 2, 4), d(1, 5), d(1, 2, 4, 6)]).token_ids.tolist()
+    [1, 2, 4]
+    """
+    agreeing = [d for d in drafts if d is not None and len(d)]
+    if not agreeing:
+        return None
+    sources, finish = [], "length"
+    while True:
+        depth = len(sources)
+        going = [d for d in agreeing if len(d) > depth]
+        if 2 * len(going) <= len(agreeing):  # most responses end here
+            ended = [d for d in agreeing if len(d) == depth]
+            finish = "stop" if any(d.finish_reason == "stop" for d in ended) else "length"
+            break
+        tokens = [int(d.token_ids[depth]) for d in going]
+        counts = {t: tokens.count(t) for t in dict.fromkeys(tokens)}  # in order of first appearance
+        best = max(counts, key=counts.get)
+        agreeing = [d for d, t in zip(going, tokens) if t == best]
+        sources.append(agreeing[0])
+    depth = np.arange(len(sources))
+
+    def column(name):
+        return np.array([getattr(d, name)[i] for i, d in zip(depth.tolist(), sources)])
+
+    first = sources[0]
+    return Draft(
+        column("token_ids").astype(np.int32),
+        column("logprobs").astype(np.float32),
+        finish,
+        first.visit,
+        first.index,
+        gen_logprobs=column("gen_logprobs").astype(np.float32),
+        ages=column("ages").astype(np.uint16),
+    )
 
 
 def _top_rows(top, start: int, end: int, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -370,8 +370,8 @@ def test_sampling_checks_warn_about_eos_masked_first_positions():
     assert check_sampling(make("random"), temperature=0.7, min_tokens=1, processed_logprobs=True) == []
 
 
-def test_lossless_redraws_the_rejected_position_and_continues_after_it():
-    planner = SpeculativePlanner(make("lossless", top_k=3), seed=1, stop_token_ids=[2])
+def test_residual_redraws_the_rejected_position_and_continues_after_it():
+    planner = SpeculativePlanner(make("residual", top_k=3), seed=1, stop_token_ids=[2])
     top = (np.array([[5, 6, 2]] * 3, np.int32), np.log(np.array([[0.5, 0.3, 0.2]] * 3, np.float32)))
     d = Draft(np.array([5, 5, 5]), np.log([0.5, 0.5, 0.5]), "stop", top_ids=top[0], top_logprobs=top[1])
     sample = planner.new_sample([1], 10, d, b"r" * 16)
@@ -399,10 +399,50 @@ def test_lossless_redraws_the_rejected_position_and_continues_after_it():
     assert np.array_equal(stored.top_ids[1], [6, 2, 5])  # the redrawn position keeps p_curr's top-k
 
 
-def test_lossless_without_top_k_leaves_the_rejection_to_the_engine():
-    planner = SpeculativePlanner(make("lossless"), seed=1)
+def test_residual_without_top_k_leaves_the_rejection_to_the_engine():
+    planner = SpeculativePlanner(make("residual"), seed=1)
     sample = planner.new_sample([1], 10, draft([5, 5], [-0.5, -0.5]), b"r" * 16)
     sample.scored = np.array([-0.5, -9.0], np.float32)
     planner.decide([sample])
     assert sample.cut == 1 and sample.resampled is None and sample.stats.resample_unavailable == 1
     assert planner.continuation(sample) == ([1, 5], 9)
+
+
+def test_lossless_excludes_the_rejected_token_from_the_continuations_first_step():
+    planner = SpeculativePlanner(make("lossless"), seed=1, stop_token_ids=[2])
+    sample = planner.new_sample([1], 10, draft([5, 6, 7], [-0.5, -0.5, -0.5]), b"r" * 16)
+    sample.scored = np.log(np.array([1.0, 1e-9, 0.5], np.float32))  # token 6 all but impossible now: rejected
+    planner.decide([sample])
+    assert (sample.cut, sample.excluded, sample.resampled) == (1, 6, None)
+    assert planner.continuation(sample) == ([1, 5], 9)  # no extra token: the engine draws the position
+    output, _ = planner.assemble(sample, [8, 2], [-0.2, -0.1], "stop")
+    assert output.token_ids == [5, 8, 2] and output.logprobs[1] == pytest.approx(-0.2)
+    assert output.stats.resampled_tokens == 1 and output.stats.examined_tokens == 2
+    with pytest.raises(ValueError, match="excluded|exclude"):  # the engine ignored the ban: never assembled
+        planner.assemble(sample, [6, 2], [-0.2, -0.1], "stop")
+
+
+def test_lossless_turns_processed_first_logprobs_back_into_p_curr():
+    """With the first step's token banned, processed log-probs are log p(x) - log(1 - p(y)); raw ones are log p(x)."""
+    planner = SpeculativePlanner(make("lossless"), seed=1, processed_logprobs=True)
+    sample = planner.new_sample([1], 10, draft([5, 6], [-0.5, -0.5]), b"r" * 16)
+    sample.scored = np.log(np.array([0.999999, 0.25], np.float32))
+    sample.uniforms[:] = [0.5, 0.9]  # keep 5, reject 6 (0.9 > 0.25)
+    planner.decide([sample])
+    assert sample.excluded == 6
+    output, stored = planner.assemble(sample, [8], [math.log(0.3 / 0.75)], "length")
+    assert output.logprobs[1] == pytest.approx(math.log(0.3), abs=1e-6)
+    assert stored.logprobs[1] == pytest.approx(math.log(0.3), abs=1e-6)
+
+
+def test_majority_drafts_share_one_path_with_their_own_uniforms():
+    planner = SpeculativePlanner(make("lossless", draft="majority"), seed=1)
+    drafts = [
+        draft(t, [-0.1] * len(t)).numbered(3, i) for i, t in enumerate([[4, 5, 6], [4, 5, 7], [4, 9], [4, 5, 7]])
+    ]
+    proposals = planner.proposals(drafts)
+    assert [p.token_ids.tolist() for p in proposals] == [[4, 5, 7]] * 4
+    assert [(p.visit, p.index) for p in proposals] == [(3, 0), (3, 1), (3, 2), (3, 3)]
+    samples = [planner.new_sample([1], 10, d, b"k" * 16) for d in proposals]
+    assert len({tuple(s.uniforms) for s in samples}) == 4
+    assert SpeculativePlanner(make("lossless"), seed=1).proposals(drafts) == drafts

@@ -135,6 +135,7 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
             trace=TraceWriter(config.trace_dir, policy.describe()) if config.trace_dir else None,
             scoring=config.scoring,
             stop_token_ids=stop_token_ids(model_config, tokenizer),
+            processed_logprobs=str(getattr(model_config, "logprobs_mode", "")).endswith("processed_logprobs"),
         )
         store = RayDraftStore(settings["num_shards"], current_run())
         self._generator = AsyncSpeculativeGenerator(

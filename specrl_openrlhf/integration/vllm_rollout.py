@@ -24,12 +24,14 @@ from ..metrics import ReuseStats
 from ..policies import ReusePolicy
 from ..residual import top_k_of
 from ..rollout import SampleOutput, SpeculativePlanner, check_sampling
+from .vllm_exclude import EXCLUDE_FIRST_TOKEN
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 SCORING_PRIORITY = -(1 << 30)  # vLLM serves lower values first
 LEADER_WAIT_S = 60.0  # a sample never waits longer than this for a sibling's request
+EXCLUDING_BIAS = -100.0  # vLLM clamps logit_bias to [-100, 100]: e^-100 leaves the token a relative weight of 4e-44
 
 
 def engine_limits(model_config, tokenizer) -> tuple[int, int]:
@@ -80,12 +82,20 @@ def next_logprobs(request_output) -> dict | None:
 
 
 def continuation_params(
-    params: SamplingParams, max_tokens: int, verified: int, sample_index: int = 0, top_k: int = 0
+    params: SamplingParams,
+    max_tokens: int,
+    verified: int,
+    sample_index: int = 0,
+    top_k: int = 0,
+    excluded: int | None = None,
 ) -> SamplingParams:
     """The user's params for one continuation after `verified` reused tokens: n=1, the remaining budget, the
     remaining minimum length, and logprobs on (the cache needs them; `top_k` per token for rules that redraw).
+    `excluded`: a token the first step must not sample (the `vllm_exclude` plugin reads it).
     Without stop strings vLLM does not detokenize: the caller decodes the whole response once."""
     out = params.clone()
+    if excluded is not None:
+        out.extra_args = {**(params.extra_args or {}), EXCLUDE_FIRST_TOKEN: int(excluded)}
     out.n = 1
     out.max_tokens = max_tokens
     out.min_tokens = max(0, (params.min_tokens or 0) - verified)
@@ -250,6 +260,7 @@ class AsyncSpeculativeGenerator:
         self.visits = VisitTracker(samples_per_visit)
         self.planner = planner
         self.failures = 0
+        self.exclusion_applies: bool | None = None  # whether the engine runs the `vllm_exclude` plugin; None: unknown
         if policy.keeps_state and isinstance(store, LocalDraftStore):  # one process: this rule is the coordinator's
             store.coordinator = FeedbackCoordinator(policy, update_every or samples_per_visit)
 
@@ -280,6 +291,60 @@ class AsyncSpeculativeGenerator:
             missing = self.planner.recover_scores(sample, missing, visit.samples)
         if len(missing):
             await asyncio.gather(*[self._score(sample, r, visit) for r in self.planner.rescoring(sample, missing)])
+
+    async def _continue(self, sample, prefix: list[int], budget: int, params: SamplingParams):
+        """The continuation after the verified prefix: `completion_of` its output. A sample whose rejected token y
+        must be excluded asks the engine's plugin (`vllm_exclude`) to ban y at the first step; the first token then
+        follows p_curr without y. Without the plugin, y is first drawn again with its logit biased away (a one-token
+        request) and the continuation follows that token (see `_exclusion_applies`)."""
+        expected = max(sample.draft_len - sample.cut, 1) if sample.draft is not None else budget
+        top_k, excluded = self.planner.top_k, sample.excluded
+        if excluded is None or await self._exclusion_applies(prefix, excluded):
+            own = continuation_params(params, budget, sample.prefix_len, 0, top_k, excluded)
+            result = completion_of(await self._generate(prefix, own, -expected), top_k)
+            if excluded is None or not result[0] or result[0][0] != excluded:
+                return result
+            # the engine ignored the ban (raw log-probs can't tell beforehand): the token came with probability p(y)
+            self.exclusion_applies = False
+            self._warn_without_plugin()
+            sample.stats.resample_requests += 1
+        first_params = continuation_params(params, 1, sample.prefix_len)
+        first_params.logit_bias = {excluded: EXCLUDING_BIAS}
+        first_ids, first_lp, first_finish, cached, _ = completion_of(
+            await self._generate(prefix, first_params, SCORING_PRIORITY)
+        )
+        sample.stats.resample_requests += 1
+        if first_ids and first_ids[0] == excluded:
+            raise ValueError(f"the engine sampled token {excluded} through a logit bias of {EXCLUDING_BIAS}")
+        if first_finish == "stop" or budget <= 1:
+            return first_ids, first_lp, first_finish, cached, None
+        rest = continuation_params(params, budget - 1, sample.prefix_len + 1)
+        rest_ids, rest_lp, finish, cached, _ = completion_of(await self._generate(prefix + first_ids, rest, -expected))
+        logprobs = None if first_lp is None or rest_lp is None else first_lp + rest_lp
+        return first_ids + rest_ids, logprobs, finish, cached, None
+
+    async def _exclusion_applies(self, prefix: list[int], token: int) -> bool:
+        """Whether the engine runs the exclusion plugin. Processed log-probs must know it before the first sample,
+        since a banned first step reports log p(x) / (1 - p(y)) and an unbanned one log p(x): one probe per engine
+        asks for the banned token's log-prob, -inf under the ban. Raw log-probs are log p(x) either way, so the
+        plugin is assumed until a continuation returns its banned token."""
+        if self.exclusion_applies is None and self.planner.processed_logprobs:
+            probe = SamplingParams(
+                max_tokens=1, detokenize=False, extra_args={EXCLUDE_FIRST_TOKEN: token}, logprob_token_ids=[token]
+            )
+            logprobs = next_logprobs(await self._generate(prefix, probe, SCORING_PRIORITY))
+            self.exclusion_applies = bool(logprobs) and logprobs[token].logprob == -float("inf")
+            if not self.exclusion_applies:
+                self._warn_without_plugin()
+        return self.exclusion_applies is not False
+
+    def _warn_without_plugin(self) -> None:
+        logger.warning(
+            "the engine does not run the logits-processor plugin %r (is specrl-openrlhf installed where vLLM runs, "
+            "and speculative decoding off?): lossless redraws each rejected position with an extra request, which "
+            "stays exact but costs time",
+            EXCLUDE_FIRST_TOKEN,
+        )
 
     def _generate(self, prompt_ids, params, priority: int):
         if self.prioritize:
@@ -331,7 +396,7 @@ class AsyncSpeculativeGenerator:
             claim = asyncio.shield(visit.drafts)
         cache_errors = 0
         try:
-            drafts = list(await claim)
+            drafts = self.planner.proposals(list(await claim))
         except Exception as error:  # the cache is unreachable: this sample has no draft
             self._warn("draft cache claim failed; this sample is generated normally", error)
             drafts, cache_errors = [], 1
@@ -369,13 +434,9 @@ class AsyncSpeculativeGenerator:
         new_ids, new_lp, finish, new_top = (), None, None, None
         request = self.planner.continuation(sample)
         if request is not None:
-            prefix, budget = request
-            expected = max(sample.draft_len - sample.cut, 1) if sample.draft is not None else budget
-            top_k = self.planner.top_k
-            output = await self._generate(
-                prefix, continuation_params(params, budget, sample.prefix_len, 0, top_k), -expected
+            new_ids, new_lp, finish, sample.stats.cached_prompt_tokens, new_top = await self._continue(
+                sample, *request, params
             )
-            new_ids, new_lp, finish, sample.stats.cached_prompt_tokens, new_top = completion_of(output, top_k)
         sample.stats.time_generation_s = time.perf_counter() - start
 
         start = time.perf_counter()

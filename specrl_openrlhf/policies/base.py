@@ -69,10 +69,22 @@ class ReusePolicy(ABC):
     # samples and hands the new `state_dict()` back to every engine.
     keeps_state: ClassVar[bool] = False
 
+    # Whether the first rejected position is drawn from p_curr with the rejected draft token removed (renormalised)
+    # instead of from p_curr. With acceptance probability p_curr(y_i) this makes the draft a fixed proposal: each
+    # position then follows p_curr whatever produced the draft (`lossless`). The rollout bans the token at the
+    # continuation's first step (docs/design.md, "The exact resample").
+    excludes_rejected_token: ClassVar[bool] = False
+
+    @property
+    def draft_choice(self) -> str:
+        """Which response a sample's draft is: "own" (the sample's own previous response, as in SPEC-RL) or
+        "majority" (the majority path through the prompt's previous responses)."""
+        return getattr(self.params, "draft", "own")
+
     @property
     def resample_top_k(self) -> int:
         """How many of p_curr's and p_prev's likeliest tokens the rule needs at each draft position to sample a
-        rejected position from the residual norm(max(0, p_curr - p_prev)) (`lossless`); 0: a rejected position is
+        rejected position from the residual norm(max(0, p_curr - p_prev)) (`residual`); 0: a rejected position is
         decoded from p_curr, as in SPEC-RL."""
         return 0
 

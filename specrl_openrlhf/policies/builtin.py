@@ -91,8 +91,53 @@ class Full(ReusePolicy):
         return batch.lengths.clone()
 
 
+DRAFT_CHOICES = ("own", "majority")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LosslessParams:
+    """draft: which response is the proposal. "own": the sample's own previous response (SPEC-RL's draft);
+    "majority": the majority path through all of the prompt's previous responses (at each token, the next token most
+    of the responses that agree so far continue with). Acceptance is p_curr(y_i), so the likelier proposal keeps more;
+    either choice is exact."""
+
+    draft: str = "own"
+
+    def __post_init__(self):
+        if self.draft not in DRAFT_CHOICES:
+            raise ValueError(f"draft must be one of {DRAFT_CHOICES}, got {self.draft!r}; 'own' is SPEC-RL's draft")
+
+
+@register("lossless")
+class Lossless(ReusePolicy):
+    """The draft as a fixed proposal: keep token i while u_i <= p_curr(y_i); the first rejected position is drawn from
+    p_curr without y_i (renormalised). Each output position then follows p_curr exactly, however the draft was
+    produced: also in RL, where the draft is the sample the policy was just trained on. Needs no p_prev.
+
+    >>> import torch
+    >>> p_curr, u = torch.tensor([[0.9, 0.5, 0.9]]), torch.tensor([[0.5, 0.6, 0.1]], dtype=torch.float64)
+    >>> batch = DraftBatch(torch.zeros(1, 3), torch.log(p_curr), torch.tensor([3]), u)
+    >>> Lossless().cut(batch).tolist()
+    [1]
+    """
+
+    Params = LosslessParams
+    prefix_decidable = True
+    excludes_rejected_token = True
+
+    @property
+    def lenience(self) -> float | None:
+        return None  # no ratio to p_prev
+
+    def cut(self, batch: DraftBatch) -> torch.Tensor:
+        if batch.scored_logprobs is None:
+            raise ValueError("lossless needs scored logprobs; set needs_scores = True on the policy")
+        accepted = torch.log(batch.uniforms) <= batch.scored_logprobs.double()  # [B, T]; u_i <= p_curr(y_i)
+        return first_rejection(accepted, batch.lengths)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResidualParams:
     """top_k: how many of p_prev's and p_curr's likeliest tokens are kept per draft position to draw a rejected one
     from the residual; what lies beyond them bounds the bias left (`reuse/residual_tail_mass`)."""
 
@@ -103,12 +148,13 @@ class LosslessParams:
             raise ValueError(f"top_k must be an integer in [1, 1024], got {self.top_k!r}")
 
 
-@register("lossless")
-class Lossless(ReusePolicy):
-    """Speculative sampling done exactly: keep token i while u_i <= min(1, p_curr / p_prev), redraw the first
-    rejected position from norm(max(0, p_curr - p_prev)); every sample then follows the current policy."""
+@register("residual")
+class Residual(ReusePolicy):
+    """Speculative sampling against p_prev: keep token i while u_i <= min(1, p_curr / p_prev), redraw the first
+    rejected position from norm(max(0, p_curr - p_prev)). Exact only for drafts drawn independently of the update
+    that made p_curr; in RL the policy was trained on the draft, and the output leans towards it (use `lossless`)."""
 
-    Params = LosslessParams
+    Params = ResidualParams
     prefix_decidable = True
 
     @property

@@ -48,6 +48,7 @@ def generator(engine, policy, *, seed=0, store=None, scoring="chunked", generate
         max_model_len=max_model_len,
         scoring=scoring,
         stop_token_ids=stop_token_ids(engine.model_config, engine.tokenizer),
+        processed_logprobs=str(engine.model_config.logprobs_mode).endswith("processed_logprobs"),
     )
     store = store or LocalDraftStore(keep_visits=max(policy.draft_age, 1))
     return AsyncSpeculativeGenerator(
@@ -473,29 +474,62 @@ def first_token_counts(batch) -> np.ndarray:
     return counts
 
 
-@pytest.mark.parametrize("name, exact_in_distribution", [("lossless", True), ("exact", False)])
-def test_lossless_samples_follow_the_current_policy_on_vllm(async_engine, set_weights, name, exact_in_distribution):
-    """One-token responses of one prompt, 2048 samples per visit: after the weights move, the first tokens that
-    `lossless` returns follow the new policy (chi-square over its likely tokens); SPEC-RL's rule at ℓ = 1 does not."""
-    engine, _ = async_engine
-    policy = sr.make("lossless", top_k=128) if name == "lossless" else sr.make("exact")
+class AdversarialDrafts:
+    """A draft store whose every draft is one token chosen from the current weights: their likeliest token, with a
+    p_prev of 0.01, so that a ratio rule keeps it always."""
+
+    def __init__(self, token: int):
+        self.draft = Draft(np.array([token]), np.log([0.01]), "length")
+
+    async def claim(self, key, visit_id, age, count, follow_up=False):
+        return [self.draft.numbered(1, i) for i in range(count)]
+
+    async def commit(self, *args):
+        return None
+
+
+def without_extra_args(engine):
+    """An engine front that drops `extra_args`, as an engine without our logits-processor plugin ignores them."""
+    plain = engine_generate(engine)
+
+    async def generate(prompt, sampling, priority=0):
+        sampling = sampling.clone()
+        sampling.extra_args = None
+        return await plain(prompt, sampling, priority)
+
+    return generate
+
+
+@pytest.mark.parametrize(
+    "name, plugin, exact_in_distribution",
+    [("lossless", True, True), ("lossless", False, True), ("exact", True, False)],
+    ids=["lossless", "lossless-without-plugin", "exact"],
+)
+def test_lossless_follows_the_current_policy_for_a_draft_chosen_from_it(
+    async_engine, set_weights, name, plugin, exact_in_distribution
+):
+    """One-token responses of one prompt, 2048 samples: the draft is the current policy's likeliest token, chosen
+    after the weights moved. `lossless`'s first tokens follow p_curr (chi-square over its likely tokens), with the
+    plugin banning the rejected token or, without it, a redraw; their reported log-probs are p_curr's. SPEC-RL's rule
+    at ℓ = 1 keeps the draft too often."""
+    engine, runner = async_engine
     prompt, n = PROMPTS[1], 2048
-    gen = generator(engine, policy, seed=3, samples_per_visit=n)
-    one = params(n=n, max_tokens=1)  # min_tokens 0: EOS is not masked, so scored and sampled p agree
-    set_weights(0.6, 21)
-    rollout(async_engine, gen, [prompt], one)  # drafts under the old weights
     set_weights(0.6, 22)
-    batch = rollout(async_engine, gen, [prompt], one)
-    assert batch.stats.drafts_found == n and batch.stats.fallbacks == 0
-    if name == "lossless":
-        assert batch.stats.resampled_tokens == batch.stats.rejected_drafts > 0
-        assert batch.metrics["reuse/residual_tail_mass"] == pytest.approx(0.0, abs=1e-4)  # k = the vocabulary
-    probe = ScoringRequest(list(prompt), 0, 0, False, ())
-    engine_, runner = async_engine
-    answer = runner.run(engine_generate(engine_)(probe.token_ids, SamplingParams(max_tokens=1, logprobs=128)))
+    answer = runner.run(engine_generate(engine)(list(prompt), SamplingParams(max_tokens=1, logprobs=128)))
     p_curr = np.zeros(128)
     for token, logprob in answer.outputs[0].logprobs[0].items():
         p_curr[token] = math.exp(logprob.logprob)
+    likeliest = int(p_curr.argmax())
+    gen = generator(
+        engine,
+        sr.make(name),
+        seed=3,
+        store=AdversarialDrafts(likeliest),
+        generate=None if plugin else without_extra_args(engine),
+        samples_per_visit=n,
+    )
+    batch = rollout(async_engine, gen, [prompt], params(n=n, max_tokens=1))
+    assert batch.stats.drafts_found == n and batch.stats.fallbacks == 0
     counts = first_token_counts(batch)
     likely = p_curr * n >= 5
     expected = np.append(p_curr[likely] * n, p_curr[~likely].sum() * n)
@@ -504,3 +538,9 @@ def test_lossless_samples_follow_the_current_policy_on_vllm(async_engine, set_we
     dof = len(expected) - 1
     threshold = dof * (1 - 2 / (9 * dof) + 3.0902 * math.sqrt(2 / (9 * dof))) ** 3  # chi-square's 99.9% quantile
     assert (chi2 < threshold) == exact_in_distribution, (chi2, threshold)
+    if name == "lossless":
+        rejected = batch.stats.rejected_drafts
+        assert batch.stats.resampled_tokens == rejected > 0
+        assert (batch.stats.resample_requests == 0) == plugin and batch.stats.resample_requests <= 2 * rejected
+        for out in (o for row in batch.outputs for o in row):
+            assert out.logprobs[0] == pytest.approx(math.log(p_curr[out.token_ids[0]]), abs=1e-3)

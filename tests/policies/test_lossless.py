@@ -1,7 +1,13 @@
-"""`lossless` is exact, tested rather than argued: on a toy policy with a four-token vocabulary and responses of up to
-three tokens whose weights drift at every visit, the whole responses that the planner assembles (draft, scoring,
-cut, redraw from the residual, continuation, next draft) follow each visit's policy exactly, visit after visit. The
-same test detects the bias of SPEC-RL's rule, at lenience 1 (`exact`) and at e^0.5 (`spec`)."""
+"""Which rules return samples of the current policy, tested rather than argued, on a toy policy with a four-token
+vocabulary and responses of up to three tokens, through the planner's own steps (draft, scoring, cut, redraw,
+continuation, next draft).
+
+- RL-dependent drafts: the learner takes a policy-gradient step on the very sample that becomes the draft, so its new
+  weights depend on the draft. Grouped by the weights the learner ends with, `lossless` (the draft as a fixed
+  proposal) returns samples of them; `residual` (speculative sampling against p_prev), `exact` and `spec` do not.
+- Independent drift: every visit moves the weights by a drift drawn independently of the samples. There `residual`
+  is exact too, and the test still detects SPEC-RL's rule.
+"""
 
 import itertools
 import math
@@ -54,20 +60,25 @@ class ToyPolicy:
         return math.exp(sum(logprobs[tuple(response[:i])][t] for i, t in enumerate(response)))
 
 
-def top_k(logprobs_row: np.ndarray):
-    order = np.argsort(-logprobs_row)
+def top_k(logprobs_row: np.ndarray, k: int = VOCAB):
+    order = np.argsort(-logprobs_row)[:k]
     return order.astype(np.int32), logprobs_row[order].astype(np.float32)
 
 
-def decode(table, prefix: list[int], rng) -> tuple[list[int], list[float], list, str]:
-    """The engine: continue `prefix` under the table until EOS or LENGTH tokens."""
+def decode(table, prefix: list[int], rng, excluded=None, k: int = VOCAB) -> tuple[list[int], list[float], list, str]:
+    """The engine: continue `prefix` under the table until EOS or LENGTH tokens; `excluded` is banned at the first
+    step (as the vLLM plugin does), and the reported logprob is the token's under the table (raw)."""
     tokens, logprobs, tops = [], [], []
     while len(prefix) + len(tokens) < LENGTH:
         row = table[tuple(prefix + tokens)]
-        token = draw(np.arange(VOCAB), np.exp(row), rng.random())
+        probs = np.exp(row)
+        if excluded is not None and not tokens:
+            probs[excluded] = 0.0
+            probs /= probs.sum()
+        token = draw(np.arange(VOCAB), probs, rng.random())
         tokens.append(token)
         logprobs.append(float(row[token]))
-        tops.append(top_k(row))
+        tops.append(top_k(row, k))
         if token == EOS:
             return tokens, logprobs, tops, "stop"
     return tokens, logprobs, tops, "length"
@@ -86,7 +97,7 @@ def visit(planner, table, drafts, rng, visit_number):
                 sample.scored[:] = [row[t] for row, t in zip(rows, tokens)]
             if sample.scored_top is not None:
                 for j, row in enumerate(rows):
-                    sample.scored_top[0][j], sample.scored_top[1][j] = top_k(row)
+                    sample.scored_top[0][j], sample.scored_top[1][j] = top_k(row, planner.top_k)
         samples.append(sample)
     planner.decide(samples)
     responses, next_drafts = [], []
@@ -94,7 +105,7 @@ def visit(planner, table, drafts, rng, visit_number):
         new = ([], [], [], None)
         request = planner.continuation(sample)
         if request is not None:
-            new = decode(table, request[0][len(PROMPT) :], rng)
+            new = decode(table, request[0][len(PROMPT) :], rng, sample.excluded, planner.top_k or VOCAB)
         tops = (np.array([t[0] for t in new[2]]), np.array([t[1] for t in new[2]])) if new[2] else None
         output, stored = planner.assemble(sample, new[0], new[1], new[3], new_top=tops)
         responses.append(tuple(output.token_ids))
@@ -136,13 +147,77 @@ def chains(policy, samples: int, visits: int, seed: int = 0):
     return statistics
 
 
-def test_lossless_follows_each_visits_policy_exactly():
-    statistics = chains(sr.make("lossless", top_k=VOCAB), samples=100_000, visits=3)
+def policy_gradient_step(table, response, step: float = 1.5) -> dict[tuple, np.ndarray]:
+    """The learner's update on one sample (REINFORCE with reward 1, tabular softmax): at each prefix of the response,
+    logits += step * (onehot(token) - p). The new weights depend on the sample, as in RL."""
+    new = {prefix: row.copy() for prefix, row in table.items()}
+    for i, token in enumerate(response):
+        prefix = tuple(response[:i])
+        gradient = -np.exp(table[prefix])
+        gradient[token] += 1.0
+        logits = table[prefix] + step * gradient
+        new[prefix] = logits - np.logaddexp.reduce(logits)
+    return new
+
+
+def rl_dependent(policy, samples: int, seed: int = 0, flat: bool = False) -> tuple[float, int]:
+    """Visit 0 samples afresh; the learner steps on each chain's sample, which is also that chain's draft at visit 1.
+    Returns the chi-square of visit 1's responses summed over the groups of chains that share the learner's final
+    weights (that is, the same visit-0 sample), each group against its own weights, with the summed degrees of
+    freedom. `flat`: weights so even that the top-2 tokens leave much of the mass out."""
+    toy = ToyPolicy(seed=seed, drift=0.0)
+    table = {p: row * (0.2 if flat else 1.0) for p, row in toy.logprobs(0).items()}
+    table = {p: row - np.logaddexp.reduce(row) for p, row in table.items()}
+    planner = sr.SpeculativePlanner(policy, seed=seed, stop_token_ids=[EOS])
+    rng = np.random.default_rng(seed + 1)
+    firsts, drafts = visit(planner, table, [None] * samples, rng, 0)
+    learned = {r: policy_gradient_step(table, r) for r in set(firsts)}
+    # visit 1, chain by chain under its own learner's weights: batch the chains that share them
+    chi2, dof = 0.0, 0
+    for first, weights in learned.items():
+        chains_here = [d for d, r in zip(drafts, firsts) if r == first]
+        responses, _ = visit(planner, weights, chains_here, rng, 1)
+        if len(responses) >= 200:  # too few to bin; the other groups carry the test
+            group_chi2, group_dof = chi_square(responses, weights)
+            chi2, dof = chi2 + group_chi2, dof + group_dof
+    return chi2, dof
+
+
+def test_lossless_is_exact_when_the_learner_trains_on_the_draft():
+    chi2, dof = rl_dependent(sr.make("lossless"), samples=100_000)
+    assert dof >= 20 and chi2 < chi2_999(dof), (chi2, dof)
+
+
+def test_lossless_is_exact_where_much_mass_lies_beyond_any_top_k():
+    chi2, dof = rl_dependent(sr.make("lossless"), samples=100_000, flat=True)
+    assert chi2 < chi2_999(dof), (chi2, dof)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [sr.make("residual", top_k=VOCAB), sr.make("exact"), sr.make("spec")],
+    ids=["residual", "exact", "spec"],
+)
+def test_ratio_rules_are_detected_when_the_learner_trains_on_the_draft(policy):
+    chi2, dof = rl_dependent(policy, samples=20_000)
+    assert chi2 > 3 * chi2_999(dof), (chi2, dof)
+
+
+def test_residual_with_a_short_top_k_is_detected_where_the_tail_is_heavy():
+    chi2, dof = rl_dependent(sr.make("residual", top_k=2), samples=20_000, flat=True)
+    assert chi2 > chi2_999(dof), (chi2, dof)
+
+
+@pytest.mark.parametrize(
+    "policy", [sr.make("lossless"), sr.make("residual", top_k=VOCAB)], ids=["lossless", "residual"]
+)
+def test_exact_rules_follow_each_visits_policy_under_independent_drift(policy):
+    statistics = chains(policy, samples=50_000, visits=3)
     assert all(chi2 < chi2_999(dof) for chi2, dof in statistics), statistics
 
 
 @pytest.mark.parametrize("policy", [sr.make("exact"), sr.make("spec")], ids=["exact", "spec"])
-def test_the_same_test_detects_spec_rls_bias(policy):
+def test_independent_drift_still_detects_spec_rls_bias(policy):
     statistics = chains(policy, samples=20_000, visits=3)
     assert any(chi2 > 3 * chi2_999(dof) for chi2, dof in statistics), statistics
 

@@ -16,7 +16,7 @@ LOGPROB = st.one_of(
     st.floats(min_value=-30.0, max_value=0.0, allow_nan=False),
     st.sampled_from([math.nan, -math.inf, 0.0]),
 )
-RULES = ["spec", "exact", "full", "random", "delayed", "lossless", "anchored"]
+RULES = ["spec", "exact", "full", "random", "delayed", "lossless", "residual", "anchored"]
 
 
 @st.composite
@@ -82,7 +82,9 @@ def test_cuts_do_not_depend_on_batching_or_padding(batch, rule, extra):
 
 
 @settings(max_examples=100, deadline=None)
-@given(batches(), st.sampled_from(["spec", "exact", "delayed", "lossless", "anchored"]), st.integers(0, 12))
+@given(
+    batches(), st.sampled_from(["spec", "exact", "delayed", "lossless", "residual", "anchored"]), st.integers(0, 12)
+)
 def test_rules_judged_at_the_first_rejection_cut_a_chunk_as_the_whole_draft(batch, rule, chunk):
     """What chunked scoring relies on: the cut of a draft's first k tokens is the draft's cut when that is below k,
     and k itself when the draft's cut reaches k."""

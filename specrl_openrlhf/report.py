@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -454,11 +455,44 @@ def _pyplot():
     return plt
 
 
+# The rules our grids train, each with its colour in every figure; any other rule gets one from its name's hash.
+KNOWN_RULES = (
+    "off",
+    "spec@1.65",
+    "lossless",
+    "residual",
+    "lossless(draft=majority)",
+    "exact",
+    "spec@e^0.5",
+    "anchored@e^0.5",
+    "delayed@e^0.5",
+    "full",
+    "random",
+    "spec@1",
+    "spec@e^0.2",
+    "spec@e^0.8",
+    "spec@e^2",
+)
+PALETTE = [f"tab:{c}" for c in ("blue", "orange", "green", "red", "purple", "brown", "pink", "gray", "olive", "cyan")]
+PALETTE += ["navy", "gold", "teal", "magenta", "lime", "maroon", "slateblue", "darkorange", "turquoise", "crimson"]
+
+
+def rule_colour(method: str) -> str:
+    """The colour of a rule (a run's `method`) in every figure."""
+    if method in KNOWN_RULES:
+        return PALETTE[KNOWN_RULES.index(method) % len(PALETTE)]
+    return PALETTE[zlib.crc32(method.encode()) % len(PALETTE)]
+
+
+def seeds_label(count: int) -> str:
+    return f"{count} seed" if count == 1 else f"{count} seeds"
+
+
 def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
     """Every run on each panel: the per-step curves and held-out accuracy."""
     plt = _pyplot()
     curves = [(k, t) for k, t in CURVES if any(k in r for run in runs for r in run.steps)]
-    colors = {run.name: f"C{i % 10}" for i, run in enumerate(runs)}  # one colour per run on every panel
+    colors = {run.name: rule_colour(run.method) for run in runs}  # a rule's colour, whatever the figure
     panels = len(curves) + 1
     columns = 3
     figure, axes = plt.subplots((panels + columns - 1) // columns, columns, figsize=(15, 4 * ((panels + 2) // 3)))
@@ -528,12 +562,18 @@ def plot_lenience(runs: list[RunSeries], path: Path) -> Path | None:
     return path
 
 
-def _gap_point(axis, x: float, row: dict, marker: str, colour: int, label: str) -> None:
+def _gap_point(axis, x: float, row: dict, marker: str, label: str) -> None:
     """One paired row's accuracy difference (points) at x, with its 95% interval when there is one."""
     low = 0.0 if math.isnan(row["acc_diff_lo"]) else 100 * (row["acc_diff"] - row["acc_diff_lo"])
     high = 0.0 if math.isnan(row["acc_diff_hi"]) else 100 * (row["acc_diff_hi"] - row["acc_diff"])
     axis.errorbar(
-        x, 100 * row["acc_diff"], yerr=[[low], [high]], fmt=marker, color=f"C{colour % 10}", capsize=3, label=label
+        x,
+        100 * row["acc_diff"],
+        yerr=[[low], [high]],
+        fmt=marker,
+        color=rule_colour(row["method"]),
+        capsize=3,
+        label=label,
     )
 
 
@@ -549,13 +589,12 @@ def plot_staleness_gap(paired: list[dict], path: Path) -> Path | None:
         ("excess_acceptance", "excess acceptance (kept only by lenience)"),
         ("drift_since_decode", "mean log p_curr / p_gen since decoding"),
     )
-    methods = sorted({r["method"] for r in points})
     regimes = sorted({r["regime"] for r in points})
     figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), sharey=True)
     for axis, (key, title) in zip(axes, panels):
         for r in points:
             marker = "os^dvP"[regimes.index(r["regime"]) % 6]
-            _gap_point(axis, r[key], r, marker, methods.index(r["method"]), f"{r['method']}, {r['regime']}")
+            _gap_point(axis, r[key], r, marker, f"{r['method']}, {r['regime']}")
         axis.axhline(0.0, color="black", alpha=0.4)
         axis.set_xlabel(title)
         axis.grid(alpha=0.3)
@@ -576,14 +615,11 @@ def plot_frontier(paired: list[dict], path: Path) -> Path | None:
         return None
     plt = _pyplot()
     regimes = sorted({r["regime"] for r in points})
-    methods = sorted({r["method"] for r in points})
     figure, axes = plt.subplots(1, len(regimes), figsize=(6 * len(regimes), 4.5), sharey=True, squeeze=False)
     for axis, regime in zip(axes[0], regimes):
         axis.plot([1.0], [0.0], "ks", label="off")
         for r in (r for r in points if r["regime"] == regime):
-            _gap_point(
-                axis, r["token_ratio"], r, "o", methods.index(r["method"]), f"{r['method']} ({r['seeds']} seeds)"
-            )
+            _gap_point(axis, r["token_ratio"], r, "o", f"{r['method']} ({seeds_label(r['seeds'])})")
         axis.axhline(0.0, color="black", alpha=0.4)
         axis.axvline(2.0, color="grey", alpha=0.3, linestyle="--")
         axis.set_xlabel("decoded tokens: baseline / rule (higher decodes less)")

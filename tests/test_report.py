@@ -182,3 +182,10 @@ def test_per_draft_values_in_tensorboard_logs_are_means_over_drafts(tmp_path):
     assert [row.get("lenience") for row in run.steps] == [None, pytest.approx(1.65), pytest.approx(1.65)]
     assert [row.get("mean_verified_prefix_len") for row in run.steps] == [None, 20.0, 20.0]
     assert run.lenience == pytest.approx(1.65) and report.lenience_label(run) == "1.65"
+
+
+def test_a_rule_has_one_colour_in_every_figure():
+    known = report.KNOWN_RULES
+    assert len({report.rule_colour(m) for m in known}) == len(known)  # the grids' rules never share a colour
+    assert report.rule_colour("my_rule.py:Mine") == report.rule_colour("my_rule.py:Mine")
+    assert (report.seeds_label(1), report.seeds_label(5)) == ("1 seed", "5 seeds")

@@ -220,10 +220,3 @@ def train_with_reuse(args, upstream_train) -> None:
         upstream_train(args)
     finally:
         watcher.stopped.set()
-
-
-def main(argv: list[str] | None = None, prog: str = PROG) -> None:
-    """Run OpenRLHF's `train_ppo_ray` with our flags (`prog` names the command in help and errors)."""
-    from .openrlhf_seams import run_upstream
-
-    run_upstream(sys.argv[1:] if argv is None else list(argv), prog)

@@ -22,13 +22,13 @@ import sys
 
 import _specrl_openrlhf_hook as hook
 
+from .openrlhf_cli import PROG, after_parse, extend_parser
+
 UPSTREAM_MODULE = hook.UPSTREAM_MODULE
 
 
 def take_over(parser, parse_args, args, namespace, module_globals, *, prog: str | None = None, reached=None):
     """What OpenRLHF's one `parse_args` call does with our hook in place (see the module docstring)."""
-    from .openrlhf_cli import after_parse, extend_parser
-
     if reached is not None:
         reached.append(True)
     if prog:
@@ -59,3 +59,8 @@ def run_upstream(argv: list[str], prog: str) -> None:
     finally:
         remove()
         sys.argv = saved
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> None:
+    """Run OpenRLHF's `train_ppo_ray` with our flags (`prog` names the command in help and errors)."""
+    run_upstream(sys.argv[1:] if argv is None else list(argv), prog)

@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.openrlhf
 pytest.importorskip("openrlhf")
 
-from specrl_openrlhf.integration import openrlhf_cli  # noqa: E402
+from specrl_openrlhf.integration import openrlhf_cli, openrlhf_seams  # noqa: E402
 
 OURS = ["--rollout_reuse", "spec", "--lenience", "1.65"]
 OURS_MODULE, OPENRLHF_MODULE = "specrl_openrlhf.cli.train_ppo_ray", "openrlhf.cli.train_ppo_ray"
@@ -40,7 +40,7 @@ def run_in_process(args):
     stdout, stderr, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            openrlhf_cli.main(list(args))
+            openrlhf_seams.main(list(args))
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else 1
     return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
@@ -171,7 +171,7 @@ def test_tracebacks_name_openrlhfs_own_lines(agent_file):
     """An error raised by OpenRLHF's validation shows OpenRLHF's file and the very line that raised it."""
     args = BASE + ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1"] + OURS
     with pytest.raises(AssertionError, match="requires n_samples_per_prompt > 1") as info:
-        openrlhf_cli.main(args)
+        openrlhf_seams.main(args)
     frames = [f for f in traceback.extract_tb(info.tb) if f.filename.endswith("openrlhf/cli/train_ppo_ray.py")]
     assert frames and all(f.filename.startswith(str(Path(sys.modules["openrlhf"].__file__).parent)) for f in frames)
     source = Path(frames[-1].filename).read_text().splitlines()

@@ -100,14 +100,13 @@ GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of
         ("default", "many-visits", "low-lr", "many-visits-low-lr"),
         (Method.of("spec", math.exp(0.5)), Method.of("exact")),
     ),
-    "frontier": (  # decoded tokens against accuracy: the lenient rules, the ones that stay on-policy, the ablation
+    "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless with each draft choice, the ratio rule
         ("default", "many-visits"),
         (
-            Method.of("exact"),
-            Method.of("spec", math.exp(0.5)),
+            Method.of("spec", 1.65),
             Method.of("lossless"),
-            Method.of("anchored", math.exp(0.5)),
-            Method.of("delayed", math.exp(0.5)),
+            Method.of("lossless", params={"draft": "majority"}),
+            Method.of("residual"),
         ),
     ),
 }

@@ -2,7 +2,7 @@
 
 A tiny model is warm-started on a noisy teacher (see `task`), then trained with GRPO several times from the same
 weights, on the same data: once with stock OpenRLHF rollouts (`off`), and once per rule: by default `spec` at
-ℓ = 1.65 and `lossless`, which stays on-policy; with `--rollout_reuse RULE`, that rule alone. Rollouts go through
+ℓ = 1.65 and `lossless`, which is exact in RL; with `--rollout_reuse RULE`, that rule alone. Rollouts go through
 OpenRLHF's own `SamplesGenerator` and `RolloutRayActor` (vLLM's async engine, one request per sample) on Ray, with
 our agent executor for the speculative runs; the reward is our math-verify reward file. After each step the new
 weights are loaded into each run's engine. The runs alternate step by step, so the machine's noise hits them alike.
@@ -11,8 +11,8 @@ weights are loaded into each run's engine. The runs alternate step by step, so t
 against off with a 95% interval over seeds. `--grid lenience` runs the paper's lenience ablation in miniature;
 `--grid drift` the staleness ablation: off, spec at e^0.5 and exact in four regimes that vary how often prompts come
 back and how far the policy moves between visits, at the same number of steps.
-`--grid frontier` trains exact, spec at e^0.5, lossless, anchored and delayed beside off in the default and the
-many-visit regimes: decoded tokens against accuracy.
+`--grid frontier` trains spec at 1.65, lossless with each draft choice (own, majority) and residual beside off in the
+default and the many-visit regimes: decoded tokens against accuracy.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ...policies import PluginError, UnknownPolicyError
 from .plan import GRIDS, REGIMES, Method, Regime, plan, with_trace_dirs
 
 DEFAULT_POLICY, DEFAULT_LENIENCE = "spec", 1.65
-# Trained beside the baseline and `spec` when no rule is given: the rule that stays on-policy (docs/benchmarks.md).
+# Trained beside the baseline and `spec` when no rule is given: the rule that is exact in RL (docs/benchmarks.md).
 RECOMMENDED = Method.of("lossless")
 # Reuse flags the quickstart takes (the cache's and the checkpoint's concern only clusters).
 REUSE_FLAGS = ("policy", "lenience", "params", "reused_logprobs", "scoring", "plugins", "trace_dir", "update_every")

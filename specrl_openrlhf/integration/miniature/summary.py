@@ -105,7 +105,7 @@ def summary_lines(paired: list[dict], series: list[report.RunSeries], accuracy_b
             else f"95% CI [{100 * row['acc_diff_lo']:+.1f}, {100 * row['acc_diff_hi']:+.1f}]"
         )
         lines += [
-            f"  {row['method']}{regime}, {row['seeds']} seed(s), against off:",
+            f"  {row['method']}{regime}, {report.seeds_label(row['seeds'])}, against off:",
             f"    decoded tokens  {row['token_ratio']:.2f}x fewer "
             f"({later_token_ratio(series, row['method']):.2f}x from the 2nd epoch on, when drafts exist)",
             f"    rollout time    ratio {row['time_ratio']:.2f}",

@@ -77,10 +77,10 @@ def test_grids_plan_every_regime_and_seed_side_by_side(tmp_path):
     frontier = quickstart.parse_args(["--grid", "frontier", "--seeds", "0,1,2", "--out", str(tmp_path)])
     assert [g.key for g in frontier.groups][:3] == ["default/s0", "default/s1", "default/s2"]
     assert labels(frontier.groups)[0] == [
-        "default-s0-" + name for name in ("off", "exact", "spec@e^0.5", "lossless", "anchored@e^0.5", "delayed@e^0.5")
+        "default-s0-" + name for name in ("off", "spec@1.65", "lossless", "lossless(draft=majority)", "residual")
     ]
     part = quickstart.parse_args(["--grid", "frontier", "--regimes", "many-visits", "--out", str(tmp_path)])
-    assert [g.key for g in part.groups] == ["many-visits/s0"] and len(part.groups[0].runs) == 6
+    assert [g.key for g in part.groups] == ["many-visits/s0"] and len(part.groups[0].runs) == 5
 
 
 def test_plans_refuse_the_same_rule_twice():

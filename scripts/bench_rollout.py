@@ -124,7 +124,11 @@ async def run(args) -> int:
     policy = ReuseConfig(policy=args.policy, lenience=args.lenience).build_policy()
     max_token_id, max_model_len = engine_limits(engine.model_config, engine.get_tokenizer())
     planner = sr.SpeculativePlanner(
-        policy, max_token_id=max_token_id, max_model_len=max_model_len, scoring=args.scoring
+        policy,
+        max_token_id=max_token_id,
+        max_model_len=max_model_len,
+        scoring=args.scoring,
+        processed_logprobs=True,  # the engine's logprobs_mode, as OpenRLHF sets it
     )
     if args.round_trip_tokens is not None and planner.chunks is not None:
         planner.chunks = ChunkSchedule(round_trip_tokens=args.round_trip_tokens)
@@ -198,6 +202,13 @@ async def run(args) -> int:
     limit_ratio = totals["off"] / limit_s if limit_s else math.inf
     prefill_per_scored = stats.scoring_prefill_tokens / stats.scored_tokens if stats.scored_tokens else 0.0
     needed = stats.reused_tokens + stats.rejected_drafts  # what the rule had to see: kept tokens, first rejections
+    continuations = stats.samples - stats.fully_reused
+    print(
+        f"REQUESTS per sample: scoring {stats.scoring_requests / stats.samples:.2f} (probes and chunks), continuation "
+        f"{continuations / stats.samples:.2f}, resample {stats.resample_requests / stats.samples:.2f}; scoring "
+        f"prefill {stats.scoring_prefill_tokens / stats.samples:.0f} tokens per sample; Python time per sample in "
+        f"our driver: scoring {stats.time_scoring_s / stats.samples * 1e3:.1f} ms wall (incl. engine waits)"
+    )
     scored_per_needed = stats.scored_tokens / needed if needed else 0.0
     print(
         f"\nvisits 1..{args.visits}: off {totals['off']:.2f}s, spec {totals['spec']:.2f}s (makespans); spec decoded "

@@ -2,6 +2,7 @@
 
 Every test builds its own generator and draft store, and leaves the shared engine's weights as it found them."""
 
+import asyncio
 import copy
 import math
 
@@ -544,3 +545,39 @@ def test_lossless_follows_the_current_policy_for_a_draft_chosen_from_it(
         assert (batch.stats.resample_requests == 0) == plugin and batch.stats.resample_requests <= 2 * rejected
         for out in (o for row in batch.outputs for o in row):
             assert out.logprobs[0] == pytest.approx(math.log(p_curr[out.token_ids[0]]), abs=1e-3)
+
+
+def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_token():
+    """Raw log-probs can't tell whether the engine runs the plugin: a continuation that returns the banned token shows
+    it. The position is then drawn through a logit bias and continued; later samples go that way from the start."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    async def generate(prompt, sampling, priority=0):
+        calls.append((list(prompt), sampling.max_tokens, dict(sampling.logit_bias or {}), sampling.extra_args))
+        if sampling.logit_bias:
+            tokens = [8]
+        elif prompt[-1] == 8:
+            tokens = [7, EOS_ID]
+        else:
+            tokens = [6, 7]  # ignores the ban
+        entries = [{t: SimpleNamespace(logprob=-1.0, rank=1)} for t in tokens]
+        finish = "stop" if tokens[-1] == EOS_ID else "length"
+        return SimpleNamespace(
+            outputs=[SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason=finish)], num_cached_tokens=0
+        )
+
+    policy = sr.make("lossless")
+    planner = sr.SpeculativePlanner(policy, stop_token_ids=[EOS_ID])
+    gen = AsyncSpeculativeGenerator(generate, policy, LocalDraftStore(), samples_per_visit=1, planner=planner)
+    for round_ in range(2):
+        calls.clear()
+        sample = planner.new_sample([1, 2], 8, Draft(np.array([5, 6]), np.log([0.5, 0.5]), "stop"), b"k" * 16)
+        sample.scored = np.log(np.array([1.0, 1e-9], np.float32))
+        planner.decide([sample])
+        assert sample.excluded == 6
+        ids, logprobs, finish, _, _ = asyncio.run(gen._continue(sample, [1, 2, 5], 7, params(n=1, max_tokens=8)))
+        assert (ids, finish) == ([8, 7, EOS_ID], "stop") and len(logprobs) == 3
+        assert calls[-2][2] == {6: -100.0} and calls[-1][0] == [1, 2, 5, 8] and calls[-1][1] == 6
+        assert sample.stats.resample_requests == (2 if round_ == 0 else 1) and gen.exclusion_applies is False

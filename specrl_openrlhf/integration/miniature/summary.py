@@ -134,9 +134,20 @@ def kept_accuracy(row: dict) -> bool:
     return math.isnan(row["acc_diff_lo"]) or row["acc_diff_lo"] <= 0.0 <= row["acc_diff_hi"]
 
 
+EXACT_RULE = "lossless"  # exact in RL whatever the draft (docs/design.md): recommended unless measured otherwise
+
+
+def measured_loss(row: dict) -> bool:
+    """The run measured an accuracy loss: a 95% interval over seeds below 0, or, from one seed, more than 2 points."""
+    if math.isnan(row["acc_diff_lo"]):
+        return row["acc_diff"] < -PARITY_POINTS
+    return row["acc_diff_hi"] < 0.0
+
+
 def advice(paired: list[dict]) -> str:
     """The summary's one line on which rule to use when, from this run's own numbers: tokens, rollout time and
-    accuracy side by side, since a rule can save tokens and still make rollouts slower (`lossless` on CPU)."""
+    accuracy side by side, since a rule can save tokens and still make rollouts slower. `lossless` is recommended
+    unless this run measured it losing accuracy or rolling out slower than off."""
 
     def cost(row: dict) -> str:
         return (
@@ -144,13 +155,20 @@ def advice(paired: list[dict]) -> str:
             f"rollout time ratio {row['time_ratio']:.2f}"
         )
 
+    exact = next((r for r in paired if r["method"] == EXACT_RULE), None)
     safe = [r for r in paired if kept_accuracy(r)]
     cheapest = max(paired, key=lambda r: r["token_ratio"])
-    if not safe:
+    if exact is not None and not measured_loss(exact) and exact["time_ratio"] >= 1.0:
+        best, why = exact, ", exact in RL, whatever produced the draft"
+    elif safe:
+        best = max(safe, key=lambda r: r["token_ratio"])
+        why = " kept the baseline's held-out accuracy"
+    else:
+        best = None
+    if best is None:
         line = f"which rule: none kept the baseline's held-out accuracy here; {cheapest['method']}: {cost(cheapest)}"
     else:
-        best = max(safe, key=lambda r: r["token_ratio"])
-        line = f"which rule: {best['method']} kept the baseline's held-out accuracy ({cost(best)})"
+        line = f"which rule: {best['method']}{why} ({cost(best)})"
         if cheapest is not best:
             line += f"; {cheapest['method']}: {cost(cheapest)}"
     if any(math.isnan(r["acc_diff_lo"]) for r in paired):

@@ -137,13 +137,19 @@ def test_the_summary_says_which_rule_to_use_when():
     lossless = paired_row("lossless", 2.0, -0.005, -0.03, 0.02)
     line = summary.advice([spec, lossless])
     assert line == (
-        "which rule: lossless kept the baseline's held-out accuracy (2.00x fewer tokens at -0.5 points, rollout "
+        "which rule: lossless, exact in RL, whatever produced the draft (2.00x fewer tokens at -0.5 points, rollout "
         "time ratio 1.10); spec@1.65: 2.30x fewer tokens at -8.0 points, rollout time ratio 1.10"
     )
     assert summary.advice([spec]).startswith("which rule: none kept")
     wide = paired_row("spec@1.65", 2.2, -0.031, -0.083, 0.022)  # the interval holds 0, the mean is 3 points off
     assert summary.advice([wide]).startswith("which rule: none kept")
-    assert summary.advice([wide, lossless]).startswith("which rule: lossless kept")
+    assert summary.advice([wide, lossless]).startswith("which rule: lossless, exact in RL")
+    lost = paired_row("lossless", 2.0, -0.05, -0.09, -0.01)  # measured otherwise: the numbers decide
+    assert summary.advice([lost, paired_row("exact", 1.9, 0.0, -0.01, 0.01)]).startswith(
+        "which rule: exact kept the baseline's held-out accuracy"
+    )
+    slower = dict(lossless, time_ratio=0.9)
+    assert summary.advice([slower]).startswith("which rule: lossless kept the baseline's held-out accuracy")
     one_seed = paired_row("lossless", 2.0, -0.005, math.nan, math.nan)
     assert summary.advice([spec, one_seed]).endswith("; one seed is one reading: confirm with --seeds 0,1,2")
     result = summary.result_line([spec, lossless], "spec@1.65", 0.4, tmp := "/out")

@@ -106,6 +106,7 @@ class Sample:
     scored_top: tuple[np.ndarray, np.ndarray] | None = None  # ([L, k] ids, [L, k] logprobs) of p_curr (lossless)
     cut: int = 0
     decided: bool = False  # the cut is final
+    continued: bool = False  # its continuation was asked for (`next_request`)
     resampled: tuple[int, float] | None = None  # the rejected position, redrawn from the residual: (token, log p_curr)
     excluded: int | None = None  # the rejected draft token, which the continuation's first step must not sample
     stats: ReuseStats = field(default_factory=ReuseStats)
@@ -140,6 +141,17 @@ class ScoringRequest:
     end: int
     read_cache: bool
     next_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContinuationRequest:
+    """Generate up to `max_tokens` after `token_ids` (prompt + verified prefix [+ a redrawn token]); `verified`: the
+    response tokens before it; `excluded`: a token the first step must not sample (`lossless`), or None."""
+
+    token_ids: list[int]
+    max_tokens: int
+    verified: int
+    excluded: int | None = None
 
 
 class ChunkSchedule:
@@ -521,6 +533,22 @@ class SpeculativePlanner:
         )
         for name, value in sums.items():
             setattr(stats, name, value)
+
+    # ---- the sample's requests, one after another ----------------------------------------------------------------
+
+    def next_request(self, sample: Sample) -> ScoringRequest | ContinuationRequest | None:
+        """What the sample needs from the engine next: its scoring requests until the rule has cut it, then its
+        continuation, then None (assemble it). The same sequence for every rule; a driver sends each request and
+        hands the answer back (`take_scores` for scoring) before asking again."""
+        self.decide([sample])
+        if (request := self.next_scoring(sample)) is not None:
+            return request
+        if sample.continued:
+            return None
+        sample.continued = True
+        if (continuation := self.continuation(sample)) is None:
+            return None
+        return ContinuationRequest(*continuation, sample.prefix_len, sample.excluded)
 
     # ---- step 4: continuation -----------------------------------------------------------------------------------
 

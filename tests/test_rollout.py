@@ -13,7 +13,7 @@ from specrl_openrlhf import (
     check_sampling,
     make,
 )
-from specrl_openrlhf.rollout import ChunkSchedule
+from specrl_openrlhf.rollout import ChunkSchedule, ContinuationRequest, ScoringRequest
 
 from .helpers import draft
 
@@ -446,3 +446,18 @@ def test_majority_drafts_share_one_path_with_their_own_uniforms():
     samples = [planner.new_sample([1], 10, d, b"k" * 16) for d in proposals]
     assert len({tuple(s.uniforms) for s in samples}) == 4
     assert SpeculativePlanner(make("lossless"), seed=1).proposals(drafts) == drafts
+
+
+def test_a_samples_requests_come_one_after_another_the_same_for_every_rule():
+    planner = SpeculativePlanner(make("spec", lenience=1.0), seed=1)
+    sample = planner.new_sample([1, 2], 10, draft([5, 6, 7], [-0.5, -0.5, -0.5]), b"r" * 16)
+    scoring = planner.next_request(sample)
+    assert isinstance(scoring, ScoringRequest) and scoring.token_ids[:2] == [1, 2]
+    sample.scored[:] = [-0.5, -9.0, -0.5]  # as take_scores stores them
+    sample.uniforms[:] = 0.5
+    continuation = planner.next_request(sample)  # the rule cuts at the rejection: then the continuation
+    assert continuation == ContinuationRequest([1, 2, 5], 9, 1, None)
+    assert planner.next_request(sample) is None  # then assemble
+    off = SpeculativePlanner(make("off"))
+    fresh = off.new_sample([1, 2], 4, None)
+    assert off.next_request(fresh) == ContinuationRequest([1, 2], 4, 0, None) and off.next_request(fresh) is None

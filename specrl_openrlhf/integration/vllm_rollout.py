@@ -23,7 +23,7 @@ from ..cache import Draft, DraftCache, prompt_key
 from ..metrics import ReuseStats
 from ..policies import ReusePolicy
 from ..residual import top_k_of
-from ..rollout import SampleOutput, SpeculativePlanner, check_sampling
+from ..rollout import ContinuationRequest, SampleOutput, ScoringRequest, SpeculativePlanner, check_sampling
 from .vllm_exclude import EXCLUDE_FIRST_TOKEN
 
 logger = logging.getLogger(__name__)
@@ -292,13 +292,22 @@ class AsyncSpeculativeGenerator:
         if len(missing):
             await asyncio.gather(*[self._score(sample, r, visit) for r in self.planner.rescoring(sample, missing)])
 
-    async def _continue(self, sample, prefix: list[int], budget: int, params: SamplingParams):
+    async def _scoring_done(self, sample, start: float) -> float:
+        """The sample's scoring stage ends (the rule has cut it): its time, and, once a visit's worth of samples is
+        in, a stateful rule's report. Returns when the next stage starts."""
+        sample.stats.time_scoring_s = time.perf_counter() - start
+        if self.planner.feedback.samples >= self.visits.samples_per_visit:
+            await self._report_feedback()
+        return time.perf_counter()
+
+    async def _continue(self, sample, request: ContinuationRequest, params: SamplingParams):
         """The continuation after the verified prefix: `completion_of` its output. A sample whose rejected token y
         must be excluded asks the engine's plugin (`vllm_exclude`) to ban y at the first step; the first token then
         follows p_curr without y. Without the plugin, y is first drawn again with its logit biased away (a one-token
         request) and the continuation follows that token (see `_exclusion_applies`)."""
+        prefix, budget, excluded = request.token_ids, request.max_tokens, request.excluded
         expected = max(sample.draft_len - sample.cut, 1) if sample.draft is not None else budget
-        top_k, excluded = self.planner.top_k, sample.excluded
+        top_k = self.planner.top_k
         if excluded is None or await self._exclusion_applies(prefix, excluded):
             own = continuation_params(params, budget, sample.prefix_len, 0, top_k, excluded)
             result = completion_of(await self._generate(prefix, own, -expected), top_k)
@@ -423,22 +432,18 @@ class AsyncSpeculativeGenerator:
                 prompt_ids, params.max_tokens, drafts[slot] if slot < len(drafts) else None, key
             )
         sample.stats.cache_errors = sample.stats.fallbacks = cache_errors
-        self.planner.decide([sample])  # the probe may have scored all this sample needs
-        while (request := self.planner.next_scoring(sample)) is not None:
-            await self._score(sample, request, visit)
-            self.planner.decide([sample])
-        sample.stats.time_scoring_s = time.perf_counter() - start
-        if self.planner.feedback.samples >= self.visits.samples_per_visit:  # a stateful rule reports once a visit
-            await self._report_feedback()
-        start = time.perf_counter()
-        new_ids, new_lp, finish, new_top = (), None, None, None
-        request = self.planner.continuation(sample)
-        if request is not None:
+        new_ids, new_lp, finish, new_top, scoring = (), None, None, None, True
+        while (request := self.planner.next_request(sample)) is not None:
+            if isinstance(request, ScoringRequest):
+                await self._score(sample, request, visit)
+                continue
+            start, scoring = await self._scoring_done(sample, start), False
             new_ids, new_lp, finish, sample.stats.cached_prompt_tokens, new_top = await self._continue(
-                sample, *request, params
+                sample, request, params
             )
-        sample.stats.time_generation_s = time.perf_counter() - start
-
+            sample.stats.time_generation_s = time.perf_counter() - start
+        if scoring:  # nothing left to generate
+            await self._scoring_done(sample, start)
         start = time.perf_counter()
         output, next_draft = self.planner.assemble(
             sample, new_ids, new_lp, finish, want_logprobs=params.logprobs is not None, new_top=new_top

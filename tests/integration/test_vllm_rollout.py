@@ -577,7 +577,9 @@ def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_t
         sample.scored = np.log(np.array([1.0, 1e-9], np.float32))
         planner.decide([sample])
         assert sample.excluded == 6
-        ids, logprobs, finish, _, _ = asyncio.run(gen._continue(sample, [1, 2, 5], 7, params(n=1, max_tokens=8)))
+        request = planner.next_request(sample)
+        assert (request.token_ids, request.max_tokens, request.excluded) == ([1, 2, 5], 7, 6)
+        ids, logprobs, finish, _, _ = asyncio.run(gen._continue(sample, request, params(n=1, max_tokens=8)))
         assert (ids, finish) == ([8, 7, EOS_ID], "stop") and len(logprobs) == 3
         assert calls[-2][2] == {6: -100.0} and calls[-1][0] == [1, 2, 5, 8] and calls[-1][1] == 6
         assert sample.stats.resample_requests == (2 if round_ == 0 else 1) and gen.exclusion_applies is False

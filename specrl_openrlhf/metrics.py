@@ -16,7 +16,14 @@ STALENESS_METRICS = (
     "reused_token_age",
     "reused_older_than_2",
 )
-PER_DRAFT_METRICS = ("mean_verified_prefix_len", "lenience", "acceptance_rate", "mean_log_ratio", *STALENESS_METRICS)
+PER_DRAFT_METRICS = (
+    "mean_verified_prefix_len",
+    "accepted_token_rate",
+    "lenience",
+    "acceptance_rate",
+    "mean_log_ratio",
+    *STALENESS_METRICS,
+)
 
 
 @dataclass

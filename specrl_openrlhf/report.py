@@ -64,6 +64,8 @@ SUMMED = (
     "drafts_found",
     "fallbacks",
     "resampled_tokens",
+    "scoring_requests",
+    "resample_requests",
 )
 # t quantiles for two-sided 95% intervals, by degrees of freedom (1-30); beyond, the normal's
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)

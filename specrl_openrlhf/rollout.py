@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -659,8 +660,7 @@ def majority_path(drafts) -> Draft | None:
             finish = "stop" if any(d.finish_reason == "stop" for d in ended) else "length"
             break
         tokens = [int(d.token_ids[depth]) for d in going]
-        counts = {t: tokens.count(t) for t in dict.fromkeys(tokens)}  # in order of first appearance
-        best = max(counts, key=counts.get)
+        best = Counter(tokens).most_common(1)[0][0]  # ties: the first seen
         agreeing = [d for d, t in zip(going, tokens) if t == best]
         sources.append(agreeing[0])
     depth = np.arange(len(sources))

@@ -309,7 +309,7 @@ class AsyncSpeculativeGenerator:
         expected = max(sample.draft_len - sample.cut, 1) if sample.draft is not None else budget
         top_k = self.planner.top_k
         if excluded is None or await self._exclusion_applies(prefix, excluded):
-            own = continuation_params(params, budget, sample.prefix_len, 0, top_k, excluded)
+            own = continuation_params(params, budget, request.verified, 0, top_k, excluded)
             result = completion_of(await self._generate(prefix, own, -expected), top_k)
             if excluded is None or not result[0] or result[0][0] != excluded:
                 return result
@@ -317,7 +317,7 @@ class AsyncSpeculativeGenerator:
             self.exclusion_applies = False
             self._warn_without_plugin()
             sample.stats.resample_requests += 1
-        first_params = continuation_params(params, 1, sample.prefix_len)
+        first_params = continuation_params(params, 1, request.verified)
         first_params.logit_bias = {excluded: EXCLUDING_BIAS}
         first_ids, first_lp, first_finish, cached, _ = completion_of(
             await self._generate(prefix, first_params, SCORING_PRIORITY)
@@ -327,7 +327,7 @@ class AsyncSpeculativeGenerator:
             raise ValueError(f"the engine sampled token {excluded} through a logit bias of {EXCLUDING_BIAS}")
         if first_finish == "stop" or budget <= 1:
             return first_ids, first_lp, first_finish, cached, None
-        rest = continuation_params(params, budget - 1, sample.prefix_len + 1)
+        rest = continuation_params(params, budget - 1, request.verified + 1)
         rest_ids, rest_lp, finish, cached, _ = completion_of(await self._generate(prefix + first_ids, rest, -expected))
         logprobs = None if first_lp is None or rest_lp is None else first_lp + rest_lp
         return first_ids + rest_ids, logprobs, finish, cached, None

@@ -110,6 +110,7 @@ class Sample:
     continued: bool = False  # its continuation was asked for (`next_request`)
     resampled: tuple[int, float] | None = None  # the rejected position, redrawn from the residual: (token, log p_curr)
     excluded: int | None = None  # the rejected draft token, which the continuation's first step must not sample
+    forecast: tuple[int, int] | None = None  # (forecast cut, first draft position) at its first scoring request
     stats: ReuseStats = field(default_factory=ReuseStats)
 
     @property
@@ -200,6 +201,50 @@ class ChunkSchedule:
         self._best = None
 
 
+class CutForecast:
+    """Where a rule will cut a draft, asked of the rule itself with p_prev standing in for p_curr where the draft is
+    not scored yet, and how far past that forecast a scoring chunk should reach.
+
+    The uniforms are drawn before scoring, so a rule such as `lossless` (keep y_i iff u_i <= p_curr(y_i)) tells where
+    it would cut if the policy had not moved: a chunk that ends a margin past that forecast scores few tokens past
+    the real cut and rarely needs a second request. The margin is the one that would have cost least on the drafts
+    cut most recently: the tokens it scores plus `round_trip_tokens` for each draft it leaves short (see
+    `ChunkSchedule`). Among the margins is "the whole draft", so a rule whose forecast says nothing (`spec`, which
+    keeps every draft whose policy did not move) costs no more than without one.
+    """
+
+    MARGINS = np.array([0, 1, 2, 4, 8, 16, 32, 64, ChunkSchedule.LONGEST], np.int64)
+    MIN_RECORDS = 32  # before this many cut drafts, the chunk schedule alone decides
+
+    def __init__(self, round_trip_tokens: float = 64.0, window: int = 512):
+        if not (round_trip_tokens >= 0 and window >= self.MIN_RECORDS):
+            raise ValueError(f"bad cut forecast: round_trip_tokens={round_trip_tokens}, window={window}")
+        self.round_trip_tokens = float(round_trip_tokens)
+        self.records = np.zeros((int(window), 4), np.int64)  # rows: forecast cut, start, tokens needed, draft length
+        self.count = 0
+        self._margin: int | None = None  # cached until the next observation
+
+    def margin(self) -> int | None:
+        """Tokens past the forecast cut (after the forecast rejection) that a chunk should score, or None while too
+        few drafts were cut to tell."""
+        if self.count < self.MIN_RECORDS:
+            return None
+        if self._margin is None:
+            forecast, start, needed, length = self.records[: min(self.count, len(self.records))].T  # [N] each
+            covered = np.minimum(length, forecast + 1 + self.MARGINS[:, None])  # [M, N]
+            short = needed > covered
+            cost = covered - start + short * (self.round_trip_tokens + needed - covered)
+            self._margin = int(self.MARGINS[np.argmin(cost.mean(axis=1))])
+        return self._margin
+
+    def observe(self, forecast: int, start: int, needed: int, draft_len: int) -> None:
+        """One cut draft: the cut forecast at its first scoring request, that request's first draft position, the
+        tokens the rule examined (up to and including its first rejection) and the draft's length."""
+        self.records[self.count % len(self.records)] = (forecast, start, needed, draft_len)
+        self.count += 1
+        self._margin = None
+
+
 class SpeculativePlanner:
     """The decisions of a speculative rollout, free of any engine.
 
@@ -257,6 +302,7 @@ class SpeculativePlanner:
             if scoring == "chunked" and policy.needs_scores and policy.prefix_decidable and trace is None
             else None
         )
+        self.forecast = CutForecast() if self.chunks is not None else None
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.processed_logprobs = bool(processed_logprobs)
         self.trace = trace
@@ -355,6 +401,12 @@ class SpeculativePlanner:
         start = sample.scored_upto
         if self.policy.needs_scores:
             chunk = self.chunks.chunk() if self.chunks is not None else None
+            if self.forecast is not None and (forecast := self.forecast_cut(sample)) is not None:
+                if sample.forecast is None:
+                    sample.forecast = (forecast, start)
+                if (margin := self.forecast.margin()) is not None:
+                    span = forecast + 1 + margin - start  # up to the forecast rejection, and the margin past it
+                    chunk = span if chunk is None else min(chunk, span)
             # a chunk's last token comes as the token that follows the request (see below): chunk 1 = a point probe
             end = sample.draft_len if chunk is None else min(sample.draft_len, start + chunk - 1)
         else:
@@ -362,6 +414,24 @@ class SpeculativePlanner:
         tokens = sample.prompt_ids + sample.draft.token_ids[:end].tolist()
         follows = (int(sample.draft.token_ids[end]),) if self.read_cache and end < sample.draft_len else ()
         return ScoringRequest(tokens, start, end, self.read_cache, follows)
+
+    def forecast_cut(self, sample: Sample) -> int | None:
+        """Where the rule would cut the draft if the tokens not scored yet had p_curr = p_prev (the draft's own
+        log-probs), or None if the rule fails on that (the chunk schedule then decides alone)."""
+        draft = sample.draft
+        guess = np.where(np.isnan(sample.scored), draft.logprobs[: sample.draft_len], sample.scored)
+        batch = draft_batch(
+            np.array([sample.draft_len], np.int64),
+            draft_logprobs=[draft.logprobs],
+            gen_logprobs=[draft.gen_logprobs],
+            ages=[sample.ages_now],
+            uniforms=[sample.uniforms],
+            scored_logprobs=[guess],
+        )
+        try:
+            return int(checked_cuts(self.policy, batch, self.policy.cut(batch))[0])
+        except Exception:
+            return None
 
     def take_scores(
         self, sample: Sample, request: ScoringRequest, prompt_logprobs, num_cached_tokens, next_logprobs=None
@@ -464,6 +534,8 @@ class SpeculativePlanner:
             if self.chunks is not None:  # tokens past the first rejection tell nothing about the rate
                 rejected = s.cut < s.draft_len
                 self.chunks.observe(min(s.scored_upto, s.cut + rejected), rejected)
+                if s.forecast is not None:
+                    self.forecast.observe(*s.forecast, s.cut + rejected, s.draft_len)
             if self.top_k and s.cut < s.draft_len:
                 self._resample(s)
             if self.policy.excludes_rejected_token and s.cut < s.draft_len:

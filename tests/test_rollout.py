@@ -13,7 +13,7 @@ from specrl_openrlhf import (
     check_sampling,
     make,
 )
-from specrl_openrlhf.rollout import ChunkSchedule, ContinuationRequest, ScoringRequest
+from specrl_openrlhf.rollout import ChunkSchedule, ContinuationRequest, CutForecast, ScoringRequest
 
 from .helpers import draft
 
@@ -250,6 +250,66 @@ def test_chunked_scoring_makes_the_same_cuts_as_one_shot(drift):
             assert scored == sum(s.draft_len for s in samples)
     assert cuts["chunked"] == cuts["full"]
     assert engines["chunked"].computed <= engines["full"].computed
+
+
+def test_cut_forecast_reaches_as_far_past_the_forecast_as_recent_cuts_needed():
+    forecast = CutForecast(round_trip_tokens=64)
+    for _ in range(CutForecast.MIN_RECORDS - 1):
+        forecast.observe(forecast=10, start=1, needed=14, draft_len=100)  # cut at 13: three tokens after the forecast
+    assert forecast.margin() is None  # too few drafts to tell
+    forecast.observe(forecast=10, start=1, needed=14, draft_len=100)
+    assert forecast.margin() == 4  # the least of MARGINS that covers a rejection 3 tokens late
+    useless = CutForecast(round_trip_tokens=64)  # a rule whose forecast is "keeps all" (spec when nothing moved)
+    rng = np.random.default_rng(0)
+    for needed in rng.integers(1, 60, 200).tolist():
+        useless.observe(forecast=60, start=1, needed=needed, draft_len=60)
+    assert useless.margin() == 0  # reaching the forecast means the whole draft already
+    with pytest.raises(ValueError, match="window=8"):
+        CutForecast(window=8)
+
+
+@pytest.mark.parametrize("drift", [0.0, 0.1])
+def test_lossless_scores_up_to_the_cut_it_forecasts_and_cuts_as_one_shot_scoring_does(drift):
+    """`lossless` keeps y_i iff u_i <= p_curr(y_i): with p_prev for p_curr, the planner knows where it will likely cut
+    before scoring, and the chunk ends there (the rate-based schedule alone scores more than twice what is needed)."""
+    rng = np.random.default_rng(0)
+    prompt = list(range(10, 74))
+    table = {}
+
+    def p_curr_of(seq):
+        if seq not in table:
+            table[seq] = float(np.log(rng.uniform(0.8, 1.0)))  # a confident policy: cuts some 10 tokens in
+        return table[seq]
+
+    def drafts_of(visit):  # p_prev: p_curr, moved by about `drift` nats
+        drafts = []
+        for j in range(8):
+            tokens = rng.integers(3, 90, 40).tolist()
+            seqs = [tuple(prompt) + tuple(tokens[: i + 1]) for i in range(40)]
+            p_prev = [min(0.0, p_curr_of(q) + drift * rng.standard_normal()) for q in seqs]
+            drafts.append(Draft(np.array(tokens, np.int32), np.array(p_prev, np.float32), "stop", visit, j))
+        return drafts
+
+    visits = [drafts_of(v) for v in range(10)]
+    cuts, scored, needed = {}, {}, {}
+    for mode in ("full", "forecast", "schedule"):
+        planner = SpeculativePlanner(make("lossless"), seed=5, scoring="full" if mode == "full" else "chunked")
+        if mode == "schedule":
+            planner.forecast = None
+        cuts[mode], scored[mode], needed[mode] = [], 0, 0
+        for visit, drafts in enumerate(visits):
+            samples, p_curr = visit_of(planner, prompt, drafts, p_curr_of, key=bytes([visit]) * 16)
+            drive(planner, samples, FakeEngine(p_curr), [samples])
+            cuts[mode] += [s.cut for s in samples]
+            if visit >= 6:  # by then the forecast's margin is known (32 cut drafts)
+                scored[mode] += sum(s.stats.scored_tokens for s in samples)
+                needed[mode] += sum(s.cut + (s.cut < s.draft_len) for s in samples)
+    assert cuts["forecast"] == cuts["schedule"] == cuts["full"]
+    assert scored["schedule"] > 2 * needed["schedule"]  # chunks sized on the rate: long, to save round trips
+    if drift == 0.0:
+        assert scored["forecast"] == needed["forecast"]  # every cut where forecast, the margin 0
+    else:
+        assert scored["forecast"] < 0.7 * scored["schedule"]  # 311 against 526
 
 
 def test_siblings_read_the_prompt_from_the_cache_and_share_their_common_prefix():

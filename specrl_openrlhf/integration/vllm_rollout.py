@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind
 
 from ..adaptive import FeedbackCoordinator
 from ..cache import Draft, DraftCache, prompt_key
@@ -32,6 +33,9 @@ SUPPORTED_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 SCORING_PRIORITY = -(1 << 30)  # vLLM serves lower values first
 LEADER_WAIT_S = 60.0  # a sample never waits longer than this for a sibling's request
 EXCLUDING_BIAS = -100.0  # vLLM clamps logit_bias to [-100, 100]: e^-100 leaves the token a relative weight of 4e-44
+# Our requests are read when they finish: vLLM then builds no output per step (the default, CUMULATIVE, copies every
+# token so far into a new output at each step; docs/benchmarks.md section 7)
+FINAL = RequestOutputKind.FINAL_ONLY
 
 
 def engine_limits(model_config, tokenizer) -> tuple[int, int]:
@@ -70,6 +74,7 @@ def scoring_params(request, top_k: int = 0) -> SamplingParams:
         max_tokens=1,
         prompt_logprobs=top_k,
         detokenize=False,
+        output_kind=FINAL,
         skip_reading_prefix_cache=not request.read_cache,
         logprob_token_ids=list(request.next_token_ids) or None,
     )
@@ -90,13 +95,14 @@ def continuation_params(
     excluded: int | None = None,
 ) -> SamplingParams:
     """The user's params for one continuation after `verified` reused tokens: n=1, the remaining budget, the
-    remaining minimum length, and logprobs on (the cache needs them; `top_k` per token for rules that redraw).
-    `excluded`: a token the first step must not sample (the `vllm_exclude` plugin reads it).
-    Without stop strings vLLM does not detokenize: the caller decodes the whole response once."""
+    remaining minimum length, the output once it finishes (FINAL_ONLY), and logprobs on (the cache needs them;
+    `top_k` per token for rules that redraw). `excluded`: a token the first step must not sample (the `vllm_exclude`
+    plugin reads it). Without stop strings vLLM does not detokenize: the caller decodes the whole response once."""
     out = params.clone()
     if excluded is not None:
         out.extra_args = {**(params.extra_args or {}), EXCLUDE_FIRST_TOKEN: int(excluded)}
     out.n = 1
+    out.output_kind = FINAL
     out.max_tokens = max_tokens
     out.min_tokens = max(0, (params.min_tokens or 0) - verified)
     out.logprobs = max(params.logprobs or 0, top_k)
@@ -339,7 +345,11 @@ class AsyncSpeculativeGenerator:
         plugin is assumed until a continuation returns its banned token."""
         if self.exclusion_applies is None and self.planner.processed_logprobs:
             probe = SamplingParams(
-                max_tokens=1, detokenize=False, extra_args={EXCLUDE_FIRST_TOKEN: token}, logprob_token_ids=[token]
+                max_tokens=1,
+                detokenize=False,
+                output_kind=FINAL,
+                extra_args={EXCLUDE_FIRST_TOKEN: token},
+                logprob_token_ids=[token],
             )
             logprobs = next_logprobs(await self._generate(prefix, probe, SCORING_PRIORITY))
             self.exclusion_applies = bool(logprobs) and logprobs[token].logprob == -float("inf")

@@ -20,6 +20,38 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
 
+@pytest.fixture
+def aborting_generate():
+    """`aborting_generate(engine, abort_after, aborted)`: see `_aborting_generate`."""
+    return _aborting_generate
+
+
+def _aborting_generate(engine, abort_after, aborted: list):
+    """`generate` over the async engine that aborts a continuation after `abort_after(params)` tokens (None: never),
+    recording its request id in `aborted`. It streams those requests to watch their tokens come: ours ask vLLM for
+    the final output only."""
+    import uuid
+
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    async def generate(prompt, params):
+        request_id, final = uuid.uuid4().hex, None
+        abort_at = abort_after(params) if params.prompt_logprobs is None else None
+        if abort_at is not None:
+            params = params.clone()
+            params.output_kind = RequestOutputKind.CUMULATIVE
+        async for output in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=request_id):
+            final = output
+            if abort_at is not None and len(output.outputs[0].token_ids) >= abort_at and not output.finished:
+                abort_at = None
+                aborted.append(request_id)
+                await engine.abort(request_id)
+        return final
+
+    return generate
+
+
 @pytest.fixture(scope="session")
 def async_engine(tiny_model_dir):
     """vLLM's async engine (the one OpenRLHF uses), in processed_logprobs mode, as OpenRLHF sets it for IS

@@ -3,7 +3,6 @@
 import asyncio
 import random
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 
 from vllm import SamplingParams  # noqa: E402
-from vllm.inputs import TokensPrompt  # noqa: E402
 
 from specrl_openrlhf.integration.draft_store import RayDraftStore, start_reuse  # noqa: E402
 from specrl_openrlhf.integration.miniature.tiny_model import EOS_ID  # noqa: E402
@@ -44,7 +42,7 @@ def settled_stats(shard, timeout=120.0):
             time.sleep(0.2)
 
 
-def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_dir, tmp_path):
+def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_dir, tmp_path, aborting_generate):
     engine, runner = async_engine
     rng = random.Random(0)
     config = sr.ReuseConfig(policy="spec", cache_shards=2, cache_max_gb=2 * SHARD_BYTES / (1 << 30))
@@ -55,16 +53,9 @@ def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_
     planner = sr.SpeculativePlanner(policy, seed=1, max_token_id=max_token_id, max_model_len=max_model_len)
     aborted = []
 
-    async def generate(prompt, params):  # about 1 request in 10 is aborted after a few tokens
-        request_id, final = uuid.uuid4().hex, None
-        abort_at = rng.randrange(2, 20) if rng.random() < 0.1 and params.prompt_logprobs is None else None
-        async for output in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id=request_id):
-            final = output
-            if abort_at is not None and len(output.outputs[0].token_ids) >= abort_at and not output.finished:
-                abort_at = None
-                aborted.append(request_id)
-                await engine.abort(request_id)
-        return final
+    generate = aborting_generate(  # about 1 request in 10 is aborted after a few tokens
+        engine, lambda params: rng.randrange(2, 20) if rng.random() < 0.1 else None, aborted
+    )
 
     generator = AsyncSpeculativeGenerator(
         generate, policy, RayDraftStore(2, "soak"), samples_per_visit=N, planner=planner

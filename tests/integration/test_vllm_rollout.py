@@ -17,6 +17,7 @@ from specrl_openrlhf.integration.miniature.tiny_model import EOS_ID
 pytestmark = pytest.mark.engine
 vllm = pytest.importorskip("vllm")
 SamplingParams = vllm.SamplingParams
+RequestOutputKind = vllm.sampling_params.RequestOutputKind
 
 from specrl_openrlhf.integration.vllm_rollout import (  # noqa: E402
     AsyncSpeculativeGenerator,
@@ -270,26 +271,12 @@ def test_weight_update_between_scoring_and_continuation(async_engine, set_weight
     assert not np.allclose(old[:k], new[:k], atol=1e-3)  # (the two weights do differ there)
 
 
-def test_aborted_requests_become_drafts(async_engine):
+def test_aborted_requests_become_drafts(async_engine, aborting_generate):
     """Requests aborted mid-decode (finish_reason 'abort') come back as partial samples, serve as drafts, and the
     next visit continues them."""
-    import uuid
-
-    from vllm.inputs import TokensPrompt
-
     engine, _ = async_engine
     aborted, aborting = [], [True]
-
-    async def generate(prompt, sampling):
-        request_id, final = uuid.uuid4().hex, None
-        abort = aborting[0] and sampling.prompt_logprobs is None and len(aborted) < 6
-        async for output in engine.generate(TokensPrompt(prompt_token_ids=prompt), sampling, request_id=request_id):
-            final = output
-            if abort and len(output.outputs[0].token_ids) >= 5 and output.outputs[0].finish_reason is None:
-                abort = False
-                aborted.append(request_id)
-                await engine.abort(request_id)
-        return final
+    generate = aborting_generate(engine, lambda params: 5 if aborting[0] and len(aborted) < 6 else None, aborted)
 
     gen = generator(engine, sr.make("exact"), generate=generate)
     first = rollout(async_engine, gen, PROMPTS[:3], params())
@@ -462,6 +449,16 @@ def test_continuations_leave_detokenizing_to_the_caller_unless_stop_strings_need
     assert plain.detokenize is False and plain.logprobs == 20 and plain.max_tokens == 40
     with_stop = continuation_params(SamplingParams(max_tokens=64, stop=["\n\n"]), 40, 24)
     assert with_stop.detokenize is True and with_stop.stop == ["\n\n"]
+
+
+def test_our_requests_are_read_once_they_finish():
+    """A streamed (CUMULATIVE) output copies every token so far at each step; we read only the final one."""
+    user = SamplingParams(max_tokens=64, logprobs=0)
+    assert user.output_kind == RequestOutputKind.CUMULATIVE
+    assert continuation_params(user, 40, 24).output_kind == RequestOutputKind.FINAL_ONLY
+    assert user.output_kind == RequestOutputKind.CUMULATIVE  # the caller's params are left alone
+    request = ScoringRequest([1, 2, 3], 0, 2, True, (4,))
+    assert scoring_params(request).output_kind == RequestOutputKind.FINAL_ONLY
 
 
 # ---- lossless on the engine -----------------------------------------------------------------------------------------

@@ -66,6 +66,22 @@ async def stock_visit(generate, prompts, n, params):
     return sum(len(o.outputs[0].token_ids) for o in outputs)
 
 
+def engine_steps() -> float | None:
+    """Engine steps so far: vLLM's Prometheus histogram `vllm:iteration_tokens_total` counts one per step that ran
+    tokens. None where the histogram is missing (stats off, another vLLM)."""
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError:
+        return None
+    counts = [
+        sample.value
+        for metric in REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == "vllm:iteration_tokens_total_count"
+    ]
+    return sum(counts) if counts else None
+
+
 async def rate(engine_generate_fn, requests, params) -> float:
     """Tokens per second over `requests` (token lists), all in flight at once; the tokens counted are the prompts'
     for a scoring request and the generated ones otherwise."""
@@ -155,8 +171,13 @@ async def run(args) -> int:
         f"samples, prompt "
         f"{args.prompt_len} tokens, up to {args.max_tokens} new, weight noise {noise} per visit"
     )
-    print(" visit  method   wall_s  decoded   reused   scored  prefill  full  score_s  gen_s  (per-sample sums)")
+    print(
+        " visit  method   wall_s  steps  cpu_s  decoded   reused   scored  prefill  full  score_s  gen_s  "
+        "(cpu_s: this process, where vLLM's front end and our driver run; score_s, gen_s: per-sample sums)"
+    )
     totals = {"off": 0.0, "spec": 0.0}
+    steps = {"off": 0.0, "spec": 0.0}
+    cpu = {"off": 0.0, "spec": 0.0}
     decoded_off = 0
     stats = sr.ReuseStats()
     with tempfile.TemporaryDirectory() as scratch:
@@ -167,23 +188,28 @@ async def run(args) -> int:
             order = ["off", "spec"] if visit % 2 else ["spec", "off"]  # neither always pays for a cold start
             for method in order:
                 await engine.reset_prefix_cache()
-                start = time.perf_counter()
+                steps_before, cpu_before, start = engine_steps() or 0.0, time.process_time(), time.perf_counter()
                 if method == "off":
                     decoded = await stock_visit(generate, prompts, args.n, single)
-                    wall = time.perf_counter() - start
-                    decoded_off += decoded
-                    print(f"{visit:>6}  {method:<6} {wall:>7.2f} {decoded:>8}")
                 else:
                     batch = await gather_samples(generator, prompts, params)
-                    wall = time.perf_counter() - start
+                wall, visit_cpu = time.perf_counter() - start, time.process_time() - cpu_before
+                visit_steps = (engine_steps() or 0.0) - steps_before
+                head = f"{visit:>6}  {method:<6} {wall:>7.2f} {visit_steps:>6.0f} {visit_cpu:>6.2f}"
+                if method == "off":
+                    decoded_off += decoded
+                    print(f"{head} {decoded:>8}")
+                else:
                     s = batch.stats
                     stats = stats + s
                     print(
-                        f"{visit:>6}  {method:<6} {wall:>7.2f} {s.decoded_tokens:>8} {s.reused_tokens:>8} "
-                        f"{s.scored_tokens:>8} {s.scoring_prefill_tokens:>8} {s.fully_reused / s.samples:>5.2f} "
+                        f"{head} {s.decoded_tokens:>8} {s.reused_tokens:>8} {s.scored_tokens:>8} "
+                        f"{s.scoring_prefill_tokens:>8} {s.fully_reused / s.samples:>5.2f} "
                         f"{s.time_scoring_s:>8.1f} {s.time_generation_s:>6.1f}"
                     )
                 totals[method] += wall
+                steps[method] += visit_steps
+                cpu[method] += visit_cpu
 
         # This machine's rates, at the concurrency of a visit, with the last weights.
         await engine.reset_prefix_cache()
@@ -211,7 +237,9 @@ async def run(args) -> int:
     )
     scored_per_needed = stats.scored_tokens / needed if needed else 0.0
     print(
-        f"\nvisits 1..{args.visits}: off {totals['off']:.2f}s, spec {totals['spec']:.2f}s (makespans); spec decoded "
+        f"\nvisits 1..{args.visits}: off {totals['off']:.2f}s, spec {totals['spec']:.2f}s (makespans); engine steps "
+        f"off {steps['off']:.0f}, spec {steps['spec']:.0f}; CPU of this process off {cpu['off']:.2f}s, spec "
+        f"{cpu['spec']:.2f}s; spec decoded "
         f"{stats.decoded_tokens}, reused {stats.reused_tokens}, scored {stats.scored_tokens} draft tokens "
         f"({stats.scoring_prefill_tokens} prefill tokens computed by scoring requests)"
     )
@@ -223,7 +251,8 @@ async def run(args) -> int:
         f"RESULT regime={args.regime} token_ratio={token_ratio:.2f} time_ratio={time_ratio:.2f} "
         f"limit_ratio={limit_ratio:.2f} efficiency={time_ratio / token_ratio:.2f} "
         f"efficiency_vs_limit={time_ratio / limit_ratio:.2f} prefill_per_scored={prefill_per_scored:.2f} "
-        f"scored_per_needed={scored_per_needed:.2f}"
+        f"scored_per_needed={scored_per_needed:.2f} steps_ratio={steps['off'] / max(steps['spec'], 1):.2f} "
+        f"cpu_ratio={cpu['off'] / max(cpu['spec'], 1e-9):.2f}"
     )
     return 0
 

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import logging
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,18 @@ RUN_ENV = "SPECRL_OPENRLHF_RUN"
 FOLLOW_UP_SHARE = 0.25
 CALL_TIMEOUT_S = 60.0
 TRIM_EVERY_COMMITS = 128  # commit calls between returns of freed memory to the system
+
+
+def packed(drafts) -> bytes:
+    """Drafts (in any picklable structure) as one in-band pickle for a Ray call. Ray serialises each numpy array as
+    a buffer of its own, 4-6 per draft: in the quickstart's profile that cost the rollout actor about 1 ms per
+    committed draft (docs/benchmarks.md, section 7); one pickle of the batch is one buffer."""
+    return pickle.dumps(drafts, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpacked(payload: bytes):
+    """The drafts of `packed` (the run's own actors sent them)."""
+    return pickle.loads(payload)
 
 
 def _return_free_memory() -> None:
@@ -136,15 +149,16 @@ class DraftCacheActor:
 
     async def claim(
         self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False
-    ) -> tuple[list[Draft | None], int]:
-        """(drafts for `count` samples of the visit, this shard's restart count)."""
-        return self.caches[follow_up].claim_many(key, visit_id, age, count), self.restarts
+    ) -> tuple[bytes, int]:
+        """(the `packed` drafts for `count` samples of the visit, None where there is none; this shard's restart
+        count)."""
+        return packed(self.caches[follow_up].claim_many(key, visit_id, age, count)), self.restarts
 
-    async def commit(self, items: list[tuple[bytes, str, Draft, bool]]) -> None:
-        """Store finished samples, (key, visit id, draft, follow_up) each."""
-        for key, visit_id, draft, follow_up in items:
-            # Ray hands large arguments over as read-only views of one buffer in its shared object store: a copy
-            # keeps the cache out of the object store, which OpenRLHF needs for its own batches.
+    async def commit(self, payload: bytes) -> None:
+        """Store finished samples: `packed` (key, visit id, draft, follow_up) tuples."""
+        for key, visit_id, draft, follow_up in unpacked(payload):
+            # Ray may hand a large argument over as a read-only view of its shared object store, and an unpickled
+            # array may view the payload: a copy keeps the cache out of both.
             self.caches[follow_up].commit(key, visit_id, draft.copy())
         self.commit_calls += 1
         if self.commit_calls % TRIM_EVERY_COMMITS == 0:
@@ -280,12 +294,12 @@ class RayDraftStore:
             raise
 
     async def _send(self, shard: int, items: list) -> None:
-        await self._call(shard, "commit", items)
+        await self._call(shard, "commit", packed(items))
 
     async def claim(self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False) -> list:
         shard = shard_of(key, self.num_shards)
         drafts, self._restarts[shard] = await self._call(shard, "claim", key, visit_id, age, count, follow_up)
-        return drafts
+        return unpacked(drafts)
 
     async def commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool = False) -> None:
         await self._batchers[shard_of(key, self.num_shards)].commit((key, visit_id, draft, follow_up))

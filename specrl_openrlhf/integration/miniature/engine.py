@@ -9,9 +9,9 @@ on CPU therefore gets `kv_cache_memory_bytes`; the fraction stays for GPUs, wher
 from __future__ import annotations
 
 DEFAULT_KV_CACHE_BYTES = 256 << 20  # 131k tokens of the 2-layer tiny model, 4k of a 100M one
-# The environment of processes that run vLLM engines on CPU. The engine core runs in the engine's own process: with
-# 2 cores, its separate process and the shared-memory queues that poll between them cost a third of a rollout's time
-# (docs/benchmarks.md). VLLM_LOGGING_LEVEL: engines stay quiet unless something goes wrong.
+# The environment of processes that run vLLM engines on CPU. A synchronous engine (`vllm.LLM`) keeps its core in the
+# engine's own process, saving a process and the queues between them on 2 cores; the async engine OpenRLHF starts
+# always runs its core apart (docs/benchmarks.md, section 7). VLLM_LOGGING_LEVEL: quiet unless something goes wrong.
 CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR"}
 
 

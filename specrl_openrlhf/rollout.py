@@ -405,7 +405,8 @@ class SpeculativePlanner:
                 if sample.forecast is None:
                     sample.forecast = (forecast, start)
                 if (margin := self.forecast.margin()) is not None:
-                    span = forecast + 1 + margin - start  # up to the forecast rejection, and the margin past it
+                    # up to the forecast rejection and the margin past it; at least one token, whatever a rule says
+                    span = max(forecast + 1 + margin - start, 1)
                     chunk = span if chunk is None else min(chunk, span)
             # a chunk's last token comes as the token that follows the request (see below): chunk 1 = a point probe
             end = sample.draft_len if chunk is None else min(sample.draft_len, start + chunk - 1)

@@ -268,6 +268,19 @@ def test_cut_forecast_reaches_as_far_past_the_forecast_as_recent_cuts_needed():
         CutForecast(window=8)
 
 
+def test_a_forecast_behind_the_scored_prefix_still_asks_for_the_next_token():
+    """A rule may forecast a cut inside the prefix it already kept (its forecast input differs from its real one):
+    the next request still scores at least one token."""
+    planner = SpeculativePlanner(make("lossless"), scoring="chunked")
+    for _ in range(CutForecast.MIN_RECORDS):
+        planner.forecast.observe(forecast=0, start=0, needed=1, draft_len=10)  # margin 0
+    sample = planner.new_sample([1, 2], 20, draft([5, 6, 7, 8, 9, 10]), b"k" * 16)
+    sample.scored[:3] = -0.01  # three tokens scored and kept
+    planner.forecast_cut = lambda s: 0
+    request = planner.next_scoring(sample)
+    assert request.start == 3 and (request.end > 3 or request.next_token_ids == (8,))
+
+
 @pytest.mark.parametrize("drift", [0.0, 0.1])
 def test_lossless_scores_up_to_the_cut_it_forecasts_and_cuts_as_one_shot_scoring_does(drift):
     """`lossless` keeps y_i iff u_i <= p_curr(y_i): with p_prev for p_curr, the planner knows where it will likely cut

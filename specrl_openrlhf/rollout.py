@@ -419,16 +419,8 @@ class SpeculativePlanner:
     def forecast_cut(self, sample: Sample) -> int | None:
         """Where the rule would cut the draft if the tokens not scored yet had p_curr = p_prev (the draft's own
         log-probs), or None if the rule fails on that (the chunk schedule then decides alone)."""
-        draft = sample.draft
-        guess = np.where(np.isnan(sample.scored), draft.logprobs[: sample.draft_len], sample.scored)
-        batch = draft_batch(
-            np.array([sample.draft_len], np.int64),
-            draft_logprobs=[draft.logprobs],
-            gen_logprobs=[draft.gen_logprobs],
-            ages=[sample.ages_now],
-            uniforms=[sample.uniforms],
-            scored_logprobs=[guess],
-        )
+        guess = np.where(np.isnan(sample.scored), sample.draft.logprobs[: sample.draft_len], sample.scored)
+        batch = batch_of([sample], np.array([sample.draft_len], np.int64), True, scored=[guess])
         try:
             return int(checked_cuts(self.policy, batch, self.policy.cut(batch))[0])
         except Exception:
@@ -776,15 +768,15 @@ def checked_cuts(policy: ReusePolicy, batch: DraftBatch, cuts) -> torch.Tensor:
     return cuts
 
 
-def batch_of(samples: list[Sample], lengths: np.ndarray, with_scores: bool) -> DraftBatch:
-    """The `DraftBatch` of `samples`' first `lengths` draft tokens."""
+def batch_of(samples: list[Sample], lengths: np.ndarray, with_scores: bool, scored=None) -> DraftBatch:
+    """The `DraftBatch` of `samples`' first `lengths` draft tokens; `scored`: p_curr rows to use instead of theirs."""
     return draft_batch(
         lengths,
         draft_logprobs=[s.draft.logprobs for s in samples],
         gen_logprobs=[s.draft.gen_logprobs for s in samples],
         ages=[s.ages_now for s in samples],
         uniforms=[s.uniforms for s in samples],
-        scored_logprobs=[s.scored for s in samples] if with_scores else None,
+        scored_logprobs=(scored or [s.scored for s in samples]) if with_scores else None,
     )
 
 

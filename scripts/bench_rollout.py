@@ -151,7 +151,7 @@ async def run(args) -> int:
     generator = AsyncSpeculativeGenerator(
         generate,
         policy,
-        LocalDraftStore(keep_visits=max(policy.draft_age, 1)),
+        LocalDraftStore(keep_visits=policy.visits_kept),
         samples_per_visit=args.n,
         prioritize=args.priority,
         planner=planner,

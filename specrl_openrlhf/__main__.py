@@ -64,7 +64,7 @@ def replay_command(args) -> int:
     import time
     from pathlib import Path
 
-    from .replay import ReplayError, format_table, replay, tally
+    from .replay import ReplayError, format_table, replay_kept, tally
     from .trace import read_traces
 
     if args.trace_dir is None:  # the folder may also come last, after the rules
@@ -80,11 +80,13 @@ def replay_command(args) -> int:
             load_plugin(path)
         policies = [parse_rule(text, args.lenience) for text in args.rollout_reuse]
         records = read_traces(args.trace_dir)
-        results = [tally("recorded (the run's own cuts)", records, records.cut)]
+        results = []  # a walk's cut is no prefix of its recorded draft: replay the run's own rule to see it
+        if records.proposals == ["own"]:
+            results.append(tally("recorded (the run's own cuts)", records, records.cut))
         for policy in policies:
             start = time.perf_counter()
-            cuts = replay(policy, records, batch_size=args.batch_size, update_every=args.update_every)
-            results.append(tally(policy.describe(), records, cuts))
+            kept = replay_kept(policy, records, batch_size=args.batch_size, update_every=args.update_every)
+            results.append(tally(policy.describe(), records, kept))
             results[-1].seconds = time.perf_counter() - start
     except (PluginError, ReplayError, FileNotFoundError, ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)

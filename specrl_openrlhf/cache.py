@@ -216,9 +216,20 @@ class DraftCache:
         self.hits += 1
         return source.responses[slot]
 
-    def claim_many(self, key: bytes, visit_id: str, age: int, count: int) -> list[Draft | None]:
-        """`count` claims at once: the drafts of a whole visit's samples, in slot order."""
-        return [self.claim(key, visit_id, age) for _ in range(count)]
+    def claim_many(self, key: bytes, visit_id: str, age: int, count: int, history: int = 1) -> list[Draft | None]:
+        """`count` claims at once: the drafts of a whole visit's samples, in slot order; with `history` > 1, followed
+        by every response of the `history - 1` completed visits before the one they come from (newest first), which a
+        proposal over the prompt's history (`lossless`'s tree) draws on too."""
+        drafts = [self.claim(key, visit_id, age) for _ in range(count)]
+        if history <= 1:
+            return drafts
+        entry = self._touch(key)
+        visit = self._open_visit(entry, visit_id)
+        completed = [v for v in entry.visits if v is not visit and v.number < visit.number]
+        for back in range(age + 1, age + history):
+            if back <= len(completed):
+                drafts.extend(completed[-back].responses)
+        return drafts
 
     def commit(self, key: bytes, visit_id: str, draft: Draft) -> None:
         """Record a finished sample of visit `visit_id`; it can serve as a draft once that visit is completed."""

@@ -208,6 +208,23 @@ class ReuseConfig:
         return cls(**data)
 
 
+def check_writable_folder(flag: str, folder) -> None:
+    """Create `folder` if needed and write a probe file in it; a ValueError names the flag and the fix otherwise.
+    Permission bits can't tell (root may "write" under /proc), so it writes."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".specrl-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(
+            f"{flag} {folder}: not a writable folder ({error.strerror or error}); pass another {flag}"
+        ) from None
+
+
 # ---- the flags, generated from the fields ------------------------------------------------------------------------
 
 

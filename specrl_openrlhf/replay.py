@@ -2,6 +2,12 @@
 spec exact random my_rule.py:MyRule`. No engine: each rule cuts the recorded drafts with the uniforms the run drew,
 so replaying the rule a run used reproduces that run's cuts, and any other rule sees the very same drafts.
 
+Proposals replay too (`lossless,draft=own`, `lossless,draft=majority`, `lossless,draft=tree`, and `history=2`): a
+visit's records hold the prompt's previous responses with their token ids and p_curr, so the majority path or the tree
+of them is rebuilt, scored from the records, and walked with each sample's uniforms, as a run with that proposal
+would have. A tree needs every response's p_curr: traces of a run that scored whole drafts (tracing scores them whole)
+or walked a tree; two visits of history need a run that proposed from two visits.
+
 What replay can't know is what a continuation would have generated: "decoded tokens saved" counts the draft tokens
 a rule keeps, which the engine would otherwise have decoded. What it can show is how stale a rule's kept tokens are:
 their mean log p_curr / p_gen (the drift since they were decoded) and the share decoded more than two visits ago.
@@ -15,10 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .adaptive import FeedbackCoordinator
+from .cache import Draft
 from .policies import ReusePolicy
-from .rollout import checked_cuts, draft_batch
+from .rollout import checked_cuts, draft_batch, majority_path
 from .staleness import OLD_AGE
 from .trace import TraceRecords, uniforms_for
+from .tree import ROOT, DraftTree, walk
 
 
 class ReplayError(ValueError):
@@ -49,25 +57,160 @@ class ReplayResult:
         return self.fully_reused / self.drafts if self.drafts else 0.0
 
 
-def tally(name: str, records: TraceRecords, cuts: np.ndarray) -> ReplayResult:
-    """Metrics of a set of cuts, one per record; a draft is fully reused when it is kept whole and either ended by a
-    stop condition or filled the sample's budget (the rollout then skips generation, as here)."""
-    whole = cuts == records.lengths
-    complete = records.draft_ended | (records.lengths >= records.budget)
-    kept = np.zeros(len(records.draft_logprobs), bool)  # [sum L]: the tokens the cuts keep
-    for r, cut in enumerate(cuts.tolist()):
-        kept[records.offsets[r] : records.offsets[r] + cut] = True
-    drift = records.scored_logprobs[kept].astype(np.float64) - records.gen_logprobs[kept]
-    drift = drift[np.isfinite(drift)]
+@dataclass
+class Kept:
+    """What a rule keeps of each sample's proposal: one row per sample record, and the kept tokens' drift and age."""
+
+    tokens: np.ndarray  # [S] int64, tokens kept
+    offered: np.ndarray  # [S] int64, the proposal's length (own draft, majority path, the branch a walk ended on)
+    whole: np.ndarray  # [S] bool, kept whole with nothing left to generate (a stop, or the budget)
+    drift: np.ndarray  # [k] float64, log p_curr - log p_gen of every kept token
+    ages: np.ndarray  # [k] int64, visits since each kept token was decoded
+
+
+def tally(name: str, records: TraceRecords, cuts) -> ReplayResult:
+    """Metrics of a rule's cuts (one per record, as `replay` gives them) or of its `Kept` proposals (`replay_kept`).
+    A draft is fully reused when it is kept whole and either ended by a stop condition or filled the sample's budget
+    (the rollout then skips generation, as here). Records of the visit before (slot -1) are no sample's."""
+    kept = cuts if isinstance(cuts, Kept) else kept_by_cuts(records, np.asarray(cuts))
+    drift = kept.drift[np.isfinite(kept.drift)]
     return ReplayResult(
         rule=name,
-        drafts=len(records),
-        draft_tokens=int(records.lengths.sum()),
-        reused_tokens=int(cuts.sum()),
-        fully_reused=int((whole & complete).sum()),
+        drafts=len(kept.tokens),
+        draft_tokens=int(kept.offered.sum()),
+        reused_tokens=int(kept.tokens.sum()),
+        fully_reused=int(kept.whole.sum()),
         kept_drift=float(drift.mean()) if len(drift) else float("nan"),
-        kept_old=float((records.ages[kept] > OLD_AGE).mean()) if kept.any() else 0.0,
+        kept_old=float((kept.ages > OLD_AGE).mean()) if len(kept.ages) else 0.0,
     )
+
+
+def kept_by_cuts(records: TraceRecords, cuts: np.ndarray) -> Kept:
+    """`Kept` of cuts of the recorded drafts themselves."""
+    rows = np.flatnonzero(records.samples)
+    kept = np.zeros(len(records.draft_logprobs), bool)  # [sum L]: the tokens the cuts keep
+    for r in rows.tolist():
+        kept[records.offsets[r] : records.offsets[r] + cuts[r]] = True
+    complete = records.draft_ended | (records.lengths >= records.budget)
+    return Kept(
+        tokens=cuts[rows].astype(np.int64),
+        offered=records.lengths[rows],
+        whole=(cuts == records.lengths)[rows] & complete[rows],
+        drift=records.scored_logprobs[kept].astype(np.float64) - records.gen_logprobs[kept],
+        ages=records.ages[kept],
+    )
+
+
+def replay_kept(policy: ReusePolicy, records: TraceRecords, **replay_args) -> Kept:
+    """What `policy` keeps of every sample's proposal: cuts of the recorded drafts (`replay`), or, for a rule that
+    proposes the majority path or the tree of a visit's responses, those rebuilt from the visit's records."""
+    if policy.draft_choice not in ("majority", "tree"):
+        return kept_by_cuts(records, replay(policy, records, **replay_args))
+    if (records.tokens[: records.offsets[-1]] < 0).any():
+        raise ReplayError(
+            f"rule {policy.describe()} proposes from a visit's responses, but these traces hold no token ids (format "
+            f"2 or older): record them again with this version"
+        )
+    if "majority" in records.proposals:
+        raise ReplayError(
+            f"rule {policy.describe()} proposes from a visit's responses, but a run proposing the majority path "
+            f"recorded these traces: its drafts are that path, not the responses"
+        )
+    if policy.draft_history > 1 and records.samples.all():
+        raise ReplayError(
+            f"rule {policy.describe()} proposes from two visits, but these traces hold one: record a run with "
+            f'--reuse.params \'{{"draft": "tree", "history": 2}}\''
+        )
+    parts = [_visit_kept(policy, records, rows) for rows in _visits(records)]
+    order = np.argsort(np.concatenate([rows for rows, _ in parts]), kind="stable")  # back to trace order
+    kept = [k for _, k in parts]
+    by_row = [row for part in kept for row in part]
+    by_row = [by_row[i] for i in order]
+    return Kept(
+        tokens=np.array([k[0] for k in by_row], np.int64),
+        offered=np.array([k[1] for k in by_row], np.int64),
+        whole=np.array([k[2] for k in by_row], bool),
+        drift=np.concatenate([k[3] for k in by_row]) if by_row else np.zeros(0),
+        ages=np.concatenate([k[4] for k in by_row]).astype(np.int64) if by_row else np.zeros(0, np.int64),
+    )
+
+
+def _visits(records: TraceRecords) -> list[np.ndarray]:
+    """The record indices of every visit (a prompt's group), in trace order."""
+    _, inverse = np.unique(records.group, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.flatnonzero(np.diff(inverse[order])) + 1
+    return np.split(order, bounds)
+
+
+def _visit_kept(policy: ReusePolicy, records: TraceRecords, rows: np.ndarray):
+    """(the visit's sample records, what each keeps) for a majority-path or tree proposal over the visit's records."""
+    samples = rows[records.samples[rows]]
+    samples = samples[np.argsort(records.slot[samples], kind="stable")]
+    older = rows[~records.samples[rows]] if policy.draft_history > 1 else rows[:0]
+    sources = [r for r in samples.tolist() if records.lengths[r]] + older.tolist()
+    if not sources:
+        return samples, [(0, 0, False, np.zeros(0), np.zeros(0, np.int64)) for _ in samples]
+    drafts = [
+        Draft(
+            records.row("tokens", r),
+            records.row("draft_logprobs", r),
+            "stop" if records.draft_ended[r] else "length",
+            visit=int(records.entropy[r][2]),
+            index=int(records.slot[r]),
+        )
+        for r in sources
+    ]
+    tree = DraftTree(drafts)
+    for source, r in enumerate(sources):  # p_curr of every node, from the records through it
+        nodes, scored = tree.paths[source], records.row("scored_logprobs", r)
+        unknown = np.isnan(tree.logprobs[nodes])
+        tree.logprobs[nodes[unknown]] = scored[unknown]
+    own_of = {r: i for i, r in enumerate(sources[: len(sources) - len(older)])}
+    out = []
+    for r in samples.tolist():
+        budget = int(records.budget[r])
+        if policy.draft_choice == "tree":
+            route = walk(tree, uniforms_for(records.entropy[r], tree.max_depth + 1), own_of.get(r), budget)
+            nodes = route.nodes
+            offered = min(len(tree.paths[route.branch]), budget)
+            whole = route.complete or len(nodes) >= budget
+        else:
+            nodes, offered, whole = _majority_kept(policy, tree, drafts, records, r, budget)
+        source_rows = np.array(sources, np.int64)[tree.source[nodes]]
+        positions = tree.depth[nodes] - 1
+        gen = np.array([records.row("gen_logprobs", s)[p] for s, p in zip(source_rows.tolist(), positions.tolist())])
+        ages = np.array([records.row("ages", s)[p] for s, p in zip(source_rows.tolist(), positions.tolist())])
+        drift = tree.logprobs[nodes].astype(np.float64) - gen if len(nodes) else np.zeros(0)
+        out.append((len(nodes), offered, whole, drift, ages.astype(np.int64)))
+    return samples, out
+
+
+def _majority_kept(policy, tree: DraftTree, drafts, records: TraceRecords, r: int, budget: int):
+    """(kept nodes, path length, kept whole) of the majority path for sample record `r`, cut by the rule with the
+    uniforms the run drew for it."""
+    path = majority_path(drafts)
+    tokens = path.token_ids[:budget].tolist()
+    nodes, node = [], ROOT
+    for token in tokens:
+        children = tree.children(node)
+        node = int(children[tree.token[children] == token][0])
+        nodes.append(node)
+    nodes = np.array(nodes, np.int64)
+    seed, key = (int(e) for e in records.entropy[r][:2])
+    slot = int(records.slot[r])
+    entropy = (seed, key, path.visit, slot, len(nodes))
+    batch = draft_batch(
+        [len(nodes)],
+        draft_logprobs=[np.zeros(len(nodes))],
+        gen_logprobs=[np.zeros(len(nodes))],
+        ages=[np.ones(len(nodes), np.int64)],
+        uniforms=[uniforms_for(entropy, len(nodes))],
+        scored_logprobs=[tree.logprobs[nodes]],
+    )
+    cut = int(checked_cuts(policy, batch, policy.cut(batch))[0]) if len(nodes) else 0
+    whole = cut == len(nodes) and (path.finish_reason == "stop" or len(nodes) >= budget)
+    return nodes[:cut], len(nodes), whole
 
 
 def replay(
@@ -75,6 +218,11 @@ def replay(
 ) -> np.ndarray:
     """The cut `policy` makes on every record, [N] int64, in trace order. A stateful rule gets its feedback and
     updates as in a run: one update per `update_every` drafts (default: `batch_size`)."""
+    if policy.draft_choice != "own":
+        raise ReplayError(
+            f"rule {policy.describe()} proposes from a visit's responses, not from each recorded draft: "
+            f"use replay_kept"
+        )
     if policy.needs_scores and not records.scored.all():
         raise ReplayError(
             f"rule {policy.describe()} reads p_curr, but {int((~records.scored).sum())} of {len(records)} traced "
@@ -103,8 +251,8 @@ def replay(
 
 def format_table(results: list[ReplayResult], records: TraceRecords) -> str:
     lines = [
-        f"{len(records)} traced drafts, {int(records.lengths.sum())} draft tokens "
-        f"(recorded by: {', '.join(p for p in records.policies if p)})",
+        f"{int(records.samples.sum())} traced samples, {int(records.lengths[records.samples].sum())} draft tokens "
+        f"(recorded by: {', '.join(p for p in records.policies if p)}; proposals: {', '.join(records.proposals)})",
         "",
         "| rule | reuse ratio | mean verified prefix | full-reuse ratio | decoded tokens saved "
         "| kept: log p_curr/p_gen | kept: older than 2 visits | replay s |",

@@ -66,6 +66,7 @@ SUMMED = (
     "resampled_tokens",
     "scoring_requests",
     "resample_requests",
+    "branch_switches",
 )
 # t quantiles for two-sided 95% intervals, by degrees of freedom (1-30); beyond, the normal's
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
@@ -98,6 +99,8 @@ def step_row(step: int, logs: dict[str, float]) -> dict:
         row["scoring_s"] = row["rollout_s"] * phases[0] / sum(phases)
     if row.get("draft_tokens"):
         row["kept_share"] = row.get("reused_tokens", 0.0) / row["draft_tokens"]
+    if row.get("reused_tokens"):  # the price of what was kept: draft tokens scored per token kept
+        row["scored_per_kept"] = row.get("scored_tokens", 0.0) / row["reused_tokens"]
     return row
 
 
@@ -356,6 +359,7 @@ def paired_rows(runs: list[RunSeries]) -> list[dict]:
         row = {
             "regime": regime,
             "method": method,
+            "policy": members[0].policy,
             "seeds": len(pairs),
             "token_ratio": _mean([ratio(b.total("decoded_tokens"), r.total("decoded_tokens")) for r, b in pairs]),
             "time_ratio": _mean([ratio(b.total("rollout_s"), r.total("rollout_s")) for r, b in pairs]),

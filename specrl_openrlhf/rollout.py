@@ -8,6 +8,7 @@ prompt + verified prefix, and assemble verified prefix + continuation. The engin
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import Counter
@@ -22,7 +23,8 @@ from .metrics import ReuseStats
 from .policies import DraftBatch, ReusePolicy
 from .residual import draw, residual, top_k_of
 from .staleness import reused_token_sums, scored_token_sums
-from .trace import TraceWriter, uniforms_for
+from .trace import HISTORY_SLOT, TraceWriter, uniforms_for, visit_group
+from .tree import ROOT, DraftTree, walk
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ SCORING_MODES = ("chunked", "full")
 MAX_NEXT_TOKEN_IDS = 128  # vLLM's cap on `logprob_token_ids`
 MAX_POINT_PROBES = 4  # more positions missing than this: rescore them without reading the prefix cache
 RESIDUAL_STREAM = 1  # entropy suffix of the uniform that draws a rejected position from the residual
+NO_OWN_DRAFT = 1 << 32  # the length field of a tree sample's entropy when it has no previous response of its own
 
 
 class UnsupportedSamplingError(ValueError):
@@ -109,7 +112,10 @@ class Sample:
     decided: bool = False  # the cut is final
     continued: bool = False  # its continuation was asked for (`next_request`)
     resampled: tuple[int, float] | None = None  # the rejected position, redrawn from the residual: (token, log p_curr)
-    excluded: int | None = None  # the rejected draft token, which the continuation's first step must not sample
+    excluded: tuple[int, ...] = ()  # tokens the continuation's first step must not sample (`lossless`)
+    excluded_mass: float = 0.0  # their summed p_curr
+    tree: DraftTree | None = None  # the visit's tree of previous responses, shared by its samples (`draft="tree"`)
+    own: int | None = None  # the sample's own previous response among the tree's, None without one
     forecast: tuple[int, int] | None = None  # (forecast cut, first draft position) at its first scoring request
     stats: ReuseStats = field(default_factory=ReuseStats)
 
@@ -121,6 +127,11 @@ class Sample:
     @property
     def draft_len(self) -> int:
         return 0 if self.draft is None else len(self.draft)
+
+    @property
+    def walks(self) -> bool:
+        """It proposes from a tree it has not walked yet: its draft is the path the walk takes (`decide`)."""
+        return self.tree is not None and not self.decided
 
     @property
     def scored_upto(self) -> int:
@@ -143,17 +154,18 @@ class ScoringRequest:
     end: int
     read_cache: bool
     next_token_ids: tuple[int, ...] = ()
+    branch: int | None = None  # a tree's request: the draft is that response of the visit's `DraftTree`
 
 
 @dataclass(frozen=True)
 class ContinuationRequest:
     """Generate up to `max_tokens` after `token_ids` (prompt + verified prefix [+ a redrawn token]); `verified`: the
-    response tokens before it; `excluded`: a token the first step must not sample (`lossless`), or None."""
+    response tokens before it; `excluded`: tokens the first step must not sample (`lossless`)."""
 
     token_ids: list[int]
     max_tokens: int
     verified: int
-    excluded: int | None = None
+    excluded: tuple[int, ...] = ()
 
 
 class ChunkSchedule:
@@ -215,6 +227,7 @@ class CutForecast:
 
     MARGINS = np.array([0, 1, 2, 4, 8, 16, 32, 64, ChunkSchedule.LONGEST], np.int64)
     MIN_RECORDS = 32  # before this many cut drafts, the chunk schedule alone decides
+    SAMPLE_EVERY = 8  # while the whole draft is the best margin, one request in this many still forecasts
 
     def __init__(self, round_trip_tokens: float = 64.0, window: int = 512):
         if not (round_trip_tokens >= 0 and window >= self.MIN_RECORDS):
@@ -223,6 +236,15 @@ class CutForecast:
         self.records = np.zeros((int(window), 4), np.int64)  # rows: forecast cut, start, tokens needed, draft length
         self.count = 0
         self._margin: int | None = None  # cached until the next observation
+        self._asked = 0
+
+    def wanted(self) -> bool:
+        """Whether to forecast for the next scoring request. Not while the whole draft is the best margin (a rule whose
+        forecast says nothing, such as `spec`), but for one request in `SAMPLE_EVERY`, so that the margin can move."""
+        if self.margin() != ChunkSchedule.LONGEST:
+            return True
+        self._asked += 1
+        return self._asked % self.SAMPLE_EVERY == 0
 
     def margin(self) -> int | None:
         """Tokens past the forecast cut (after the forecast rejection) that a chunk should score, or None while too
@@ -310,50 +332,107 @@ class SpeculativePlanner:
 
     # ---- step 1: drafts -----------------------------------------------------------------------------------------
 
-    def proposals(self, drafts: list[Draft | None]) -> list[Draft | None]:
-        """The drafts a visit's samples start from, given the responses claimed for them (one per sample): their own,
-        or, for a rule whose `draft_choice` is "majority", the majority path through all of them (numbered per
-        sample, so that each draws its own uniforms)."""
-        if self.policy.draft_choice != "majority":
-            return drafts
-        path = majority_path(drafts)
-        if path is None:
-            return drafts
-        return [path.numbered(path.visit, index) for index in range(len(drafts))]
+    def visit_samples(
+        self, prompt_ids, max_tokens: int, claimed: list, key: bytes = b"", count: int = 1
+    ) -> list[Sample]:
+        """The `count` samples of one visit (one prompt, one budget), from what the cache gave the visit: a draft per
+        slot (None where there is none), then, with `history` 2, the responses of the visit before. Each sample
+        proposes its own draft, or, by the rule's `draft_choice`, the majority path through all of the responses
+        (numbered per sample, so that each draws its own uniforms), or their tree (one `DraftTree`, shared)."""
+        claimed = list(claimed)
+        own = (claimed[:count] + [None] * count)[:count]
+        older = claimed[count:]
+        choice = self.policy.draft_choice if self.policy.draft_age else "own"
+        if choice == "majority":
+            path = majority_path(own + older)
+            if path is not None:
+                own = [path.numbered(path.visit, index) for index in range(count)]
+        if choice != "tree":
+            return [self.new_sample(prompt_ids, max_tokens, draft, key) for draft in own]
+        return self._tree_samples(prompt_ids, max_tokens, own, older, key)
 
     def new_sample(self, prompt_ids, max_tokens: int, draft: Draft | None, key: bytes = b"") -> Sample:
         """Wrap a request and its draft, truncating the draft to the budget, the context and the vocabulary."""
         sample = Sample(prompt_ids=list(prompt_ids), max_tokens=int(max_tokens))
         sample.stats.samples = 1
-        if draft is None or len(draft) == 0 or self.policy.draft_age == 0:
+        draft, sample.stats.invalid_drafts = self._usable(draft, len(sample.prompt_ids), sample.max_tokens)
+        if draft is None:
             return sample
-        limit = min(len(draft), sample.max_tokens)
+        sample.draft_ended = draft.finish_reason == "stop"
+        sample.draft = draft
+        sample.ages_now = sample.draft.ages.astype(np.int64) + self.policy.draft_age
+        sample.stats.drafts_found = 1
+        sample.stats.draft_tokens = len(draft)
+        sample.entropy = self._entropy(key, draft.visit, draft.index, len(draft))
+        sample.uniforms = uniforms_for(sample.entropy, len(draft))
+        if self.scores_drafts:
+            sample.scored = np.full(len(draft), np.nan, np.float32)
+        if self.top_k:
+            sample.scored_top = (
+                np.full((len(draft), self.top_k), -1, np.int32),
+                np.full((len(draft), self.top_k), -np.inf, np.float32),
+            )
+        return sample
+
+    def _entropy(self, key: bytes, visit: int, index: int, length: int) -> tuple[int, ...]:
+        """What a sample's uniforms are drawn from: the seed, the prompt, and the draft's visit, index and length."""
+        return (self.seed, int.from_bytes(key[:8] or b"\0", "little"), int(visit), int(index), int(length))
+
+    def _usable(self, draft: Draft | None, prompt_len: int, max_tokens: int) -> tuple[Draft | None, int]:
+        """The part of a draft this visit can use: within the budget and the context (prompt + draft + 1 <=
+        max_model_len), and before the first token id the engine would refuse as a prompt token or the first
+        non-finite logprob (a corrupt draft is used up to its first bad token). A draft cut short no longer ends by a
+        stop condition. Returns (that part or None, 1 if the draft was corrupt)."""
+        if draft is None or len(draft) == 0 or self.policy.draft_age == 0:
+            return None, 0
+        limit = min(len(draft), max_tokens)
         if self.max_model_len is not None:
-            limit = min(limit, self.max_model_len - len(sample.prompt_ids) - 1)
+            limit = min(limit, self.max_model_len - prompt_len - 1)
         tokens = draft.token_ids[: max(limit, 0)]
         invalid = ~np.isfinite(draft.logprobs[: len(tokens)]) | ~np.isfinite(draft.gen_logprobs[: len(tokens)])
         if self.max_token_id is not None:  # ids the engine would refuse as prompt tokens
             invalid |= (tokens < 0) | (tokens > self.max_token_id)
-        if invalid.any():  # a corrupt draft (a bad id, a NaN logprob) is used up to its first bad token
-            sample.stats.invalid_drafts = 1
+        corrupt = int(invalid.any())
+        if corrupt:
             tokens = tokens[: np.flatnonzero(invalid)[0]]
         if len(tokens) == 0:
-            return sample
-        sample.draft_ended = len(tokens) == len(draft) and draft.finish_reason == "stop"
-        sample.draft = draft.head(len(tokens))
-        sample.ages_now = sample.draft.ages.astype(np.int64) + self.policy.draft_age
-        sample.stats.drafts_found = 1
-        sample.stats.draft_tokens = len(tokens)
-        sample.entropy = (self.seed, int.from_bytes(key[:8] or b"\0", "little"), draft.visit, draft.index, len(tokens))
-        sample.uniforms = uniforms_for(sample.entropy, len(tokens))
-        if self.scores_drafts:
-            sample.scored = np.full(len(tokens), np.nan, np.float32)
-        if self.top_k:
-            sample.scored_top = (
-                np.full((len(tokens), self.top_k), -1, np.int32),
-                np.full((len(tokens), self.top_k), -np.inf, np.float32),
+            return None, corrupt
+        if len(tokens) == len(draft):
+            return draft, corrupt
+        return dataclasses.replace(draft.head(len(tokens)), finish_reason="length"), corrupt
+
+    def _tree_samples(self, prompt_ids, max_tokens: int, own: list, older: list, key: bytes) -> list[Sample]:
+        """Samples that share one `DraftTree` of the visit's usable responses (their own ones first, in slot order).
+        Each draws its uniforms as its own draft would, so that, for the same p_curr, its walk keeps at least what
+        that draft alone would keep."""
+        samples = [Sample(prompt_ids=list(prompt_ids), max_tokens=int(max_tokens)) for _ in own]
+        usable, slots, corrupt = [], [], 0
+        for draft in own + older:
+            head, bad = self._usable(draft, len(prompt_ids), max_tokens)
+            corrupt += bad
+            slots.append(None if head is None else len(usable))
+            if head is not None:
+                usable.append(head)
+        for sample in samples:
+            sample.stats.samples = 1
+        if samples:
+            samples[0].stats.invalid_drafts = corrupt
+        if not usable:
+            return samples
+        tree = DraftTree(usable)
+        tree.own_count = sum(slot is not None for slot in slots[: len(own)])
+        for slot, sample in enumerate(samples):
+            sample.tree, sample.own = tree, slots[slot]
+            mine = None if sample.own is None else usable[sample.own]
+            sample.entropy = (
+                self._entropy(key, mine.visit, mine.index, len(mine))
+                if mine is not None
+                else self._entropy(key, usable[0].visit, slot, NO_OWN_DRAFT)
             )
-        return sample
+            sample.uniforms = uniforms_for(sample.entropy, tree.max_depth + 1)
+            sample.stats.drafts_found = 1
+            sample.stats.tree_branches, sample.stats.tree_nodes = len(tree.branches), tree.num_nodes - 1
+        return samples
 
     # ---- step 2: scoring ----------------------------------------------------------------------------------------
 
@@ -384,6 +463,85 @@ class SpeculativePlanner:
             if token in request.next_token_ids and np.isnan(s.scored[0]):
                 s.scored[0] = next_logprobs[token].logprob
 
+    def visit_rounds(self, samples: list[Sample]):
+        """The requests a visit sends for all of its samples before their own, round by round: a generator of lists of
+        `ScoringRequest`s, each round's answers handed to `take_visit_scores` before the next is asked for. Own drafts:
+        the prompt probe. A tree: the prompt probe, one request per branch (each branch scored once for every sample),
+        and point probes for the nodes no request gave; then the tree counts as scored and its samples walk it."""
+        tree = samples[0].tree if samples else None
+        if tree is None:
+            probe = self.prompt_probe(samples)
+            if probe is not None:
+                yield [probe]
+            return
+        prompt = samples[0].prompt_ids
+        probe = self.read_cache and len(tree.branches) >= 2  # the prompt once, then every branch reads it
+        if probe:
+            first_tokens = tuple(int(t) for t in tree.token[tree.children(ROOT)][:MAX_NEXT_TOKEN_IDS])
+            yield [ScoringRequest(list(prompt), 0, 0, True, first_tokens, branch=tree.branches[0])]
+        requests = []
+        for response in tree.branches:
+            tokens = tree.path_tokens(response)
+            end = len(tokens) - 1 if probe else len(tokens)  # the last token as the one that follows the request
+            follows = (int(tokens[end]),) if end < len(tokens) else ()
+            requests.append(ScoringRequest(prompt + tokens[:end].tolist(), 0, end, probe, follows, branch=response))
+        yield requests
+        missing = tree.unknown()
+        if len(missing):
+            yield self._tree_rescoring(prompt, tree, missing)
+        tree.scored = True
+
+    @staticmethod
+    def _tree_rescoring(prompt: list[int], tree: DraftTree, missing: np.ndarray) -> list[ScoringRequest]:
+        """Requests for tree nodes that no request gave (the prefix cache served them): a point probe per parent
+        (its path, scoring the missing children as the tokens that follow), or, when many parents are missing, the
+        branches through them without reading the cache."""
+        parents = sorted(set(tree.parent[missing].tolist()))
+        if len(parents) <= MAX_POINT_PROBES:
+            requests = []
+            for parent in parents:
+                children = tree.children(parent)
+                wanted = children[np.isnan(tree.logprobs[children])]
+                response, depth = int(tree.source[wanted[0]]), int(tree.depth[parent])
+                tokens = tuple(int(t) for t in tree.token[wanted][:MAX_NEXT_TOKEN_IDS])
+                prefix = prompt + tree.path_tokens(response)[:depth].tolist()
+                requests.append(ScoringRequest(prefix, depth, depth, True, tokens, branch=response))
+            return requests
+        unknown = np.zeros(tree.num_nodes, bool)
+        unknown[missing] = True
+        return [
+            ScoringRequest(prompt + tree.path_tokens(r).tolist(), 0, len(tree.paths[r]), False, (), branch=r)
+            for r in tree.branches
+            if unknown[tree.paths[r]].any()
+        ]
+
+    def take_visit_scores(
+        self, samples: list[Sample], request: ScoringRequest, prompt_logprobs, num_cached_tokens, next_logprobs
+    ) -> None:
+        """The answer to one of `visit_rounds`' requests. A tree's: log p_curr of the nodes along its branch (entries
+        the prefix cache served, or that hold no usable value, stay unknown), and of the children asked for as the
+        tokens that follow; its cost is counted on the visit's first sample."""
+        if request.branch is None:
+            self.take_probe(samples, request, next_logprobs, num_cached_tokens)
+            return
+        tree, stats = samples[0].tree, samples[0].stats
+        known_before = int(np.isfinite(tree.logprobs).sum())
+        cached = int(num_cached_tokens or 0) if request.read_cache else 0
+        stats.scoring_requests += 1
+        stats.scoring_prefill_tokens += len(request.token_ids) - cached
+        path, tokens, offset = tree.paths[request.branch], tree.path_tokens(request.branch), len(samples[0].prompt_ids)
+        for position in range(max(request.start, cached + 1 - offset), request.end):
+            node = path[position]
+            if np.isnan(tree.logprobs[node]):
+                tree.logprobs[node] = _logprob(prompt_logprobs[offset + position], int(tokens[position]))
+        if request.next_token_ids and next_logprobs:
+            parent = path[request.end - 1] if request.end else ROOT
+            for child in tree.children(parent).tolist():
+                token = int(tree.token[child])
+                if token in request.next_token_ids and np.isnan(tree.logprobs[child]):
+                    tree.logprobs[child] = _logprob(next_logprobs, token)
+        stats.scored_tokens += int(np.isfinite(tree.logprobs).sum()) - known_before
+
     def wants_scoring(self, sample: Sample) -> bool:
         """Whether the sample needs a scoring request (see `next_scoring`)."""
         if sample.draft is None or sample.scored is None:
@@ -401,7 +559,8 @@ class SpeculativePlanner:
         start = sample.scored_upto
         if self.policy.needs_scores:
             chunk = self.chunks.chunk() if self.chunks is not None else None
-            if self.forecast is not None and (forecast := self.forecast_cut(sample)) is not None:
+            forecasting = self.forecast is not None and self.forecast.wanted()
+            if forecasting and (forecast := self.forecast_cut(sample)) is not None:
                 if sample.forecast is None:
                     sample.forecast = (forecast, start)
                 if (margin := self.forecast.margin()) is not None:
@@ -492,12 +651,19 @@ class SpeculativePlanner:
         scoring stats. A rule that reads p_curr sees each draft's scored prefix: if it keeps all of it and more of
         the draft is unscored, the sample stays undecided and needs its next chunk (`next_scoring`)."""
         needs_scores = self.policy.needs_scores
+        walked = [s for s in samples if s.walks and s.tree.scored]
+        for s in walked:
+            self._walk(s)
+        if walked:
+            self._record(walked)
 
         def scored_enough(s: Sample) -> bool:  # a rule not judged chunk by chunk sees whole drafts only
             return s.scored_upto > 0 if self.chunks is not None else s.scored_upto == s.draft_len
 
         ready = [
-            s for s in samples if s.draft is not None and not s.decided and (not needs_scores or scored_enough(s))
+            s
+            for s in samples
+            if s.draft is not None and not s.decided and (not needs_scores or scored_enough(s)) and s.tree is None
         ]
         if not ready:
             return
@@ -513,6 +679,22 @@ class SpeculativePlanner:
         if decided:
             self._record(decided)
 
+    def _walk(self, sample: Sample) -> None:
+        """Walk the sample's scored tree (`tree.walk`): its draft becomes the path it kept, its cut that path's length,
+        and the children of the node it left the tree at are what the continuation's first step excludes."""
+        tree = sample.tree
+        route = walk(tree, sample.uniforms, sample.own, sample.max_tokens)
+        sample.draft = tree.draft_along(route.nodes)
+        sample.scored = tree.logprobs[route.nodes].copy()
+        sample.ages_now = sample.draft.ages.astype(np.int64) + self.policy.draft_age
+        sample.cut, sample.decided, sample.draft_ended = len(route.nodes), True, route.complete
+        sample.excluded, sample.excluded_mass = route.excluded, route.excluded_mass
+        stats = sample.stats
+        stats.draft_tokens = min(len(tree.paths[route.branch]), sample.max_tokens)  # the branch it ended on
+        stats.branch_switches = route.switches
+        stats.rejected_drafts = int(route.rejected)
+        stats.resampled_tokens = int(len(route.excluded) > 0)
+
     def _record(self, decided: list[Sample]) -> None:
         """The decision's stats, the chunk schedule's estimate, a stateful rule's feedback and the trace of finally
         cut drafts. (Stats of scored tokens, the staleness meter's among them, are taken at assembly, once every
@@ -520,11 +702,12 @@ class SpeculativePlanner:
         lenience = self.policy.lenience
         for s in decided:
             s.stats.reused_tokens = s.cut
-            s.stats.rejected_drafts = int(s.cut < s.draft_len)
+            if s.tree is None:
+                s.stats.rejected_drafts = int(s.cut < s.draft_len)
             s.stats.examined_tokens = s.cut + s.stats.rejected_drafts
             if lenience is not None and math.isfinite(lenience):
                 s.stats.lenience_sum = lenience
-            if self.chunks is not None:  # tokens past the first rejection tell nothing about the rate
+            if self.chunks is not None and s.tree is None:  # past the first rejection tells nothing about the rate
                 rejected = s.cut < s.draft_len
                 self.chunks.observe(min(s.scored_upto, s.cut + rejected), rejected)
                 if s.forecast is not None:
@@ -532,16 +715,58 @@ class SpeculativePlanner:
             if self.top_k and s.cut < s.draft_len:
                 self._resample(s)
             if self.policy.excludes_rejected_token and s.cut < s.draft_len:
-                s.excluded = int(s.draft.token_ids[s.cut])
+                s.excluded = (int(s.draft.token_ids[s.cut]),)
+                s.excluded_mass = min(math.exp(float(s.scored[s.cut])), 1.0)
                 s.stats.resampled_tokens += 1
             if self.trace is not None:
-                self.trace.record(
-                    s.draft, s.scored, s.ages_now, s.max_tokens, s.draft_ended, s.entropy, s.cut, lenience
-                )
+                self._trace(s, lenience)
         if self.policy.keeps_state:  # the whole drafts, p_curr NaN where it was not needed
             lengths = np.array([s.draft_len for s in decided], np.int64)
             batch = batch_of(decided, lengths, self.policy.needs_scores)
             self.feedback.add(self.policy.feedback(batch, torch.tensor([s.cut for s in decided])), len(decided))
+
+    def _trace(self, sample: Sample, lenience: float | None) -> None:
+        """Record a cut draft. A tree sample records its own previous response (empty without one), p_curr from the
+        tree, and the tokens its walk kept as its cut; the first of a visit's samples also records the responses of
+        the visit before (slot -1): `replay` can then rebuild the visit's tree, or propose from any part of it."""
+        seed, key = sample.entropy[:2]
+        if sample.tree is None:
+            group = visit_group(key, sample.draft.visit)
+            draft = sample.draft
+            ended, slot = sample.draft_ended, draft.index
+            self.trace.record(
+                draft,
+                sample.scored,
+                sample.ages_now,
+                sample.max_tokens,
+                ended,
+                sample.entropy,
+                sample.cut,
+                lenience,
+                group,
+                slot,
+            )
+            return
+        tree = sample.tree
+        newest = max(r.visit for r in tree.responses)
+        group = visit_group(key, newest)
+
+        def record(response: int | None, entropy, cut: int, slot: int) -> None:
+            if response is None:
+                nothing = np.zeros(0, np.float32)
+                draft, scored = Draft(np.zeros(0, np.int32), nothing, "length", newest, slot), nothing
+            else:
+                draft, scored = tree.responses[response], tree.logprobs[tree.paths[response]]
+            ages = draft.ages.astype(np.int64) + self.policy.draft_age + (newest - draft.visit)
+            ended = draft.finish_reason == "stop"
+            self.trace.record(draft, scored, ages, sample.max_tokens, ended, entropy, cut, lenience, group, slot)
+
+        record(sample.own, sample.entropy, sample.cut, int(sample.entropy[3]))
+        if not tree.traced:
+            tree.traced = True
+            for response in range(tree.own_count, len(tree.responses)):
+                older = tree.responses[response]
+                record(response, (seed, key, older.visit, older.index, len(older)), 0, HISTORY_SLOT)
 
     def _resample(self, sample: Sample) -> None:
         """Redraw the rejected position from the residual norm(max(0, p_curr - p_prev)) (see `residual`). A draft
@@ -593,7 +818,9 @@ class SpeculativePlanner:
         seen = sample.scored_upto
         if not seen:
             return
-        stats.scored_tokens = seen
+        if sample.tree is None:  # a tree's nodes are counted where they are scored, once per visit
+            stats.scored_tokens = seen
+        stats.metered_tokens = seen
         sums = scored_token_sums(
             sample.draft.logprobs[:seen], sample.scored[:seen], sample.draft.gen_logprobs[:seen], self.policy.lenience
         )
@@ -655,12 +882,14 @@ class SpeculativePlanner:
             new_logprobs = [math.nan] * len(new_token_ids)
         if len(new_logprobs) != len(new_token_ids):
             raise ValueError(f"continuation has {len(new_token_ids)} tokens but {len(new_logprobs)} logprobs")
-        if sample.excluded is not None and new_token_ids:
-            if new_token_ids[0] == sample.excluded:
-                raise ValueError("the continuation sampled the rejected draft token its first step had to exclude")
-            if self.processed_logprobs:  # the engine reported log p(x) / (1 - p(y)); the sample's law is p_curr's
-                p_excluded = min(math.exp(float(sample.scored[cut])), 1.0 - 1e-7)
-                new_logprobs = [new_logprobs[0] + math.log1p(-p_excluded), *new_logprobs[1:]]
+        if sample.excluded and new_token_ids:
+            if new_token_ids[0] in sample.excluded:
+                raise ValueError("the continuation sampled a token its first step had to exclude")
+            if self.processed_logprobs:  # the engine reported log p(x) / (1 - p(C)); the sample's law is p_curr's
+                new_logprobs = [
+                    new_logprobs[0] + math.log1p(-min(sample.excluded_mass, 1.0 - 1e-7)),
+                    *new_logprobs[1:],
+                ]
         redrawn = [] if sample.resampled is None else [sample.resampled[0]]
         if redrawn:  # the redrawn token leads the generated part: it was sampled now, from the current policy
             new_token_ids = redrawn + new_token_ids
@@ -743,6 +972,12 @@ def majority_path(drafts) -> Draft | None:
         gen_logprobs=column("gen_logprobs").astype(np.float32),
         ages=column("ages").astype(np.uint16),
     )
+
+
+def _logprob(entries, token: int) -> float:
+    """A token's log-prob from vLLM's {token_id: Logprob} (NaN where the entry holds none)."""
+    entry = entries.get(token) if entries else None
+    return math.nan if entry is None else float(entry.logprob)
 
 
 def _top_rows(top, start: int, end: int, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,12 +1,17 @@
 """Draft traces (`--reuse.trace_dir`): what every draft looked like when it was cut, for offline replay of rules.
 
-One record per draft: its logprobs when drafted (p_prev), under the policy that cut it (p_curr, NaN when the
-policy did not score), when each token was decoded (p_gen) and each token's age, its length, the sample's token
-budget, whether it ended by a stop condition, its finish reason, the seed material of its uniforms, the cut the run
-made and the lenience it applied. Each process writes its own `.npz` chunks atomically, so many engines can share
-one folder: a chunk is written once `flush_every` records wait, and a background thread writes what waits every
-`flush_s` seconds. A process that is killed loses at most the records of its last `flush_s` seconds (and never
-more than `flush_every`); one that exits normally loses nothing. `python -m specrl_openrlhf replay DIR` reads them.
+One record per draft: its token ids, its logprobs when drafted (p_prev), under the policy that cut it (p_curr, NaN
+when the policy did not score), when each token was decoded (p_gen) and each token's age, its length, the sample's
+token budget, whether it ended by a stop condition, its finish reason, the seed material of its uniforms, the cut the
+run made (a tree walk: the tokens it kept) and the lenience it applied, and which visit of its prompt it belongs to
+(`group`) in which slot: with the token ids, a visit's records are the prompt's previous responses, so `replay` can
+propose from them as a run with another `draft` choice would (own, majority path, tree). A run that proposes from
+two visits also records the older visit's responses, once per visit, in slot -1.
+
+Each process writes its own `.npz` chunks atomically, so many engines can share one folder: a chunk is written once
+`flush_every` records wait, and a background thread writes what waits every `flush_s` seconds. A process that is
+killed loses at most the records of its last `flush_s` seconds (and never more than `flush_every`); one that exits
+normally loses nothing. `python -m specrl_openrlhf replay DIR` reads them.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from .cache import FINISH_REASONS, Draft, write_npz
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "specrl-draft-trace"
-FORMAT_VERSION = 2  # 2: p_gen and ages; version 1 traces still load (p_gen = p_prev, age 1)
+FORMAT_VERSION = 3  # 3: token ids, visit groups and slots; 2: p_gen and ages; older traces still load
 ENTROPY_WIDTH = 5  # seed, prompt key, draft visit, draft index, draft length: what `uniforms_for` hashes
+HISTORY_SLOT = -1  # the slot of a record that is no sample's own draft: a response of the visit before
 
 
 def uniforms_for(entropy, length: int) -> np.ndarray:
@@ -44,6 +50,7 @@ class TraceRecords:
 
     lengths: np.ndarray  # [N] int64
     offsets: np.ndarray  # [N + 1] int64, into the token arrays
+    tokens: np.ndarray  # [sum L] int64, the draft's token ids (-1 in traces of format 2 and older)
     draft_logprobs: np.ndarray  # [sum L] float32, log p_prev
     scored_logprobs: np.ndarray  # [sum L] float32, log p_curr (NaN where not scored)
     gen_logprobs: np.ndarray  # [sum L] float32, log p_gen
@@ -56,23 +63,44 @@ class TraceRecords:
     cut: np.ndarray  # [N] int64, the cut the run made
     lenience: np.ndarray  # [N] float64, the lenience the run's rule applied (NaN: none)
     time: np.ndarray  # [N] float64, wall clock of the cut
+    group: np.ndarray  # [N] uint64, the visit of its prompt the record belongs to
+    slot: np.ndarray  # [N] int64, the sample's slot in that visit (HISTORY_SLOT: a response of the visit before)
     policies: list[str]  # the rules that wrote the trace (describe())
+    proposals: list[str]  # what their samples proposed from: own, majority or tree ("own" before format 3)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def row(self, name: str, r: int) -> np.ndarray:
-        """Record `r`'s per-token array `name` (draft_logprobs, scored_logprobs, gen_logprobs or ages)."""
+        """Record `r`'s per-token array `name` (tokens, draft_logprobs, scored_logprobs, gen_logprobs or ages)."""
         return getattr(self, name)[self.offsets[r] : self.offsets[r + 1]]
+
+    @property
+    def samples(self) -> np.ndarray:
+        """[N] bool: the records that are a sample's own draft (not a response of the visit before)."""
+        return self.slot != HISTORY_SLOT
+
+
+def visit_group(prompt_key: int, visit: int) -> int:
+    """The `group` of a prompt's visit: its records are the responses of visit `visit` of the prompt."""
+    return (int(prompt_key) ^ (int(visit) * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF
 
 
 class TraceWriter:
     """Appends draft records and writes them out in chunks. Never raises into the rollout: a failed write logs a
     warning and drops that chunk."""
 
-    def __init__(self, directory: str | Path, policy: str, *, flush_every: int = 4096, flush_s: float = 10.0):
+    def __init__(
+        self,
+        directory: str | Path,
+        policy: str,
+        *,
+        proposal: str = "own",
+        flush_every: int = 4096,
+        flush_s: float = 10.0,
+    ):
         self.directory = Path(directory)
-        self.policy = policy
+        self.policy, self.proposal = policy, proposal
         self.flush_every, self.flush_s = flush_every, flush_s
         self.prefix = f"trace-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.chunks = 0
@@ -83,7 +111,9 @@ class TraceWriter:
         self._timer.start()
         atexit.register(self.close)  # a process that ends normally loses nothing
 
-    def record(self, draft: Draft, scored_logprobs, ages_now, budget, draft_ended, entropy, cut, lenience) -> None:
+    def record(
+        self, draft: Draft, scored_logprobs, ages_now, budget, draft_ended, entropy, cut, lenience, group=0, slot=0
+    ) -> None:
         row = (
             draft.logprobs.copy(),
             None if scored_logprobs is None else np.asarray(scored_logprobs, np.float32).copy(),
@@ -96,6 +126,9 @@ class TraceWriter:
             int(cut),
             float("nan") if lenience is None else float(lenience),
             time.time(),
+            draft.token_ids.copy(),
+            int(group),
+            int(slot),
         )
         with self._lock:
             self._rows.append(row)
@@ -129,7 +162,8 @@ class TraceWriter:
             parts = [r[index] if r[index] is not None else np.full(len(r[0]), missing) for r in rows]
             return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
-        header = json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION, "policy": self.policy}).encode()
+        header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "policy": self.policy, "proposal": self.proposal}
+        header = json.dumps(header).encode()
         arrays = {
             "header": np.frombuffer(header, np.uint8),
             "lengths": lengths,
@@ -145,6 +179,9 @@ class TraceWriter:
             "cut": np.array([r[8] for r in rows], np.int64),
             "lenience": np.array([r[9] for r in rows], np.float64),
             "time": np.array([r[10] for r in rows], np.float64),
+            "tokens": tokens(11, np.int32),
+            "group": np.array([r[12] for r in rows], np.uint64),
+            "slot": np.array([r[13] for r in rows], np.int64),
         }
         path = write_npz(self.directory / f"{self.prefix}-{self.chunks:05d}.npz", arrays, compress=True)
         self.chunks += 1
@@ -160,19 +197,23 @@ def read_traces(directory: str | Path) -> TraceRecords:
         raise FileNotFoundError(
             f"no draft traces (trace-*.npz) under {directory}; record some with --reuse.trace_dir {directory}"
         )
-    parts, policies = [], []
+    parts, policies, proposals = [], [], []
     for path in paths:
         try:
             with np.load(path, allow_pickle=False) as data:
                 header = json.loads(bytes(data["header"]).decode())
-                if header.get("format") != FORMAT_NAME or header.get("version") not in (1, FORMAT_VERSION):
+                if header.get("format") != FORMAT_NAME or header.get("version") not in (1, 2, FORMAT_VERSION):
                     raise ValueError(f"format {header.get('format')!r} version {header.get('version')!r}")
                 part = {name: data[name] for name in data.files if name != "header"}
             if "gen_logprobs" not in part:  # version 1: no p_gen, no ages
                 part["gen_logprobs"] = part["draft_logprobs"].copy()
                 part["ages"] = np.ones(len(part["draft_logprobs"]), np.int64)
+            if "tokens" not in part:  # version 2 and older: no token ids; a visit is the drafts' prompt and visit
+                part["tokens"] = np.full(len(part["draft_logprobs"]), -1, np.int32)
+                part["group"] = np.array([visit_group(e[1], e[2]) for e in part["entropy"]], np.uint64)
+                part["slot"] = part["entropy"][:, 3].astype(np.int64)
             tokens = part["lengths"].sum()
-            per_token = ("draft_logprobs", "scored_logprobs", "gen_logprobs", "ages")
+            per_token = ("tokens", "draft_logprobs", "scored_logprobs", "gen_logprobs", "ages")
             if any(len(part[k]) != tokens for k in per_token) or part["entropy"].shape[1:] != (ENTROPY_WIDTH,):
                 raise ValueError("inconsistent array sizes")
         except Exception as error:
@@ -181,6 +222,8 @@ def read_traces(directory: str | Path) -> TraceRecords:
         parts.append(part)
         if header.get("policy") not in policies:
             policies.append(header.get("policy"))
+        if header.get("proposal", "own") not in proposals:
+            proposals.append(header.get("proposal", "own"))
     if not parts:
         raise ValueError(f"no readable draft traces under {directory}")
     order = np.argsort(np.concatenate([p["time"] for p in parts]), kind="stable")
@@ -200,6 +243,7 @@ def read_traces(directory: str | Path) -> TraceRecords:
     return TraceRecords(
         lengths=new_lengths,
         offsets=np.concatenate([[0], np.cumsum(new_lengths)]).astype(np.int64),
+        tokens=tokens("tokens")[index].astype(np.int64),
         draft_logprobs=tokens("draft_logprobs")[index],
         scored_logprobs=tokens("scored_logprobs")[index],
         gen_logprobs=tokens("gen_logprobs")[index],
@@ -212,5 +256,8 @@ def read_traces(directory: str | Path) -> TraceRecords:
         cut=rows("cut"),
         lenience=rows("lenience"),
         time=rows("time"),
+        group=rows("group").astype(np.uint64),
+        slot=rows("slot").astype(np.int64),
         policies=policies,
+        proposals=proposals,
     )

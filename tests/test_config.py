@@ -83,3 +83,12 @@ def test_bad_values_name_their_flag(kwargs, message):
 def test_a_config_travels_as_json():
     original = ReuseConfig(policy="exact", plugins=("a.py",), params={"x": 1})
     assert ReuseConfig.from_json(original.to_json()) == original
+
+
+def test_a_folder_is_writable_when_a_file_can_be_written_in_it(tmp_path):
+    from specrl_openrlhf.config import check_writable_folder
+
+    check_writable_folder("--reuse.trace_dir", tmp_path / "new" / "traces")  # created
+    assert (tmp_path / "new" / "traces").is_dir() and not list((tmp_path / "new" / "traces").iterdir())
+    with pytest.raises(ValueError, match="--reuse.trace_dir /proc/specrl: not a writable folder"):
+        check_writable_folder("--reuse.trace_dir", "/proc/specrl")  # root's permission bits say yes; /proc says no

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import _specrl_openrlhf_hook as hook
+from specrl_openrlhf.integration import openrlhf_seams as seams
 
 
 @pytest.mark.parametrize(
@@ -47,11 +48,11 @@ def test_the_parser_hook_takes_only_openrlhfs_main_parser_once():
         taken.append(module_globals["__name__"])
         return parse_args(parser, args, namespace)
 
-    remove = hook.hook_upstream_parser(take_over)
+    remove = seams.hook_upstream_parser(take_over)
     try:
         argparse.ArgumentParser().parse_args([])  # any other code's parser: argparse's own
-        assert taken == [] and argparse.ArgumentParser.parse_args.__module__ == "_specrl_openrlhf_hook"
-        upstream_main = {"__name__": "__main__", "__spec__": type("Spec", (), {"name": hook.UPSTREAM_MODULE})()}
+        assert taken == [] and argparse.ArgumentParser.parse_args.__module__ == seams.__name__
+        upstream_main = {"__name__": "__main__", "__spec__": type("Spec", (), {"name": seams.UPSTREAM_MODULE})()}
         exec("import argparse\nargparse.ArgumentParser().parse_args([])", upstream_main)
         assert taken == ["__main__"]
         assert argparse.ArgumentParser.parse_args.__module__ == "argparse"  # gone after its one call
@@ -78,3 +79,15 @@ def test_the_pth_file_is_installed():
     result = subprocess.run([sys.executable, "-m", "specrl_openrlhf", "hook"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "specrl_openrlhf_hook.pth" in result.stdout and "SPECRL_OPENRLHF_HOOK=0" in result.stdout
+
+
+def test_the_hook_and_the_seams_depend_one_way():
+    """The hook (read by every process) names the seams module; the seams module never imports the hook, and costs
+    no torch, Ray or OpenRLHF to import."""
+    assert hook.UPSTREAM_MODULE == seams.UPSTREAM_MODULE
+    probe = (
+        "import sys; from specrl_openrlhf.integration import openrlhf_seams; "
+        "print(sorted(m for m in ('_specrl_openrlhf_hook', 'torch', 'ray', 'openrlhf', 'vllm') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.replay import ReplayError, replay, tally
+from specrl_openrlhf.replay import ReplayError, replay, replay_kept, tally
 from specrl_openrlhf.trace import TraceWriter, read_traces
 
 from .helpers import ADAPTIVE, cut_drafts
@@ -77,3 +77,81 @@ def test_command_line_reports_bad_rules_and_folders(traces, tmp_path):
     assert "give parameters as key=value" in run(str(traces[0]), "--rollout_reuse", "spec,0.5").stderr
     missing = run(str(tmp_path / "none"), "--rollout_reuse", "spec")
     assert missing.returncode == 2 and "--reuse.trace_dir" in missing.stderr
+
+
+# ---- proposals: the visit's responses, rebuilt from its records -----------------------------------------------------
+
+
+def visit_traces(tmp_path, params: dict, visits: int = 40, seed: int = 0):
+    """Traces of visits of 4 samples through the planner, proposing as `params` say, from 4 (and, with history 2,
+    4 more) previous responses that share prefixes; p_curr of every token drawn at random and scored whole (as
+    tracing asks). Returns the folder and every sample."""
+    rng = np.random.default_rng(seed)
+    policy = sr.make("lossless", **params)
+    writer = TraceWriter(tmp_path, policy.describe(), proposal=policy.draft_choice)
+    planner = sr.SpeculativePlanner(policy, seed=11, trace=writer, stop_token_ids=[0])
+    every = []
+    for v in range(visits):
+        stem = rng.integers(1, 5, 3).tolist()
+        responses = [
+            stem[: rng.integers(0, 4)] + rng.integers(1, 5, rng.integers(1, 6)).tolist() + [0] for _ in range(8)
+        ]
+        table = {}  # one p_curr per (prefix, token), as one policy gives it
+
+        def logprob(prefix, token, table=table):
+            return table.setdefault((tuple(prefix), token), float(np.log(rng.uniform(0.2, 1.0))))
+
+        claimed = [
+            sr.Draft(np.array(r), np.full(len(r), -0.5), "stop", visit=2 if i < 4 else 1, index=i % 4)
+            for i, r in enumerate(responses[: 8 if planner.policy.draft_history == 2 else 4])
+        ]
+        samples = planner.visit_samples([7], 32, claimed, v.to_bytes(16, "little"), count=4)
+        for sample in samples:
+            if sample.tree is not None:
+                tree = sample.tree
+                for r, path in enumerate(tree.paths):
+                    tokens = tree.path_tokens(r).tolist()
+                    tree.logprobs[path] = [logprob(tokens[:i], t) for i, t in enumerate(tokens)]
+                tree.scored = True
+            elif sample.scored is not None:
+                tokens = sample.draft.token_ids.tolist()
+                sample.scored[:] = [logprob(tokens[:i], t) for i, t in enumerate(tokens)]
+        planner.decide(samples)
+        every += samples
+    writer.flush()
+    return tmp_path, every
+
+
+def test_replaying_a_runs_tree_reproduces_what_its_walks_kept(tmp_path):
+    for history in (1, 2):
+        folder, samples = visit_traces(tmp_path / str(history), {"draft": "tree", "history": history})
+        records = read_traces(folder)
+        assert records.proposals == ["tree"] and (~records.samples).sum() == (40 * 4 if history == 2 else 0)
+        kept = replay_kept(sr.make("lossless", draft="tree", history=history), records)
+        assert kept.tokens.tolist() == records.cut[records.samples].tolist() == [s.cut for s in samples]
+        assert np.isfinite(kept.drift).all() and len(kept.drift) == sum(s.cut for s in samples)
+
+
+def test_proposals_replay_on_one_recorded_run_and_the_tree_keeps_the_most(tmp_path):
+    folder, samples = visit_traces(tmp_path, {"draft": "own"})
+    records = read_traces(folder)
+    own = replay_kept(sr.make("lossless", draft="own"), records)
+    assert own.tokens.tolist() == [s.cut for s in samples]  # the run's own cuts
+    majority = replay_kept(sr.make("lossless", draft="majority"), records)
+    tree = replay_kept(sr.make("lossless", draft="tree"), records)
+    assert (tree.tokens >= own.tokens).all() and tree.tokens.sum() > own.tokens.sum()  # same uniforms: dominance
+    assert majority.tokens.sum() > 0 and len(majority.tokens) == len(own.tokens) == 160
+    results = [tally(name, records, k) for name, k in (("own", own), ("majority", majority), ("tree", tree))]
+    assert results[2].reused_tokens == tree.tokens.sum() and results[0].drafts == 160
+    with pytest.raises(ReplayError, match="two visits"):
+        replay_kept(sr.make("lossless", draft="tree", history=2), records)
+    with pytest.raises(ReplayError, match="replay_kept"):
+        replay(sr.make("lossless", draft="tree"), records)
+
+
+def test_traces_without_token_ids_replay_own_drafts_only(traces):
+    records = read_traces(traces[0])
+    records.tokens[:] = -1  # as a trace of format 2 reads
+    assert len(replay_kept(sr.make("lossless", draft="own"), records).tokens) == 300
+    with pytest.raises(ReplayError, match="no token ids"):
+        replay_kept(sr.make("lossless", draft="tree"), records)

@@ -271,7 +271,7 @@ def test_cut_forecast_reaches_as_far_past_the_forecast_as_recent_cuts_needed():
 def test_a_forecast_behind_the_scored_prefix_still_asks_for_the_next_token():
     """A rule may forecast a cut inside the prefix it already kept (its forecast input differs from its real one):
     the next request still scores at least one token."""
-    planner = SpeculativePlanner(make("lossless"), scoring="chunked")
+    planner = SpeculativePlanner(make("lossless", draft="own"), scoring="chunked")
     for _ in range(CutForecast.MIN_RECORDS):
         planner.forecast.observe(forecast=0, start=0, needed=1, draft_len=10)  # margin 0
     sample = planner.new_sample([1, 2], 20, draft([5, 6, 7, 8, 9, 10]), b"k" * 16)
@@ -306,7 +306,9 @@ def test_lossless_scores_up_to_the_cut_it_forecasts_and_cuts_as_one_shot_scoring
     visits = [drafts_of(v) for v in range(10)]
     cuts, scored, needed = {}, {}, {}
     for mode in ("full", "forecast", "schedule"):
-        planner = SpeculativePlanner(make("lossless"), seed=5, scoring="full" if mode == "full" else "chunked")
+        planner = SpeculativePlanner(
+            make("lossless", draft="own"), seed=5, scoring="full" if mode == "full" else "chunked"
+        )
         if mode == "schedule":
             planner.forecast = None
         cuts[mode], scored[mode], needed[mode] = [], 0, 0
@@ -482,11 +484,11 @@ def test_residual_without_top_k_leaves_the_rejection_to_the_engine():
 
 
 def test_lossless_excludes_the_rejected_token_from_the_continuations_first_step():
-    planner = SpeculativePlanner(make("lossless"), seed=1, stop_token_ids=[2])
+    planner = SpeculativePlanner(make("lossless", draft="own"), seed=1, stop_token_ids=[2])
     sample = planner.new_sample([1], 10, draft([5, 6, 7], [-0.5, -0.5, -0.5]), b"r" * 16)
     sample.scored = np.log(np.array([1.0, 1e-9, 0.5], np.float32))  # token 6 all but impossible now: rejected
     planner.decide([sample])
-    assert (sample.cut, sample.excluded, sample.resampled) == (1, 6, None)
+    assert (sample.cut, sample.excluded, sample.resampled) == (1, (6,), None)
     assert planner.continuation(sample) == ([1, 5], 9)  # no extra token: the engine draws the position
     output, _ = planner.assemble(sample, [8, 2], [-0.2, -0.1], "stop")
     assert output.token_ids == [5, 8, 2] and output.logprobs[1] == pytest.approx(-0.2)
@@ -497,12 +499,12 @@ def test_lossless_excludes_the_rejected_token_from_the_continuations_first_step(
 
 def test_lossless_turns_processed_first_logprobs_back_into_p_curr():
     """With the first step's token banned, processed log-probs are log p(x) - log(1 - p(y)); raw ones are log p(x)."""
-    planner = SpeculativePlanner(make("lossless"), seed=1, processed_logprobs=True)
+    planner = SpeculativePlanner(make("lossless", draft="own"), seed=1, processed_logprobs=True)
     sample = planner.new_sample([1], 10, draft([5, 6], [-0.5, -0.5]), b"r" * 16)
     sample.scored = np.log(np.array([0.999999, 0.25], np.float32))
     sample.uniforms[:] = [0.5, 0.9]  # keep 5, reject 6 (0.9 > 0.25)
     planner.decide([sample])
-    assert sample.excluded == 6
+    assert sample.excluded == (6,)
     output, stored = planner.assemble(sample, [8], [math.log(0.3 / 0.75)], "length")
     assert output.logprobs[1] == pytest.approx(math.log(0.3), abs=1e-6)
     assert stored.logprobs[1] == pytest.approx(math.log(0.3), abs=1e-6)
@@ -513,12 +515,12 @@ def test_majority_drafts_share_one_path_with_their_own_uniforms():
     drafts = [
         draft(t, [-0.1] * len(t)).numbered(3, i) for i, t in enumerate([[4, 5, 6], [4, 5, 7], [4, 9], [4, 5, 7]])
     ]
-    proposals = planner.proposals(drafts)
-    assert [p.token_ids.tolist() for p in proposals] == [[4, 5, 7]] * 4
-    assert [(p.visit, p.index) for p in proposals] == [(3, 0), (3, 1), (3, 2), (3, 3)]
-    samples = [planner.new_sample([1], 10, d, b"k" * 16) for d in proposals]
+    samples = planner.visit_samples([1], 10, drafts, b"k" * 16, count=4)
+    assert [s.draft.token_ids.tolist() for s in samples] == [[4, 5, 7]] * 4
+    assert [(s.draft.visit, s.draft.index) for s in samples] == [(3, 0), (3, 1), (3, 2), (3, 3)]
     assert len({tuple(s.uniforms) for s in samples}) == 4
-    assert SpeculativePlanner(make("lossless"), seed=1).proposals(drafts) == drafts
+    own = SpeculativePlanner(make("lossless", draft="own"), seed=1).visit_samples([1], 10, drafts, b"k" * 16, 4)
+    assert [s.draft.token_ids.tolist() for s in own] == [d.token_ids.tolist() for d in drafts]
 
 
 def test_a_samples_requests_come_one_after_another_the_same_for_every_rule():
@@ -529,8 +531,8 @@ def test_a_samples_requests_come_one_after_another_the_same_for_every_rule():
     sample.scored[:] = [-0.5, -9.0, -0.5]  # as take_scores stores them
     sample.uniforms[:] = 0.5
     continuation = planner.next_request(sample)  # the rule cuts at the rejection: then the continuation
-    assert continuation == ContinuationRequest([1, 2, 5], 9, 1, None)
+    assert continuation == ContinuationRequest([1, 2, 5], 9, 1)
     assert planner.next_request(sample) is None  # then assemble
     off = SpeculativePlanner(make("off"))
     fresh = off.new_sample([1, 2], 4, None)
-    assert off.next_request(fresh) == ContinuationRequest([1, 2], 4, 0, None) and off.next_request(fresh) is None
+    assert off.next_request(fresh) == ContinuationRequest([1, 2], 4, 0) and off.next_request(fresh) is None

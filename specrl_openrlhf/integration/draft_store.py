@@ -147,12 +147,11 @@ class DraftCacheActor:
         if self.restarts:
             logger.warning("draft cache shard %d restarted (%d restarts so far)", shard, self.restarts)
 
-    async def claim(
-        self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False
-    ) -> tuple[bytes, int]:
-        """(the `packed` drafts for `count` samples of the visit, None where there is none; this shard's restart
-        count)."""
-        return packed(self.caches[follow_up].claim_many(key, visit_id, age, count)), self.restarts
+    async def claim(self, payload: bytes) -> tuple[bytes, int]:
+        """Claims of several visits at once: `packed` (key, visit id, age, count, follow_up, history) tuples. Returns
+        (the `packed` list of their drafts, each as `DraftCache.claim_many` gives it; this shard's restart count)."""
+        claims = unpacked(payload)
+        return packed([self.caches[c[4]].claim_many(c[0], c[1], c[2], c[3], c[5]) for c in claims]), self.restarts
 
     async def commit(self, payload: bytes) -> None:
         """Store finished samples: `packed` (key, visit id, draft, follow_up) tuples."""
@@ -208,7 +207,7 @@ def start_reuse(settings: dict, config: ReuseConfig, *, load_dir: str | None = N
     if ray.get(handle.settings.remote()) != settings:  # a finished run's actor under this name: replace it
         ray.kill(handle, no_restart=True)
         handle = ReuseRun.options(name=name).remote(settings, load_dir)
-    num_shards, keep_visits = config.cache_shards, max(config.build_policy().draft_age, 1)
+    num_shards, keep_visits = config.cache_shards, config.build_policy().visits_kept
     shards = [
         DraftCacheActor.options(name=actor_name(i, run)).remote(
             i, num_shards, max(config.cache_max_bytes // num_shards, 1), run, keep_visits
@@ -219,26 +218,28 @@ def start_reuse(settings: dict, config: ReuseConfig, *, load_dir: str | None = N
     return ReuseActors(handle, shards, run)
 
 
-class CommitBatcher:
-    """Coalesces commits to one shard: they leave together once `max_items` are waiting or `delay_s` after the
-    first, as one actor call. Each caller still learns whether its own commit failed."""
+class CallBatcher:
+    """Coalesces calls to one shard: items leave together once `max_items` are waiting or `delay_s` after the first,
+    as one actor call (`send(items)` -> one result per item, or None for all). Each item's future gets its result, or
+    the call's error."""
 
     def __init__(self, send, max_items: int = 64, delay_s: float = 0.005):
         self.send, self.max_items, self.delay_s = send, max_items, delay_s
         self._waiting: list[tuple[tuple, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
 
-    async def commit(self, item: tuple) -> None:
+    def submit(self, item: tuple) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self._waiting.append((item, done))
         if len(self._waiting) >= self.max_items:
-            self._flush()
+            self.flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self.delay_s, self._flush)
-        await done
+            self._timer = loop.call_later(self.delay_s, self.flush)
+        return done
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what waits now (commits before a claim of the same shard: Ray runs one caller's calls in order)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -247,7 +248,8 @@ class CommitBatcher:
             return
 
         def settle(task: asyncio.Future) -> None:
-            for _, done in waiting:
+            results = None if task.cancelled() or task.exception() is not None else task.result()
+            for index, (_, done) in enumerate(waiting):
                 if done.done():
                     continue
                 if task.cancelled():
@@ -255,22 +257,29 @@ class CommitBatcher:
                 elif task.exception() is not None:
                     done.set_exception(task.exception())
                 else:
-                    done.set_result(None)
+                    done.set_result(None if results is None else results[index])
 
         asyncio.ensure_future(self.send([item for item, _ in waiting])).add_done_callback(settle)
 
 
 class RayDraftStore:
-    """Async claim/commit against the shards, for `AsyncSpeculativeGenerator`: one call per visit to claim its
-    drafts, and commits coalesced per shard. Shards are looked up by name on first use and again after a failure,
-    so a store built while a shard was down recovers once it is back, and one whose shard was replaced (killed and
+    """Async claim/commit against the shards, for `AsyncSpeculativeGenerator`. Claims of the visits that start
+    together (a step's prompts) leave as one call per shard; a sample does not wait for its commit: commits are
+    coalesced per shard and sent before the next claim of that shard, so a prompt's next visit finds them. A commit
+    that fails is counted in `lost_commits`. Shards are looked up by name on first use and again after a failure, so
+    a store built while a shard was down recovers once it is back, and one whose shard was replaced (killed and
     started again under its name) moves to the new one at once."""
 
-    def __init__(self, num_shards: int, run: str = ""):
+    def __init__(self, num_shards: int, run: str = "", claim_delay_s: float = 0.002):
         self.num_shards, self.run = num_shards, run
         self._handles: dict[int, ray.actor.ActorHandle] = {}
         self._restarts: dict[int, int] = {}
-        self._batchers = {shard: CommitBatcher(functools.partial(self._send, shard)) for shard in range(num_shards)}
+        self._commits = {shard: CallBatcher(functools.partial(self._send, shard)) for shard in range(num_shards)}
+        self._claims = {
+            shard: CallBatcher(functools.partial(self._claim, shard), delay_s=claim_delay_s)
+            for shard in range(num_shards)
+        }
+        self.lost_commits = 0
 
     @property
     def restarts(self) -> int:
@@ -296,13 +305,25 @@ class RayDraftStore:
     async def _send(self, shard: int, items: list) -> None:
         await self._call(shard, "commit", packed(items))
 
-    async def claim(self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False) -> list:
-        shard = shard_of(key, self.num_shards)
-        drafts, self._restarts[shard] = await self._call(shard, "claim", key, visit_id, age, count, follow_up)
+    async def _claim(self, shard: int, items: list) -> list:
+        drafts, self._restarts[shard] = await self._call(shard, "claim", packed(items))
         return unpacked(drafts)
 
+    async def claim(
+        self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False, history: int = 1
+    ) -> list:
+        shard = shard_of(key, self.num_shards)
+        self._commits[shard].flush()
+        return await self._claims[shard].submit((key, visit_id, age, count, follow_up, history))
+
     async def commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool = False) -> None:
-        await self._batchers[shard_of(key, self.num_shards)].commit((key, visit_id, draft, follow_up))
+        """Queue a finished sample's draft; returns at once (see the class docstring)."""
+        sent = self._commits[shard_of(key, self.num_shards)].submit((key, visit_id, draft, follow_up))
+        sent.add_done_callback(self._count_loss)
+
+    def _count_loss(self, sent: asyncio.Future) -> None:
+        if sent.cancelled() or sent.exception() is not None:
+            self.lost_commits += 1
 
     async def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
         """A stateful rule's feedback, to the run's coordinator (`ReuseRun`); the answer is the rule's state."""

@@ -18,16 +18,13 @@ from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 
 from ..config import ReuseConfig
-from ..metrics import PREFIX, ReuseStats
+from ..metrics import ReuseStats, sample_metric_names
 from ..rollout import SampleOutput, SpeculativePlanner, UnsupportedSamplingError
 from ..trace import TraceWriter
 from .openrlhf_eval import is_evaluation
 from .vllm_rollout import AsyncSpeculativeGenerator
 
 logger = logging.getLogger(__name__)
-
-# Per-sample metrics that mean nothing once OpenRLHF averages them over samples.
-_DROPPED_SAMPLE_METRICS = {f"{PREFIX}samples"}
 
 
 def load_agent_executor(path: str) -> AgentExecutorBase:
@@ -69,8 +66,9 @@ class SpeculativeEngineProxy:
     other attribute is the real actor's. One proxy serves one `execute` call (one sample), so its second and later
     `generate` calls are an agent's follow-up turns."""
 
-    def __init__(self, engine, generator: AsyncSpeculativeGenerator, tokenizer, training_signature: tuple):
+    def __init__(self, engine, generator: AsyncSpeculativeGenerator, tokenizer, training_signature: tuple, names=None):
         self._engine = engine
+        self._metric_names = names  # the rule's `sample_metric_names`
         self._generator = generator
         self._tokenizer = tokenizer
         self._training_signature = training_signature
@@ -84,7 +82,7 @@ class SpeculativeEngineProxy:
     def sample_metrics(self) -> dict[str, float]:
         if self.stats is None:
             return {}
-        return {k: v for k, v in self.stats.as_dict().items() if k not in _DROPPED_SAMPLE_METRICS}
+        return {k: v for k, v in self.stats.as_dict().items() if k in self._metric_names}
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         top_k = sampling_params.top_k if sampling_params.top_k and sampling_params.top_k > 0 else -1
@@ -109,6 +107,7 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
         self._generator = generator
         self._training_signature = None if training_signature is None else tuple(training_signature)
         self._unavailable = False
+        self._metric_names: frozenset[str] | None = None
         self._setting_up: asyncio.Lock | None = None  # the first calls of an engine wait for one setup
 
     async def _setup(self, llm_engine) -> None:
@@ -132,7 +131,11 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
             reused_logprobs=config.reused_logprobs,
             max_token_id=max_token_id,
             max_model_len=max_model_len,
-            trace=TraceWriter(config.trace_dir, policy.describe()) if config.trace_dir else None,
+            trace=(
+                TraceWriter(config.trace_dir, policy.describe(), proposal=policy.draft_choice)
+                if config.trace_dir
+                else None
+            ),
             scoring=config.scoring,
             stop_token_ids=stop_token_ids(model_config, tokenizer),
             processed_logprobs=str(getattr(model_config, "logprobs_mode", "")).endswith("processed_logprobs"),
@@ -165,7 +168,8 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
                 prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images
             )
         self._generator.generate_fn = llm_engine.generate
-        proxy = SpeculativeEngineProxy(llm_engine, self._generator, hf_tokenizer, self._training_signature)
+        names = self._metric_names = self._metric_names or sample_metric_names(self._generator.policy)
+        proxy = SpeculativeEngineProxy(llm_engine, self._generator, hf_tokenizer, self._training_signature, names)
         result = await self._inner.execute(prompt, label, sampling_params, max_length, hf_tokenizer, proxy, images)
         if proxy.sample_metrics:
             result["extra_logs"] = {**(result.get("extra_logs") or {}), **proxy.sample_metrics}

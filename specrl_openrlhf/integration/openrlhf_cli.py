@@ -88,13 +88,7 @@ def check_combination(namespace, config: ReuseConfig) -> list[str]:
     if config.cache_dir and not Path(config.cache_dir).is_dir():
         raise ValueError(f"--reuse.cache_dir {config.cache_dir}: no such directory")
     if config.trace_dir:
-        existing = next(
-            p for p in [Path(config.trace_dir).resolve(), *Path(config.trace_dir).resolve().parents] if p.exists()
-        )
-        if not existing.is_dir() or not os.access(existing, os.W_OK):
-            raise ValueError(
-                f"--reuse.trace_dir {config.trace_dir}: {existing} is not a writable folder; pass another"
-            )
+        reuse_config.check_writable_folder("--reuse.trace_dir", config.trace_dir)
     return warnings
 
 

@@ -92,15 +92,15 @@ def continuation_params(
     verified: int,
     sample_index: int = 0,
     top_k: int = 0,
-    excluded: int | None = None,
+    excluded: tuple[int, ...] = (),
 ) -> SamplingParams:
     """The user's params for one continuation after `verified` reused tokens: n=1, the remaining budget, the
     remaining minimum length, the output once it finishes (FINAL_ONLY), and logprobs on (the cache needs them;
-    `top_k` per token for rules that redraw). `excluded`: a token the first step must not sample (the `vllm_exclude`
-    plugin reads it). Without stop strings vLLM does not detokenize: the caller decodes the whole response once."""
+    `top_k` per token for rules that redraw). `excluded`: tokens the first step must not sample (the `vllm_exclude`
+    plugin reads them). Without stop strings vLLM does not detokenize: the caller decodes the whole response once."""
     out = params.clone()
-    if excluded is not None:
-        out.extra_args = {**(params.extra_args or {}), EXCLUDE_FIRST_TOKEN: int(excluded)}
+    if excluded:
+        out.extra_args = {**(params.extra_args or {}), EXCLUDE_FIRST_TOKEN: [int(t) for t in excluded]}
     out.n = 1
     out.output_kind = FINAL
     out.max_tokens = max_tokens
@@ -223,9 +223,12 @@ class LocalDraftStore:
     def cache(self) -> DraftCache:
         return self.caches[False]
 
-    async def claim(self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False) -> list:
-        """Drafts for `count` samples of a visit (None where there is none)."""
-        return self.caches[follow_up].claim_many(key, visit_id, age, count)
+    async def claim(
+        self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False, history: int = 1
+    ) -> list:
+        """Drafts for `count` samples of a visit (None where there is none), then with `history` > 1 the responses of
+        earlier visits (`DraftCache.claim_many`)."""
+        return self.caches[follow_up].claim_many(key, visit_id, age, count, history)
 
     async def commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool = False) -> None:
         self.caches[follow_up].commit(key, visit_id, draft)
@@ -266,6 +269,7 @@ class AsyncSpeculativeGenerator:
         self.visits = VisitTracker(samples_per_visit)
         self.planner = planner
         self.failures = 0
+        self.lost_commits = 0  # the store's failed commits, as counted on samples so far
         self.exclusion_applies: bool | None = None  # whether the engine runs the `vllm_exclude` plugin; None: unknown
         if policy.keeps_state and isinstance(store, LocalDraftStore):  # one process: this rule is the coordinator's
             store.coordinator = FeedbackCoordinator(policy, update_every or samples_per_visit)
@@ -307,30 +311,30 @@ class AsyncSpeculativeGenerator:
         return time.perf_counter()
 
     async def _continue(self, sample, request: ContinuationRequest, params: SamplingParams):
-        """The continuation after the verified prefix: `completion_of` its output. A sample whose rejected token y
-        must be excluded asks the engine's plugin (`vllm_exclude`) to ban y at the first step; the first token then
-        follows p_curr without y. Without the plugin, y is first drawn again with its logit biased away (a one-token
-        request) and the continuation follows that token (see `_exclusion_applies`)."""
+        """The continuation after the verified prefix: `completion_of` its output. A sample whose rejected tokens C
+        must be excluded asks the engine's plugin (`vllm_exclude`) to ban them at the first step; the first token then
+        follows p_curr without C. Without the plugin, the first token is drawn with their logits biased away (a
+        one-token request) and the continuation follows that token (see `_exclusion_applies`)."""
         prefix, budget, excluded = request.token_ids, request.max_tokens, request.excluded
         expected = max(sample.draft_len - sample.cut, 1) if sample.draft is not None else budget
         top_k = self.planner.top_k
-        if excluded is None or await self._exclusion_applies(prefix, excluded):
+        if not excluded or await self._exclusion_applies(prefix, excluded):
             own = continuation_params(params, budget, request.verified, 0, top_k, excluded)
             result = completion_of(await self._generate(prefix, own, -expected), top_k)
-            if excluded is None or not result[0] or result[0][0] != excluded:
+            if not excluded or not result[0] or result[0][0] not in excluded:
                 return result
             # the engine ignored the ban (raw log-probs can't tell beforehand): the token came with probability p(y)
             self.exclusion_applies = False
             self._warn_without_plugin()
             sample.stats.resample_requests += 1
         first_params = continuation_params(params, 1, request.verified)
-        first_params.logit_bias = {excluded: EXCLUDING_BIAS}
+        first_params.logit_bias = {token: EXCLUDING_BIAS for token in excluded}
         first_ids, first_lp, first_finish, cached, _ = completion_of(
             await self._generate(prefix, first_params, SCORING_PRIORITY)
         )
         sample.stats.resample_requests += 1
-        if first_ids and first_ids[0] == excluded:
-            raise ValueError(f"the engine sampled token {excluded} through a logit bias of {EXCLUDING_BIAS}")
+        if first_ids and first_ids[0] in excluded:
+            raise ValueError(f"the engine sampled token {first_ids[0]} through a logit bias of {EXCLUDING_BIAS}")
         if first_finish == "stop" or budget <= 1:
             return first_ids, first_lp, first_finish, cached, None
         rest = continuation_params(params, budget - 1, request.verified + 1)
@@ -338,17 +342,18 @@ class AsyncSpeculativeGenerator:
         logprobs = None if first_lp is None or rest_lp is None else first_lp + rest_lp
         return first_ids + rest_ids, logprobs, finish, cached, None
 
-    async def _exclusion_applies(self, prefix: list[int], token: int) -> bool:
+    async def _exclusion_applies(self, prefix: list[int], tokens: tuple[int, ...]) -> bool:
         """Whether the engine runs the exclusion plugin. Processed log-probs must know it before the first sample,
-        since a banned first step reports log p(x) / (1 - p(y)) and an unbanned one log p(x): one probe per engine
-        asks for the banned token's log-prob, -inf under the ban. Raw log-probs are log p(x) either way, so the
-        plugin is assumed until a continuation returns its banned token."""
+        since a banned first step reports log p(x) / (1 - p(C)) and an unbanned one log p(x): one probe per engine
+        asks for a banned token's log-prob, -inf under the ban. Raw log-probs are log p(x) either way, so the
+        plugin is assumed until a continuation returns a banned token."""
         if self.exclusion_applies is None and self.planner.processed_logprobs:
+            token = int(tokens[0])
             probe = SamplingParams(
                 max_tokens=1,
                 detokenize=False,
                 output_kind=FINAL,
-                extra_args={EXCLUDE_FIRST_TOKEN: token},
+                extra_args={EXCLUDE_FIRST_TOKEN: [token]},
                 logprob_token_ids=[token],
             )
             logprobs = next_logprobs(await self._generate(prefix, probe, SCORING_PRIORITY))
@@ -356,6 +361,23 @@ class AsyncSpeculativeGenerator:
             if not self.exclusion_applies:
                 self._warn_without_plugin()
         return self.exclusion_applies is not False
+
+    async def _visit_requests(self, samples) -> None:
+        """The requests the planner sends for all of a visit's samples (`visit_rounds`), a round at a time. A request
+        that fails leaves what it would have scored unknown: a tree's walks then stop before it, which stays exact."""
+        top_k = self.planner.top_k
+        for requests in self.planner.visit_rounds(samples):
+            outputs = await asyncio.gather(
+                *[self._generate(r.token_ids, scoring_params(r, top_k), SCORING_PRIORITY) for r in requests],
+                return_exceptions=True,
+            )
+            for request, output in zip(requests, outputs):
+                if isinstance(output, Exception):
+                    self._warn("a visit's scoring request failed; its tokens stay unscored", output)
+                    continue
+                self.planner.take_visit_scores(
+                    samples, request, output.prompt_logprobs, output.num_cached_tokens, next_logprobs(output)
+                )
 
     def _warn_without_plugin(self) -> None:
         logger.warning(
@@ -404,35 +426,26 @@ class AsyncSpeculativeGenerator:
                 visit.ready.set()
 
     async def _sample(self, key, prompt_ids, params, follow_up: bool, visit: OpenVisit, slot: int, leader: bool):
-        age = self.policy.draft_age
+        age, history = self.policy.draft_age, self.policy.draft_history
+        n = 1 if follow_up else self.visits.samples_per_visit
         if follow_up:  # a later turn's prompt holds one sample's history: its samples claim one by one
-            claim = self.store.claim(key, visit.visit_id, age, 1, follow_up)
+            claim = self.store.claim(key, visit.visit_id, age, 1, follow_up, history)
         else:  # the visit's first sample claims for all of them: one cache call per visit
             if visit.drafts is None:
-                visit.drafts = asyncio.ensure_future(
-                    self.store.claim(key, visit.visit_id, age, self.visits.samples_per_visit)
-                )
+                visit.drafts = asyncio.ensure_future(self.store.claim(key, visit.visit_id, age, n, False, history))
             claim = asyncio.shield(visit.drafts)
         cache_errors = 0
         try:
-            drafts = self.planner.proposals(list(await claim))
+            drafts = list(await claim)
         except Exception as error:  # the cache is unreachable: this sample has no draft
             self._warn("draft cache claim failed; this sample is generated normally", error)
             drafts, cache_errors = [], 1
         start = time.perf_counter()
-        if leader:  # the visit's samples, built once, so that one prompt probe serves them all
-            n = 1 if follow_up else self.visits.samples_per_visit
-            visit.samples = [
-                self.planner.new_sample(prompt_ids, params.max_tokens, d, key) for d in (drafts + [None] * n)[:n]
-            ]
+        if leader:  # the visit's samples, built once, so that its requests (probe, tree) serve them all
+            visit.samples = self.planner.visit_samples(prompt_ids, params.max_tokens, drafts, key, n)
             visit.unclaimed = dict(enumerate(visit.samples))
             self.planner.decide(visit.samples)  # rules that do not read p_curr cut now
-            probe = self.planner.prompt_probe(visit.samples)
-            if probe is not None:
-                output = await self._generate(
-                    probe.token_ids, scoring_params(probe, self.planner.top_k), SCORING_PRIORITY
-                )
-                self.planner.take_probe(visit.samples, probe, next_logprobs(output), output.num_cached_tokens)
+            await self._visit_requests(visit.samples)
             visit.ready.set()
         elif not follow_up:
             await _wait(visit.ready, LEADER_WAIT_S)
@@ -458,11 +471,16 @@ class AsyncSpeculativeGenerator:
         output, next_draft = self.planner.assemble(
             sample, new_ids, new_lp, finish, want_logprobs=params.logprobs is not None, new_top=new_top
         )
-        try:
+        try:  # a Ray store queues it and returns: a commit that fails later is counted on a later sample
             await self.store.commit(key, visit.visit_id, next_draft, follow_up)
         except Exception as error:  # the sample is fine; only its next visit loses a draft
             self._warn("draft cache commit failed; the sample is kept", error)
             output.stats.cache_errors = 1
+        lost = getattr(self.store, "lost_commits", 0)
+        if lost > self.lost_commits:
+            output.stats.cache_errors += lost - self.lost_commits
+            self._warn("draft cache commits failed; their prompts' next visits have no drafts", RuntimeError(lost))
+            self.lost_commits = lost
         output.stats.cache_restarts = getattr(self.store, "restarts", 0)
         output.stats.time_assembly_s = time.perf_counter() - start
         return output

@@ -74,12 +74,25 @@ class ReusePolicy(ABC):
     # position then follows p_curr whatever produced the draft (`lossless`). The rollout bans the token at the
     # continuation's first step (docs/design.md, "The exact resample").
     excludes_rejected_token: ClassVar[bool] = False
+    # Whether every sample follows the current policy whatever produced its draft, also when the policy was trained on
+    # it (as in RL). A claim a test must back: tests/policies/test_lossless.py. The quickstart's advice reads it.
+    exact_in_rl: ClassVar[bool] = False
 
     @property
     def draft_choice(self) -> str:
-        """Which response a sample's draft is: "own" (the sample's own previous response, as in SPEC-RL) or
-        "majority" (the majority path through the prompt's previous responses)."""
+        """What a sample proposes from: "own" (its own previous response, as in SPEC-RL), "majority" (the majority
+        path through the prompt's previous responses) or "tree" (their prefix tree, walked; `lossless` only)."""
         return getattr(self.params, "draft", "own")
+
+    @property
+    def draft_history(self) -> int:
+        """How many of the prompt's visits, from `draft_age` back, the proposal draws on (the cache keeps them)."""
+        return int(getattr(self.params, "history", 1))
+
+    @property
+    def visits_kept(self) -> int:
+        """Completed visits per prompt the draft cache must keep for this rule."""
+        return max(self.draft_age + self.draft_history - 1, 1)
 
     @property
     def resample_top_k(self) -> int:

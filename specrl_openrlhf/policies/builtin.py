@@ -29,6 +29,7 @@ class Off(ReusePolicy):
 
     needs_scores = False
     draft_age = 0
+    exact_in_rl = True  # stock generation
 
     def cut(self, batch: DraftBatch) -> torch.Tensor:
         return torch.zeros_like(batch.lengths)
@@ -91,28 +92,38 @@ class Full(ReusePolicy):
         return batch.lengths.clone()
 
 
-DRAFT_CHOICES = ("own", "majority")
+DRAFT_CHOICES = ("own", "majority", "tree")
 
 
 @dataclass(frozen=True, kw_only=True)
 class LosslessParams:
-    """draft: which response is the proposal. "own": the sample's own previous response (SPEC-RL's draft);
-    "majority": the majority path through all of the prompt's previous responses (at each token, the next token most
-    of the responses that agree so far continue with). Acceptance is p_curr(y_i), so the likelier proposal keeps more;
-    either choice is exact."""
+    """draft: the proposal. "own": the sample's own previous response (SPEC-RL's draft); "majority": the majority path
+    through the prompt's previous responses (at each token, the next token most of the responses that agree so far
+    continue with); "tree": the tree of the prompt's previous responses, walked by sampling p_curr at each node
+    (`specrl_openrlhf.tree`). history: how many of the prompt's last visits the proposal draws on (1 or 2; "majority"
+    and "tree" only). Acceptance follows p_curr, so the likelier proposal keeps more; every choice is exact."""
 
-    draft: str = "own"
+    draft: str = "tree"
+    history: int = 1
 
     def __post_init__(self):
         if self.draft not in DRAFT_CHOICES:
             raise ValueError(f"draft must be one of {DRAFT_CHOICES}, got {self.draft!r}; 'own' is SPEC-RL's draft")
+        if isinstance(self.history, bool) or self.history not in (1, 2):
+            raise ValueError(
+                f"history must be 1 or 2 (visits of the prompt the proposal draws on), got {self.history!r}"
+            )
+        if self.draft == "own" and self.history != 1:
+            raise ValueError('history applies to draft "majority" and "tree"; "own" is the one previous response')
 
 
 @register("lossless")
 class Lossless(ReusePolicy):
-    """The draft as a fixed proposal: keep token i while u_i <= p_curr(y_i); the first rejected position is drawn from
-    p_curr without y_i (renormalised). Each output position then follows p_curr exactly, however the draft was
-    produced: also in RL, where the draft is the sample the policy was just trained on. Needs no p_prev.
+    """The proposal as a fixed one: keep token i while u_i <= p_curr(y_i); the first rejected position is drawn from
+    p_curr without y_i (renormalised). Each output position then follows p_curr exactly, however the proposal was
+    produced: also in RL, where it is what the policy was just trained on. Needs no p_prev. With `draft="tree"` (the
+    default) the proposal is the tree of the prompt's previous responses, walked the same way with every child of a
+    node as a candidate (`specrl_openrlhf.tree`); `cut` is the rule on one path (`draft="own"` or "majority").
 
     >>> import torch
     >>> p_curr, u = torch.tensor([[0.9, 0.5, 0.9]]), torch.tensor([[0.5, 0.6, 0.1]], dtype=torch.float64)
@@ -124,6 +135,7 @@ class Lossless(ReusePolicy):
     Params = LosslessParams
     prefix_decidable = True
     excludes_rejected_token = True
+    exact_in_rl = True
 
     @property
     def lenience(self) -> float | None:

@@ -16,7 +16,7 @@ import pytest
 
 import specrl_openrlhf as sr
 from specrl_openrlhf import report, wandb_logs
-from specrl_openrlhf.replay import replay
+from specrl_openrlhf.replay import replay_kept
 from specrl_openrlhf.trace import read_traces
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,9 +70,11 @@ def test_the_tutorial_runs_as_written(tutorial):
     assert len(replayed) == 7  # the recorded cuts and six rules
     recorded = replayed.pop("recorded (the run's own cuts)")
     assert replayed.pop("spec(lenience=1.65)")[:4] == recorded[:4]  # replaying the run's own rule reproduces it
-    exact, lossless = replayed["exact()"], replayed["lossless(draft='own')"]
-    assert float(lossless[0]) <= float(exact[0])  # same uniforms, and p_curr <= min(1, p_curr / p_prev) per token
+    exact, own = replayed["exact()"], replayed["lossless(draft='own', history=1)"]
+    tree = replayed["lossless(draft='tree', history=1)"]
+    assert float(own[0]) <= float(exact[0])  # same uniforms, and p_curr <= min(1, p_curr / p_prev) per token
     assert float(exact[0]) <= float(recorded[0])  # ℓ = 1 keeps no more than ℓ = 1.65
+    assert int(tree[3]) > int(own[3])  # the tree keeps at least each sample's own draft's tokens, and more
     assert a_real_picture(out / "age_decay" / "runs.png")
 
 
@@ -104,11 +106,11 @@ def test_the_quickstart_writes_what_it_measured(tutorial):
     for name in ("runs.png", "per_run/off.png", "per_run/lossless.png"):
         assert a_real_picture(out / "record" / name)
 
-    # Offline replay of each run's own rule on its traces reproduces the run's cuts.
+    # Offline replay of each run's own rule on its traces reproduces the run's cuts (a tree walk's kept tokens).
     for rule, policy in (("spec@1.65", sr.make("spec", lenience=1.65)), ("lossless", sr.make("lossless"))):
         records = read_traces(out / "traces" / rule)
         assert len(records) == sum(r["drafts_found"] for r in steps[rule])
-        assert np.array_equal(replay(policy, records), records.cut)
+        assert np.array_equal(replay_kept(policy, records).tokens, records.cut)
 
     # The report reads the runs three times over: our metrics.json, and the logs written with OpenRLHF's own
     # TensorBoard and wandb loggers, read back from disk; all give the same numbers, the staleness meter included.

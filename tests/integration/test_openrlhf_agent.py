@@ -184,7 +184,8 @@ def test_evaluation_never_reuses_drafts(engines, reuse, tiny_model_dir):
     # Without the mark the same call reuses drafts and writes them: the mark is what keeps evaluation clean.
     unmarked = type(generator).generate_eval_samples.__wrapped__(generator, **kwargs)
     assert sum(e.info["reuse/drafts_found"].item() for e in unmarked) == len(unmarked)
-    assert cache_counts(shards)[1] == before[1] + len(unmarked)
+    # samples return before their commits land (they are queued): the commits arrive shortly after
+    assert wait_for(lambda: cache_counts(shards)[1] == before[1] + len(unmarked), timeout=10.0)
 
 
 @ray.remote(num_cpus=0)

@@ -157,6 +157,8 @@ def test_the_console_script_names_itself_in_errors():
         (["--rollout_reuse", "/nope/rule.py:Rule"], "--rollout_reuse /nope/rule.py:Rule: no such file"),
         (["--rollout_reuse", "rule.py"], "rule.py: the class name is missing; write path/to/rule.py:ClassName"),
         (["--rollout_reuse", f"{Path(__file__)}:Nope"], "has no 'Nope'"),
+        (["--rollout_reuse", "lossless", "--reuse.params", '{"history": 3}'], "history must be 1 or 2"),
+        (["--rollout_reuse", "spec", "--reuse.trace_dir", "/proc/specrl"], "--reuse.trace_dir /proc/specrl: not a"),
     ],
 )
 def test_bad_input_fails_before_ray_with_one_usage_line_and_the_fix(args, message):

@@ -52,7 +52,7 @@ def generator(engine, policy, *, seed=0, store=None, scoring="chunked", generate
         stop_token_ids=stop_token_ids(engine.model_config, engine.tokenizer),
         processed_logprobs=str(engine.model_config.logprobs_mode).endswith("processed_logprobs"),
     )
-    store = store or LocalDraftStore(keep_visits=max(policy.draft_age, 1))
+    store = store or LocalDraftStore(keep_visits=policy.visits_kept)
     return AsyncSpeculativeGenerator(
         generate or engine_generate(engine), policy, store, samples_per_visit=samples_per_visit, planner=planner
     )
@@ -479,8 +479,21 @@ class AdversarialDrafts:
     def __init__(self, token: int):
         self.draft = Draft(np.array([token]), np.log([0.01]), "length")
 
-    async def claim(self, key, visit_id, age, count, follow_up=False):
+    async def claim(self, key, visit_id, age, count, follow_up=False, history=1):
         return [self.draft.numbered(1, i) for i in range(count)]
+
+    async def commit(self, *args):
+        return None
+
+
+class AdversarialHistory:
+    """A draft store whose visit history is a fixed set of responses, chosen from the current weights (a tree)."""
+
+    def __init__(self, responses):
+        self.drafts = [Draft(np.array(r), np.log(np.full(len(r), 0.01)), "length") for r in responses]
+
+    async def claim(self, key, visit_id, age, count, follow_up=False, history=1):
+        return [d.numbered(1, i) for i, d in enumerate(self.drafts)][:count]
 
     async def commit(self, *args):
         return None
@@ -520,7 +533,7 @@ def test_lossless_follows_the_current_policy_for_a_draft_chosen_from_it(
     likeliest = int(p_curr.argmax())
     gen = generator(
         engine,
-        sr.make(name),
+        sr.make(name, **({"draft": "own"} if name == "lossless" else {})),
         seed=3,
         store=AdversarialDrafts(likeliest),
         generate=None if plugin else without_extra_args(engine),
@@ -544,6 +557,68 @@ def test_lossless_follows_the_current_policy_for_a_draft_chosen_from_it(
             assert out.logprobs[0] == pytest.approx(math.log(p_curr[out.token_ids[0]]), abs=1e-3)
 
 
+def next_token_probs(async_engine, prompt) -> np.ndarray:
+    engine, runner = async_engine
+    answer = runner.run(engine_generate(engine)(list(prompt), SamplingParams(max_tokens=1, logprobs=128)))
+    p = np.zeros(128)
+    for token, logprob in answer.outputs[0].logprobs[0].items():
+        p[token] = math.exp(logprob.logprob)
+    return p
+
+
+def chi2_passes(counts: np.ndarray, p: np.ndarray) -> bool:
+    """Pearson's chi-square of `counts` against `p` (tokens expected fewer than 5 times pooled) below its 99.9%
+    quantile."""
+    n = counts.sum()
+    likely = p * n >= 5
+    expected = np.append(p[likely] * n, p[~likely].sum() * n)
+    observed = np.append(counts[likely], counts[~likely].sum())
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    dof = len(expected) - 1
+    return chi2 < dof * (1 - 2 / (9 * dof) + 3.0902 * math.sqrt(2 / (9 * dof))) ** 3
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["plugin", "without-plugin"])
+def test_lossless_tree_follows_the_current_policy_for_branches_chosen_from_it(async_engine, set_weights, plugin):
+    """Two-token responses of one prompt, 2048 samples, proposing from a tree chosen after the weights moved: the
+    likeliest first token a with its two likeliest second tokens, and the second likeliest first token b. The first
+    tokens follow p_curr, and so do the second tokens after a, where the walk leaves the tree excluding both children;
+    reported log-probs are p_curr's."""
+    engine, runner = async_engine
+    prompt, n = PROMPTS[2], 2048
+    set_weights(0.6, 23)
+    first = next_token_probs(async_engine, prompt)
+    a, b = (int(t) for t in np.argsort(-first)[:2])
+    second = next_token_probs(async_engine, list(prompt) + [a])
+    x, y = (int(t) for t in np.argsort(-second)[:2])
+    store = AdversarialHistory([[a, x], [a, y], [b, x]])
+    gen = generator(
+        engine,
+        sr.make("lossless", draft="tree"),
+        seed=4,
+        store=store,
+        generate=None if plugin else without_extra_args(engine),
+        samples_per_visit=n,
+    )
+    batch = rollout(async_engine, gen, [prompt], params(n=n, max_tokens=2))
+    outputs = [o for row in batch.outputs for o in row]
+    assert batch.stats.drafts_found == n and batch.stats.fallbacks == 0 and batch.stats.tree_branches == 3 * n
+    assert batch.stats.scoring_requests == 4  # the prompt probe and one request per branch, for all 2048 samples
+    counts = np.bincount([o.token_ids[0] for o in outputs], minlength=128)
+    assert chi2_passes(counts, first)
+    after_a = np.bincount(
+        [o.token_ids[1] for o in outputs if o.token_ids[0] == a and len(o.token_ids) > 1], minlength=128
+    )
+    assert chi2_passes(after_a, second)
+    kept = sum(o.verified_prefix_len for o in outputs)
+    assert kept > n * first[[a, b]].sum()  # the walk kept about p(a) + p(b) of first tokens, and more after a
+    assert (batch.stats.resample_requests == 0) == plugin
+    for out in outputs:
+        assert out.logprobs[0] == pytest.approx(math.log(first[out.token_ids[0]]), abs=1e-3)
+        if out.token_ids[0] == a and len(out.token_ids) > 1:
+            assert out.logprobs[1] == pytest.approx(math.log(second[out.token_ids[1]]), abs=1e-3)
+
+
 def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_token():
     """Raw log-probs can't tell whether the engine runs the plugin: a continuation that returns the banned token shows
     it. The position is then drawn through a logit bias and continued; later samples go that way from the start."""
@@ -565,7 +640,7 @@ def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_t
             outputs=[SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason=finish)], num_cached_tokens=0
         )
 
-    policy = sr.make("lossless")
+    policy = sr.make("lossless", draft="own")
     planner = sr.SpeculativePlanner(policy, stop_token_ids=[EOS_ID])
     gen = AsyncSpeculativeGenerator(generate, policy, LocalDraftStore(), samples_per_visit=1, planner=planner)
     for round_ in range(2):
@@ -573,9 +648,9 @@ def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_t
         sample = planner.new_sample([1, 2], 8, Draft(np.array([5, 6]), np.log([0.5, 0.5]), "stop"), b"k" * 16)
         sample.scored = np.log(np.array([1.0, 1e-9], np.float32))
         planner.decide([sample])
-        assert sample.excluded == 6
+        assert sample.excluded == (6,)
         request = planner.next_request(sample)
-        assert (request.token_ids, request.max_tokens, request.excluded) == ([1, 2, 5], 7, 6)
+        assert (request.token_ids, request.max_tokens, request.excluded) == ([1, 2, 5], 7, (6,))
         ids, logprobs, finish, _, _ = asyncio.run(gen._continue(sample, request, params(n=1, max_tokens=8)))
         assert (ids, finish) == ([8, 7, EOS_ID], "stop") and len(logprobs) == 3
         assert calls[-2][2] == {6: -100.0} and calls[-1][0] == [1, 2, 5, 8] and calls[-1][1] == 6

@@ -72,8 +72,8 @@ def decode(table, prefix: list[int], rng, excluded=None, k: int = VOCAB) -> tupl
     while len(prefix) + len(tokens) < LENGTH:
         row = table[tuple(prefix + tokens)]
         probs = np.exp(row)
-        if excluded is not None and not tokens:
-            probs[excluded] = 0.0
+        if excluded and not tokens:
+            probs[list(excluded)] = 0.0
             probs /= probs.sum()
         token = draw(np.arange(VOCAB), probs, rng.random())
         tokens.append(token)
@@ -147,72 +147,190 @@ def chains(policy, samples: int, visits: int, seed: int = 0):
     return statistics
 
 
-def policy_gradient_step(table, response, step: float = 1.5) -> dict[tuple, np.ndarray]:
-    """The learner's update on one sample (REINFORCE with reward 1, tabular softmax): at each prefix of the response,
-    logits += step * (onehot(token) - p). The new weights depend on the sample, as in RL."""
-    new = {prefix: row.copy() for prefix, row in table.items()}
-    for i, token in enumerate(response):
-        prefix = tuple(response[:i])
-        gradient = -np.exp(table[prefix])
-        gradient[token] += 1.0
-        logits = table[prefix] + step * gradient
-        new[prefix] = logits - np.logaddexp.reduce(logits)
-    return new
+# ---- GRPO-shaped: the learner steps on the group's responses, which the next visit proposes from ------------------
+
+GROUP = 4  # samples per prompt
 
 
-def rl_dependent(policy, samples: int, seed: int = 0, flat: bool = False) -> tuple[float, int]:
-    """Visit 0 samples afresh; the learner steps on each chain's sample, which is also that chain's draft at visit 1.
-    Returns the chi-square of visit 1's responses summed over the groups of chains that share the learner's final
-    weights (that is, the same visit-0 sample), each group against its own weights, with the summed degrees of
-    freedom. `flat`: weights so even that the top-2 tokens leave much of the mass out."""
+def reward(response) -> float:
+    """1 for a one-token answer (a token, then EOS): the toy task."""
+    return float(len(response) == 2 and response[-1] == EOS)
+
+
+def grpo_step(table, responses, step: float = 2.0) -> dict[tuple, np.ndarray]:
+    """The learner's update on a group (tabular softmax, advantage = reward - the group's mean reward): at each prefix
+    of each response, logits += step * advantage * (onehot(token) - p). The new weights depend on the group's
+    responses, as in GRPO."""
+    rewards = np.array([reward(r) for r in responses])
+    logits = {prefix: row.copy() for prefix, row in table.items()}
+    for response, advantage in zip(responses, rewards - rewards.mean()):
+        for i, token in enumerate(response):
+            prefix = tuple(response[:i])
+            gradient = -np.exp(table[prefix])
+            gradient[token] += 1.0
+            logits[prefix] += step * advantage * gradient
+    return {prefix: row - np.logaddexp.reduce(row) for prefix, row in logits.items()}
+
+
+class ToyEngine:
+    """Answers the planner's requests from a table of log-probs, as vLLM does with unchanged weights: a scoring request
+    with `prompt_logprobs` (entry i: {token: Logprob} of prompt token i, entry 0 None) and the log-probs of the tokens
+    asked to follow; a continuation by sampling the table, its excluded tokens banned at the first step."""
+
+    def __init__(self, table, rng):
+        self.table, self.rng = table, rng
+
+    def score(self, request):
+        response = request.token_ids[len(PROMPT) :]
+        entries = [None] * len(PROMPT)
+        entries += [{t: Logprob(self.table[tuple(response[:i])][t])} for i, t in enumerate(response)]
+        row = self.table.get(tuple(response))  # none after EOS or LENGTH tokens
+        follows = {t: Logprob(row[t]) for t in request.next_token_ids} if row is not None else None
+        return entries, follows
+
+    def generate(self, request):
+        tokens, logprobs, _, finish = decode(self.table, request.token_ids[len(PROMPT) :], self.rng, request.excluded)
+        return tokens[: request.max_tokens], logprobs[: request.max_tokens], finish
+
+
+class Logprob:
+    def __init__(self, logprob):
+        self.logprob = float(logprob)
+
+
+def planner_visits(planner, engine: ToyEngine, claimed: list, keys: list[bytes]) -> list[tuple]:
+    """Visits of a group through the planner, one per key (fresh uniforms each): the visit's samples, a tree's
+    rounds of requests (its probe and branches) answered by the engine, own drafts scored whole, one `decide` for
+    them all (as a batch of engine answers would), then each sample's continuation and assembly. Returns every
+    sample's response."""
+    visits = [planner.visit_samples(PROMPT, LENGTH, claimed, key, GROUP) for key in keys]
+    for samples in visits:
+        for requests in planner.visit_rounds(samples):
+            for request in requests:
+                entries, follows = engine.score(request)
+                planner.take_visit_scores(samples, request, entries, 0, follows)
+    every = [sample for samples in visits for sample in samples]
+    for sample in every:
+        if sample.scored is not None and sample.tree is None:
+            tokens = sample.draft.token_ids.tolist()
+            rows = [engine.table[tuple(tokens[:i])] for i in range(len(tokens))]
+            sample.scored[:] = [row[t] for row, t in zip(rows, tokens)]
+            if sample.scored_top is not None:  # a rule that redraws from the residual reads p_curr's top-k
+                for i, row in enumerate(rows):
+                    sample.scored_top[0][i], sample.scored_top[1][i] = top_k(row, planner.top_k)
+    planner.decide(every)
+    responses = []
+    for sample in every:
+        new = ((), None, None)
+        while (request := planner.next_request(sample)) is not None:
+            new = engine.generate(request)
+        output, _ = planner.assemble(sample, *new)
+        responses.append(tuple(output.token_ids))
+    return responses
+
+
+def as_drafts(table, responses, visit: int) -> list:
+    """A visit's responses as the cache hands them to the next visit (numbered, with their log-probs)."""
+    drafts = []
+    for index, response in enumerate(responses):
+        rows = [table[tuple(response[:i])] for i in range(len(response))]
+        tops = [top_k(row) for row in rows]  # p_prev's top-k, which `residual` keeps with each draft
+        drafts.append(
+            sr.Draft(
+                np.array(response),
+                np.array([row[t] for row, t in zip(rows, response)]),
+                "stop" if response[-1] == EOS else "length",
+                visit=visit,
+                index=index,
+                top_ids=np.stack([t[0] for t in tops]),
+                top_logprobs=np.stack([t[1] for t in tops]),
+            )
+        )
+    return drafts
+
+
+def toy_table(seed: int, sharpness: float, root=None) -> dict[tuple, np.ndarray]:
     toy = ToyPolicy(seed=seed, drift=0.0)
-    table = {p: row * (0.2 if flat else 1.0) for p, row in toy.logprobs(0).items()}
-    table = {p: row - np.logaddexp.reduce(row) for p, row in table.items()}
-    planner = sr.SpeculativePlanner(policy, seed=seed, stop_token_ids=[EOS])
-    rng = np.random.default_rng(seed + 1)
-    firsts, drafts = visit(planner, table, [None] * samples, rng, 0)
-    learned = {r: policy_gradient_step(table, r) for r in set(firsts)}
-    # visit 1, chain by chain under its own learner's weights: batch the chains that share them
-    chi2, dof = 0.0, 0
-    for first, weights in learned.items():
-        chains_here = [d for d, r in zip(drafts, firsts) if r == first]
-        responses, _ = visit(planner, weights, chains_here, rng, 1)
-        if len(responses) >= 200:  # too few to bin; the other groups carry the test
-            group_chi2, group_dof = chi_square(responses, weights)
-            chi2, dof = chi2 + group_chi2, dof + group_dof
-    return chi2, dof
+    table = {p: row * sharpness for p, row in toy.logprobs(0).items()}
+    if root is not None:
+        table[()] = np.log(np.asarray(root, np.float64))
+    return {p: row - np.logaddexp.reduce(row) for p, row in table.items()}
 
 
-def test_lossless_is_exact_when_the_learner_trains_on_the_draft():
-    chi2, dof = rl_dependent(sr.make("lossless"), samples=100_000)
-    assert dof >= 20 and chi2 < chi2_999(dof), (chi2, dof)
+def histories():
+    """Groups of the previous visit, each with the policy that sampled it (a history is conditioned on: exactness
+    must hold for any). Two sampled groups with mixed rewards, and two built for the tree's hard cases: at the root
+    of one, the responses' first tokens hold nearly all of p_curr (EOS almost impossible there); at the root of the
+    other, every response starts with a token p_curr gives 0.1 (its advantages sum to 0: the root does not move), so
+    most of the mass lies outside the proposal."""
+    rng = np.random.default_rng(5)
+    out = []
+    for seed in (1, 2):
+        table = toy_table(seed, 1.0)
+        while True:
+            group = [decode(table, [], rng)[0] for _ in range(GROUP)]
+            if len({reward(r) for r in group}) == 2:
+                break
+        out.append((table, [tuple(r) for r in group]))
+    covering = toy_table(3, 2.0, root=[0.002, 0.499, 0.299, 0.2])
+    out.append((covering, [(1, 0), (2, 1, 0), (3, 2, 2), (1, 3, 0)]))
+    outside = toy_table(4, 1.0, root=[0.5, 0.25, 0.15, 0.1])
+    out.append((outside, [(3, 0), (3, 1, 0), (3, 2, 2), (3, 0)]))
+    return out
 
 
-def test_lossless_is_exact_where_much_mass_lies_beyond_any_top_k():
-    chi2, dof = rl_dependent(sr.make("lossless"), samples=50_000, flat=True)
-    assert chi2 < chi2_999(dof), (chi2, dof)
+def grpo_chi_square(policy, samples: int, seed: int = 0, visits_back: int = 1) -> tuple[float, int, list]:
+    """Chi-square of the next visit's responses against the learner's new weights, summed over the histories, with
+    its degrees of freedom and each history's new weights. Each history's group is proposed from `samples /
+    len(histories)` times (fresh uniforms each time, distinct keys). `visits_back` 2: the visit before also
+    contributes its group (the learner stepped on both), for proposals over two visits."""
+    chi2, dof, weights = 0.0, 0, []
+    found = histories()
+    for h, (table, group) in enumerate(found):
+        claimed = as_drafts(table, group, visit=1)
+        learned = grpo_step(table, group)
+        if visits_back == 2:  # the group before, sampled under the same policy and stepped on first
+            earlier = found[(h + 1) % len(found)][1]
+            learned = grpo_step(grpo_step(table, earlier), group)
+            claimed = claimed + as_drafts(table, earlier, visit=0)
+        planner = sr.SpeculativePlanner(policy, seed=seed, stop_token_ids=[EOS])
+        engine = ToyEngine(learned, np.random.default_rng(seed + h))
+        keys = [(repeat * 8 + h).to_bytes(16, "little") for repeat in range(samples // (len(found) * GROUP))]
+        responses = planner_visits(planner, engine, claimed, keys)
+        group_chi2, group_dof = chi_square(responses, learned)
+        chi2, dof = chi2 + group_chi2, dof + group_dof
+        weights.append(learned)
+    return chi2, dof, weights
 
 
 @pytest.mark.parametrize(
-    "policy",
-    [sr.make("residual", top_k=VOCAB), sr.make("exact"), sr.make("spec")],
-    ids=["residual", "exact", "spec"],
+    "params, visits_back",
+    [({"draft": "own"}, 1), ({"draft": "majority"}, 1), ({"draft": "tree"}, 1), ({"draft": "tree", "history": 2}, 2)],
+    ids=["own", "majority", "tree", "tree-two-visits"],
 )
-def test_ratio_rules_are_detected_when_the_learner_trains_on_the_draft(policy):
-    chi2, dof = rl_dependent(policy, samples=20_000)
+def test_lossless_is_exact_when_the_learner_trains_on_the_groups_drafts(params, visits_back):
+    samples = 100_000 if visits_back == 1 else 40_000
+    chi2, dof, weights = grpo_chi_square(sr.make("lossless", **params), samples, visits_back=visits_back)
+    assert dof >= 40 and chi2 < chi2_999(dof), (chi2, dof)
+    # the hard cases are there: p_curr of the proposal's first tokens, at the root of the last two histories
+    covering, outside = (np.exp(w[()]) for w in weights[2:])
+    assert covering[1:].sum() > 0.99 and outside[3] < 0.15
+
+
+@pytest.mark.parametrize("policy", [sr.make("exact"), sr.make("spec")], ids=["exact", "spec"])
+def test_ratio_rules_are_detected_when_the_learner_trains_on_the_groups_drafts(policy):
+    chi2, dof, _ = grpo_chi_square(policy, 20_000)
     assert chi2 > 3 * chi2_999(dof), (chi2, dof)
 
 
-def test_residual_with_a_short_top_k_is_detected_where_the_tail_is_heavy():
-    chi2, dof = rl_dependent(sr.make("residual", top_k=2), samples=20_000, flat=True)
+def test_residual_is_detected_when_the_learner_trains_on_the_groups_drafts():
+    chi2, dof, _ = grpo_chi_square(sr.make("residual", top_k=VOCAB), 20_000)
     assert chi2 > chi2_999(dof), (chi2, dof)
 
 
-@pytest.mark.parametrize(
-    "policy", [sr.make("lossless"), sr.make("residual", top_k=VOCAB)], ids=["lossless", "residual"]
-)
-def test_exact_rules_follow_each_visits_policy_under_independent_drift(policy):
-    statistics = chains(policy, samples=25_000, visits=3)
+def test_residual_follows_each_visits_policy_under_independent_drift():
+    """Speculative sampling against p_prev is exact where its premise holds: drift independent of the drafts."""
+    statistics = chains(sr.make("residual", top_k=VOCAB), samples=25_000, visits=3)
     assert all(chi2 < chi2_999(dof) for chi2, dof in statistics), statistics
 
 

@@ -100,13 +100,14 @@ GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of
         ("default", "many-visits", "low-lr", "many-visits-low-lr"),
         (Method.of("spec", math.exp(0.5)), Method.of("exact")),
     ),
-    "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless with each draft choice, the ratio rule
+    "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless with each proposal
         ("default", "many-visits"),
         (
             Method.of("spec", 1.65),
             Method.of("lossless"),
+            Method.of("lossless", params={"history": 2}),
             Method.of("lossless", params={"draft": "majority"}),
-            Method.of("residual"),
+            Method.of("lossless", params={"draft": "own"}),
         ),
     ),
 }

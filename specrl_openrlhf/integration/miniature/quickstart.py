@@ -143,12 +143,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_writable(parser, flag: str, folder: Path) -> None:
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as error:
-        parser.error(f"{flag} {folder}: not a writable folder ({error.strerror or error}); pass another {flag}")
+        reuse_config.check_writable_folder(flag, folder)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def planned_groups(args, overrides: dict):

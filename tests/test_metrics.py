@@ -1,0 +1,28 @@
+"""Reuse metrics: sums that add across samples, and what each rule reports per sample to OpenRLHF."""
+
+import specrl_openrlhf as sr
+from specrl_openrlhf.metrics import PREFIX, ReuseStats, sample_metric_names
+
+
+def test_stats_add_up_and_ratios_come_from_the_sums():
+    a = ReuseStats(samples=1, drafts_found=1, reused_tokens=3, examined_tokens=4, tree_nodes=10, tree_branches=2)
+    b = ReuseStats(samples=1, drafts_found=1, reused_tokens=1, examined_tokens=4, tree_nodes=10, tree_branches=2)
+    metrics = (a + b).as_dict()
+    assert metrics[f"{PREFIX}accepted_token_rate"] == 0.5 and metrics[f"{PREFIX}tree_nodes"] == 10.0
+    assert all(key.startswith(PREFIX) for key in metrics)
+
+
+def test_each_rule_reports_the_metrics_that_can_move_for_it():
+    every = set(ReuseStats().as_dict())
+    spec = sample_metric_names(sr.make("spec"))
+    tree = sample_metric_names(sr.make("lossless"))
+    own = sample_metric_names(sr.make("lossless", draft="own"))
+    random = sample_metric_names(sr.make("random"))
+    residual = sample_metric_names(sr.make("residual"))
+    assert f"{PREFIX}samples" not in spec | tree | random  # OpenRLHF averages per sample
+    assert {f"{PREFIX}lenience", f"{PREFIX}excess_acceptance"} <= spec and not {f"{PREFIX}tree_nodes"} & spec
+    assert {f"{PREFIX}tree_nodes", f"{PREFIX}branch_switches", f"{PREFIX}resampled_tokens"} <= tree
+    assert f"{PREFIX}excess_acceptance" not in tree and f"{PREFIX}tree_nodes" not in own
+    assert f"{PREFIX}kl_prev_curr" in tree and f"{PREFIX}kl_prev_curr" not in random
+    assert f"{PREFIX}residual_tail_mass" in residual and f"{PREFIX}residual_tail_mass" not in tree
+    assert max(len(spec), len(tree), len(random)) < len(every) - 5

@@ -64,7 +64,8 @@ class DraftTree:
 
     def __init__(self, responses: list[Draft]):
         self.responses = list(responses)
-        token, parent, source = [-1], [-1], [-1]
+        tokens_of, parents_of, sources_of = [np.array([-1])], [np.array([-1])], [np.array([-1])]
+        count = 1  # nodes so far, the root included
         self.paths: list[np.ndarray] = []  # [L_r] int64 node ids of each response's tokens
         for r, response in enumerate(self.responses):
             tokens = response.token_ids
@@ -76,31 +77,32 @@ class DraftTree:
                 common = int(differs[0]) if len(differs) else width
                 if common > shared:
                     shared, along = common, self.paths[q]
-            new = np.arange(len(token), len(token) + len(tokens) - shared, dtype=np.int64)
+            new = np.arange(count, count + len(tokens) - shared, dtype=np.int64)
             path = np.concatenate([along[:shared] if shared else np.zeros(0, np.int64), new])
-            for position in range(shared, len(tokens)):
-                token.append(int(tokens[position]))
-                parent.append(int(path[position - 1]) if position else ROOT)
-                source.append(r)
+            if len(new):
+                tokens_of.append(tokens[shared:])
+                parents_of.append(np.concatenate([[path[shared - 1] if shared else ROOT], new[:-1]]))
+                sources_of.append(np.full(len(new), r))
+            count += len(new)
             self.paths.append(path)
-        self.token = np.asarray(token, np.int64)  # [N]
-        self.parent = np.asarray(parent, np.int64)  # [N]
-        self.source = np.asarray(source, np.int64)  # [N], response index (root: -1)
-        self.depth = np.zeros(len(token), np.int64)  # [N], tokens from the root (root 0, its children 1)
+        self.token = np.concatenate(tokens_of).astype(np.int64)  # [N]
+        self.parent = np.concatenate(parents_of).astype(np.int64)  # [N]
+        self.source = np.concatenate(sources_of).astype(np.int64)  # [N], response index (root: -1)
+        self.depth = np.zeros(count, np.int64)  # [N], tokens from the root (root 0, its children 1)
         for path in self.paths:
             self.depth[path] = np.arange(1, len(path) + 1)
-        self.stop = np.zeros(len(token), bool)  # [N]
+        self.stop = np.zeros(count, bool)  # [N]
         for response, path in zip(self.responses, self.paths):
             if response.finish_reason == "stop" and len(path):
                 self.stop[path[-1]] = True
         order = np.argsort(self.parent[1:], kind="stable") + 1  # children grouped by parent, in creation order
         self._children = order
-        self._child_ptr = np.searchsorted(self.parent[order], np.arange(len(token) + 1))  # [N + 1]
-        self.logprobs = np.full(len(token), np.nan, np.float32)  # [N], log p_curr; root stays NaN
+        self._child_ptr = np.searchsorted(self.parent[order], np.arange(count + 1))  # [N + 1]
+        self.logprobs = np.full(count, np.nan, np.float32)  # [N], log p_curr; root stays NaN
         self.scored = False  # every node that will be scored is (`SpeculativePlanner.visit_rounds`)
         self.own_count = len(self.responses)  # responses [own_count:] are no sample's own (the visit before)
         self.traced = False  # its responses of the visit before were recorded (`--reuse.trace_dir`)
-        has_children = np.zeros(len(token), bool)
+        has_children = np.zeros(count, bool)
         has_children[self.parent[1:]] = True
         leaves = {}  # one branch per leaf: the first response that ends there
         for r, path in enumerate(self.paths):

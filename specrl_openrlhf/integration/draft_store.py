@@ -43,6 +43,9 @@ RUN_ENV = "SPECRL_OPENRLHF_RUN"
 FOLLOW_UP_SHARE = 0.25
 CALL_TIMEOUT_S = 60.0
 TRIM_EVERY_COMMITS = 128  # commit calls between returns of freed memory to the system
+# Commits wait this long (or for the next claim of their shard) to leave together: a few calls per step, not one per
+# sample, so the shard's process wakes seldom while the engines generate. A killed engine loses what waits.
+COMMIT_DELAY_S = 0.1
 
 
 def packed(drafts) -> bytes:
@@ -265,16 +268,19 @@ class CallBatcher:
 class RayDraftStore:
     """Async claim/commit against the shards, for `AsyncSpeculativeGenerator`. Claims of the visits that start
     together (a step's prompts) leave as one call per shard; a sample does not wait for its commit: commits are
-    coalesced per shard and sent before the next claim of that shard, so a prompt's next visit finds them. A commit
-    that fails is counted in `lost_commits`. Shards are looked up by name on first use and again after a failure, so
-    a store built while a shard was down recovers once it is back, and one whose shard was replaced (killed and
-    started again under its name) moves to the new one at once."""
+    coalesced per shard (for up to `COMMIT_DELAY_S`) and sent before the next claim of that shard, so a prompt's next
+    visit finds them. A commit that fails is counted in `lost_commits`. Shards are looked up by name on first use and
+    again after a failure, so a store built while a shard was down recovers once it is back, and one whose shard was
+    replaced (killed and started again under its name) moves to the new one at once."""
 
     def __init__(self, num_shards: int, run: str = "", claim_delay_s: float = 0.002):
         self.num_shards, self.run = num_shards, run
         self._handles: dict[int, ray.actor.ActorHandle] = {}
         self._restarts: dict[int, int] = {}
-        self._commits = {shard: CallBatcher(functools.partial(self._send, shard)) for shard in range(num_shards)}
+        self._commits = {
+            shard: CallBatcher(functools.partial(self._send, shard), max_items=256, delay_s=COMMIT_DELAY_S)
+            for shard in range(num_shards)
+        }
         self._claims = {
             shard: CallBatcher(functools.partial(self._claim, shard), delay_s=claim_delay_s)
             for shard in range(num_shards)

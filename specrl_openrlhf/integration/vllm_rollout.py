@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 SUPPORTED_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 SCORING_PRIORITY = -(1 << 30)  # vLLM serves lower values first
 LEADER_WAIT_S = 60.0  # a sample never waits longer than this for a sibling's request
+REUSABLE_DECAY = 0.1  # weight of the latest visit in `reusable`: about the last 10 visits
 EXCLUDING_BIAS = -100.0  # vLLM clamps logit_bias to [-100, 100]: e^-100 leaves the token a relative weight of 4e-44
 # Our requests are read when they finish: vLLM then builds no output per step (the default, CUMULATIVE, copies every
 # token so far into a new output at each step; docs/benchmarks.md section 7)
@@ -270,6 +271,7 @@ class AsyncSpeculativeGenerator:
         self.planner = planner
         self.failures = 0
         self.lost_commits = 0  # the store's failed commits, as counted on samples so far
+        self.reusable = 0.0  # decayed share of recent visits that had something to reuse
         self.exclusion_applies: bool | None = None  # whether the engine runs the `vllm_exclude` plugin; None: unknown
         if policy.keeps_state and isinstance(store, LocalDraftStore):  # one process: this rule is the coordinator's
             store.coordinator = FeedbackCoordinator(policy, update_every or samples_per_visit)
@@ -434,6 +436,20 @@ class AsyncSpeculativeGenerator:
             if visit.drafts is None:
                 visit.drafts = asyncio.ensure_future(self.store.claim(key, visit.visit_id, age, n, False, history))
             claim = asyncio.shield(visit.drafts)
+        early = None
+        if self.reusable < 0.5:  # recent visits found nothing to reuse: generate while the claim is out
+            early = continuation_params(params, params.max_tokens, 0, 0, self.planner.top_k)
+            early = asyncio.ensure_future(self._generate(prompt_ids, early, -params.max_tokens))
+        try:
+            return await self._claimed(key, prompt_ids, params, follow_up, visit, slot, leader, claim, early)
+        finally:
+            if early is not None and not early.done():
+                early.cancel()
+
+    async def _claimed(self, key, prompt_ids, params, follow_up, visit, slot, leader, claim, early):
+        """The sample once its visit's claim is out; `early`: its generation from the prompt alone, already started,
+        which it keeps if it has nothing to reuse (as stock generation would give it), and drops otherwise."""
+        n = 1 if follow_up else self.visits.samples_per_visit
         cache_errors = 0
         try:
             drafts = list(await claim)
@@ -444,6 +460,8 @@ class AsyncSpeculativeGenerator:
         if leader:  # the visit's samples, built once, so that its requests (probe, tree) serve them all
             visit.samples = self.planner.visit_samples(prompt_ids, params.max_tokens, drafts, key, n)
             visit.unclaimed = dict(enumerate(visit.samples))
+            found = any(s.draft is not None or s.tree is not None for s in visit.samples)
+            self.reusable += REUSABLE_DECAY * (found - self.reusable)
             self.planner.decide(visit.samples)  # rules that do not read p_curr cut now
             await self._visit_requests(visit.samples)
             visit.ready.set()
@@ -456,6 +474,15 @@ class AsyncSpeculativeGenerator:
             )
         sample.stats.cache_errors = sample.stats.fallbacks = cache_errors
         new_ids, new_lp, finish, new_top, scoring = (), None, None, None, True
+        if early is not None and sample.draft is None and sample.tree is None:  # nothing to reuse: it is the sample
+            sample.continued, scoring = True, False
+            start = await self._scoring_done(sample, start)
+            new_ids, new_lp, finish, sample.stats.cached_prompt_tokens, new_top = completion_of(
+                await early, self.planner.top_k
+            )
+            sample.stats.time_generation_s = time.perf_counter() - start
+        elif early is not None:
+            early.cancel()
         while (request := self.planner.next_request(sample)) is not None:
             if isinstance(request, ScoringRequest):
                 await self._score(sample, request, visit)

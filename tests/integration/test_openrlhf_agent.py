@@ -175,7 +175,9 @@ def test_evaluation_never_reuses_drafts(engines, reuse, tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     generator = samples_generator(actors, tokenizer, eval_prompts=PROMPTS)
     kwargs = dict(temperature=1.0, top_p=1.0, max_new_tokens=48, max_len=1024, n_samples_per_prompt=N_SAMPLES)
-    samples_generator(actors, tokenizer).generate_samples(**kwargs)  # drafts for every prompt
+    commits = cache_counts(shards)[1]
+    samples_generator(actors, tokenizer).generate_samples(**kwargs)  # drafts for every prompt, queued to the shards
+    wait_for(lambda: cache_counts(shards)[1] == commits + len(PROMPTS) * N_SAMPLES, timeout=10.0)
     before = cache_counts(shards)
     evaluated = generator.generate_eval_samples(**kwargs)
     assert len(evaluated) == len(PROMPTS) * N_SAMPLES
@@ -212,7 +214,11 @@ def test_two_engines_share_the_cache(engines, reuse, tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=32, logprobs=1)
     prompt = "a prompt for two engines: "
+    commits = cache_counts(reuse.shards)[1]
     first = ray.get(actors[0].generate_responses.remote(prompt, "x", params, 1024, tokenizer, N_SAMPLES))
+    # the samples came back before their drafts left (queued for up to COMMIT_DELAY_S): the next visit of a prompt,
+    # a training step later, finds them; here it comes at once, so it waits for them
+    wait_for(lambda: cache_counts(reuse.shards)[1] == commits + N_SAMPLES, timeout=10.0)
     second = ray.get(actors[1].generate_responses.remote(prompt, "x", params, 1024, tokenizer, N_SAMPLES))
     assert all(r["extra_logs"]["reuse/drafts_found"] == 0 for r in first)
     assert all(r["extra_logs"]["reuse/drafts_found"] == 1 for r in second)  # drafts written by the other engine

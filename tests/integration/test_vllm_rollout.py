@@ -244,7 +244,8 @@ def test_weight_update_between_scoring_and_continuation(async_engine, set_weight
     armed, updated = [False], []
 
     async def generate(prompt, sampling):
-        if armed[0] and sampling.prompt_logprobs is None and not updated:  # scoring is over; the continuation is next
+        # scoring is over; the continuation after the verified prefix is next (not a generation from the prompt alone)
+        if armed[0] and sampling.prompt_logprobs is None and len(prompt) > len(PROMPTS[0]) and not updated:
             updated.append(True)
             await reload_async_engine(engine, newer)
         return await plain(prompt, sampling)
@@ -655,3 +656,47 @@ def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_t
         assert (ids, finish) == ([8, 7, EOS_ID], "stop") and len(logprobs) == 3
         assert calls[-2][2] == {6: -100.0} and calls[-1][0] == [1, 2, 5, 8] and calls[-1][1] == 6
         assert sample.stats.resample_requests == (2 if round_ == 0 else 1) and gen.exclusion_applies is False
+
+
+def test_a_sample_with_nothing_to_reuse_does_not_wait_for_the_claim():
+    """While recent visits found nothing to reuse (a run's first epoch), a sample's generation starts with its claim,
+    and is kept when the claim brings nothing; once visits find drafts, samples wait for the claim again."""
+    from types import SimpleNamespace
+
+    events = []
+
+    class SlowStore(LocalDraftStore):
+        async def claim(self, *args, **kwargs):
+            events.append("claim sent")
+            await asyncio.sleep(0.05)
+            events.append("claim back")
+            return await super().claim(*args, **kwargs)
+
+    async def generate(prompt, sampling, priority=0):
+        if sampling.prompt_logprobs is not None:  # a scoring request: every token at p = 0.9
+            follows = [{t: SimpleNamespace(logprob=math.log(0.9)) for t in sampling.logprob_token_ids or ()}]
+            entries = [None] + [{t: SimpleNamespace(logprob=math.log(0.9))} for t in prompt[1:]]
+            output = SimpleNamespace(token_ids=[0], logprobs=follows, finish_reason="length")
+            return SimpleNamespace(prompt_logprobs=entries, outputs=[output], num_cached_tokens=0)
+        events.append("generate")
+        tokens = [7, EOS_ID]
+        entries = [{t: SimpleNamespace(logprob=-1.0, rank=1)} for t in tokens]
+        return SimpleNamespace(
+            outputs=[SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason="stop")], num_cached_tokens=0
+        )
+
+    policy = sr.make("lossless")
+    planner = sr.SpeculativePlanner(policy, stop_token_ids=[EOS_ID])
+    gen = AsyncSpeculativeGenerator(generate, policy, SlowStore(keep_visits=1), samples_per_visit=2, planner=planner)
+    first = asyncio.run(gather_samples(gen, [[1, 2, 3]] * 4, params(n=2, max_tokens=8)))
+    assert events[:3] == [
+        "claim sent",
+        "generate",
+        "generate",
+    ]  # the visit's samples generate before the claim is back
+    assert first.stats.drafts_found == 0 and first.stats.decoded_tokens == 16
+    for _ in range(12):  # visits that find drafts: the share of reusable visits rises past a half
+        events.clear()
+        later = asyncio.run(gather_samples(gen, [[1, 2, 3]], params(n=2, max_tokens=8)))
+    assert later.stats.drafts_found == 2 and later.stats.fallbacks == 0
+    assert "generate" not in events[: events.index("claim back")]  # nothing generated before the claim was back

@@ -3,7 +3,7 @@
 # warm-started on a local math task (built and cached on first use). Prints a table per epoch, writes
 # metrics.csv/json and plots to --out (default runs/quickstart), and ends with one RESULT line.
 #   bash scripts/quickstart.sh [--rollout_reuse exact] [--lenience 2.0] [--epochs 6] [--seeds 0,1,2] [--out DIR]
-#   bash scripts/quickstart.sh --grid drift --seeds 0,1,2   # the staleness ablation (also: lenience, frontier)
+#   bash scripts/quickstart.sh --grid drift --seeds 0,1,2   # the staleness ablation (also: lenience, frontier, tree)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh

@@ -466,8 +466,10 @@ class SpeculativePlanner:
     def visit_rounds(self, samples: list[Sample]):
         """The requests a visit sends for all of its samples before their own, round by round: a generator of lists of
         `ScoringRequest`s, each round's answers handed to `take_visit_scores` before the next is asked for. Own drafts:
-        the prompt probe. A tree: the prompt probe, one request per branch (each branch scored once for every sample),
-        and point probes for the nodes no request gave; then the tree counts as scored and its samples walk it."""
+        the prompt probe. A tree, in one round: the prompt probe (p_curr of the root's children, as the tokens that
+        follow the prompt) and one request per branch (each branch scored once for every sample), which may read the
+        prompt, and one another's shared prefixes, from the prefix cache; then point probes for the nodes the cache
+        left out, if any. The tree then counts as scored, and its samples walk it."""
         tree = samples[0].tree if samples else None
         if tree is None:
             probe = self.prompt_probe(samples)
@@ -475,16 +477,16 @@ class SpeculativePlanner:
                 yield [probe]
             return
         prompt = samples[0].prompt_ids
-        probe = self.read_cache and len(tree.branches) >= 2  # the prompt once, then every branch reads it
-        if probe:
-            first_tokens = tuple(int(t) for t in tree.token[tree.children(ROOT)][:MAX_NEXT_TOKEN_IDS])
-            yield [ScoringRequest(list(prompt), 0, 0, True, first_tokens, branch=tree.branches[0])]
+        shared = self.read_cache and len(tree.branches) >= 2  # the branches share the prompt: it is computed once
         requests = []
+        if shared:  # positions the cache serves come without log-probs: the root's children come from the probe
+            first_tokens = tuple(int(t) for t in tree.token[tree.children(ROOT)][:MAX_NEXT_TOKEN_IDS])
+            requests.append(ScoringRequest(list(prompt), 0, 0, True, first_tokens, branch=tree.branches[0]))
         for response in tree.branches:
             tokens = tree.path_tokens(response)
-            end = len(tokens) - 1 if probe else len(tokens)  # the last token as the one that follows the request
+            end = len(tokens) - 1 if shared else len(tokens)  # the last token as the one that follows the request
             follows = (int(tokens[end]),) if end < len(tokens) else ()
-            requests.append(ScoringRequest(prompt + tokens[:end].tolist(), 0, end, probe, follows, branch=response))
+            requests.append(ScoringRequest(prompt + tokens[:end].tolist(), 0, end, shared, follows, branch=response))
         yield requests
         missing = tree.unknown()
         if len(missing):

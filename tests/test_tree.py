@@ -137,10 +137,11 @@ def test_a_visit_scores_each_branch_once_then_every_sample_walks():
         for request in requests:
             entries, follows = score(request)
             planner.take_visit_scores(samples, request, entries, 0, follows)
-    probe, branches = rounds
-    assert len(rounds) == 2 and probe[0].token_ids == [1] and set(probe[0].next_token_ids) == {5, 9}
+    assert len(rounds) == 1  # one round trip: the prompt probe and the branches together
+    probe, *branches = rounds[0]
+    assert probe.token_ids == [1] and set(probe.next_token_ids) == {5, 9}
     assert [r.token_ids for r in branches] == [[1, 5, 6, 7], [1, 5, 6, 8], [1, 9]]  # the last as the one that follows
-    assert [r.next_token_ids for r in branches] == [(0,), (0,), (0,)]
+    assert [r.next_token_ids for r in branches] == [(0,), (0,), (0,)] and all(r.read_cache for r in branches)
     tree = samples[0].tree
     assert samples[0].stats.scored_tokens == tree.num_nodes - 1 and samples[0].stats.scoring_requests == 4
     assert not any(s.stats.scored_tokens for s in samples[1:])

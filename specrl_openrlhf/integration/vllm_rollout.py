@@ -8,6 +8,7 @@ a `vllm.AsyncLLM`. `gather_samples` runs n concurrent calls per prompt and colle
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 import uuid
@@ -98,8 +99,10 @@ def continuation_params(
     """The user's params for one continuation after `verified` reused tokens: n=1, the remaining budget, the
     remaining minimum length, the output once it finishes (FINAL_ONLY), and logprobs on (the cache needs them;
     `top_k` per token for rules that redraw). `excluded`: tokens the first step must not sample (the `vllm_exclude`
-    plugin reads them). Without stop strings vLLM does not detokenize: the caller decodes the whole response once."""
-    out = params.clone()
+    plugin reads them). Without stop strings vLLM does not detokenize: the caller decodes the whole response once.
+    A shallow copy: every field we change is assigned, never mutated, and vLLM copies the params it is given before
+    it changes them (`SamplingParams.clone`'s deep copy cost more per sample than the rest of our path)."""
+    out = copy.copy(params)
     if excluded:
         out.extra_args = {**(params.extra_args or {}), EXCLUDE_FIRST_TOKEN: [int(t) for t in excluded]}
     out.n = 1

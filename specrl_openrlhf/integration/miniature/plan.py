@@ -100,6 +100,10 @@ GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of
         ("default", "many-visits", "low-lr", "many-visits-low-lr"),
         (Method.of("spec", math.exp(0.5)), Method.of("exact")),
     ),
+    "tree": (  # lossless's tree over one and two visits against SPEC-RL's rule: which proposal is the default
+        ("default", "many-visits"),
+        (Method.of("spec", 1.65), Method.of("lossless"), Method.of("lossless", params={"history": 2})),
+    ),
     "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless with each proposal
         ("default", "many-visits"),
         (

@@ -11,8 +11,9 @@ weights are loaded into each run's engine. The runs alternate step by step, so t
 against off with a 95% interval over seeds. `--grid lenience` runs the paper's lenience ablation in miniature;
 `--grid drift` the staleness ablation: off, spec at e^0.5 and exact in four regimes that vary how often prompts come
 back and how far the policy moves between visits, at the same number of steps.
-`--grid frontier` trains spec at 1.65, lossless with each draft choice (own, majority) and residual beside off in the
-default and the many-visit regimes: decoded tokens against accuracy.
+`--grid frontier` trains spec at 1.65 and lossless with each proposal (the tree over one and two visits, the majority
+path, the own draft) beside off in the default and the many-visit regimes: decoded tokens against accuracy; `--grid
+tree` the two trees and spec only.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def test_command_line_reports_bad_rules_and_folders(traces, tmp_path):
 # ---- proposals: the visit's responses, rebuilt from its records -----------------------------------------------------
 
 
-def visit_traces(tmp_path, params: dict, visits: int = 40, seed: int = 0):
+def visit_traces(tmp_path, params: dict, visits: int = 25, seed: int = 0):
     """Traces of visits of 4 samples through the planner, proposing as `params` say, from 4 (and, with history 2,
     4 more) previous responses that share prefixes; p_curr of every token drawn at random and scored whole (as
     tracing asks). Returns the folder and every sample."""
@@ -126,7 +126,7 @@ def test_replaying_a_runs_tree_reproduces_what_its_walks_kept(tmp_path):
     for history in (1, 2):
         folder, samples = visit_traces(tmp_path / str(history), {"draft": "tree", "history": history})
         records = read_traces(folder)
-        assert records.proposals == ["tree"] and (~records.samples).sum() == (40 * 4 if history == 2 else 0)
+        assert records.proposals == ["tree"] and (~records.samples).sum() == (25 * 4 if history == 2 else 0)
         kept = replay_kept(sr.make("lossless", draft="tree", history=history), records)
         assert kept.tokens.tolist() == records.cut[records.samples].tolist() == [s.cut for s in samples]
         assert np.isfinite(kept.drift).all() and len(kept.drift) == sum(s.cut for s in samples)
@@ -140,9 +140,9 @@ def test_proposals_replay_on_one_recorded_run_and_the_tree_keeps_the_most(tmp_pa
     majority = replay_kept(sr.make("lossless", draft="majority"), records)
     tree = replay_kept(sr.make("lossless", draft="tree"), records)
     assert (tree.tokens >= own.tokens).all() and tree.tokens.sum() > own.tokens.sum()  # same uniforms: dominance
-    assert majority.tokens.sum() > 0 and len(majority.tokens) == len(own.tokens) == 160
+    assert majority.tokens.sum() > 0 and len(majority.tokens) == len(own.tokens) == 100
     results = [tally(name, records, k) for name, k in (("own", own), ("majority", majority), ("tree", tree))]
-    assert results[2].reused_tokens == tree.tokens.sum() and results[0].drafts == 160
+    assert results[2].reused_tokens == tree.tokens.sum() and results[0].drafts == 100
     with pytest.raises(ReplayError, match="two visits"):
         replay_kept(sr.make("lossless", draft="tree", history=2), records)
     with pytest.raises(ReplayError, match="replay_kept"):

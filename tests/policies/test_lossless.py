@@ -334,9 +334,9 @@ def test_residual_follows_each_visits_policy_under_independent_drift():
     assert all(chi2 < chi2_999(dof) for chi2, dof in statistics), statistics
 
 
-@pytest.mark.parametrize("policy", [sr.make("exact"), sr.make("spec")], ids=["exact", "spec"])
-def test_independent_drift_still_detects_spec_rls_bias(policy):
-    statistics = chains(policy, samples=20_000, visits=3)
+def test_independent_drift_still_detects_spec_rls_bias():
+    """Without RL's dependence the ratio rule is still biased: lenience keeps what p_curr would not."""
+    statistics = chains(sr.make("spec"), samples=20_000, visits=3)
     assert any(chi2 > 3 * chi2_999(dof) for chi2, dof in statistics), statistics
 
 

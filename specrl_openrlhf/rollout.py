@@ -117,6 +117,7 @@ class Sample:
     tree: DraftTree | None = None  # the visit's tree of previous responses, shared by its samples (`draft="tree"`)
     own: int | None = None  # the sample's own previous response among the tree's, None without one
     forecast: tuple[int, int] | None = None  # (forecast cut, first draft position) at its first scoring request
+    unserved: np.ndarray | None = None  # [k] draft positions a visit's request read from the prefix cache: rescored
     stats: ReuseStats = field(default_factory=ReuseStats)
 
     @property
@@ -155,6 +156,7 @@ class ScoringRequest:
     read_cache: bool
     next_token_ids: tuple[int, ...] = ()
     branch: int | None = None  # a tree's request: the draft is that response of the visit's `DraftTree`
+    sample: int | None = None  # a visit's request for one of its samples: the draft is that sample's (its index)
 
 
 @dataclass(frozen=True)
@@ -465,16 +467,24 @@ class SpeculativePlanner:
 
     def visit_rounds(self, samples: list[Sample]):
         """The requests a visit sends for all of its samples before their own, round by round: a generator of lists of
-        `ScoringRequest`s, each round's answers handed to `take_visit_scores` before the next is asked for. Own drafts:
-        the prompt probe. A tree, in one round: the prompt probe (p_curr of the root's children, as the tokens that
-        follow the prompt) and one request per branch (each branch scored once for every sample), which may read the
-        prompt, and one another's shared prefixes, from the prefix cache; then point probes for the nodes the cache
-        left out, if any. The tree then counts as scored, and its samples walk it."""
+        `ScoringRequest`s, each round's answers handed to `take_visit_scores` before the next is asked for. Drafts of
+        their own (or the majority path), in one round: the prompt probe (every sample's first draft token, as the
+        tokens that follow the prompt) and each sample's first scoring request, which may read the prompt from the
+        prefix cache; a sample then goes on with its own requests. A tree, in one round: the prompt probe (p_curr of
+        the root's children, as the tokens that follow the prompt) and one request per branch (each branch scored once
+        for every sample), which may read the prompt, and one another's shared prefixes, from the prefix cache; then
+        point probes for the nodes the cache left out, if any. The tree then counts as scored, and its samples walk
+        it."""
         tree = samples[0].tree if samples else None
         if tree is None:
             probe = self.prompt_probe(samples)
             if probe is not None:
-                yield [probe]
+                firsts = [
+                    dataclasses.replace(request, sample=index)
+                    for index, sample in enumerate(samples)
+                    if (request := self.next_scoring(sample)) is not None
+                ]
+                yield [probe, *firsts]
             return
         prompt = samples[0].prompt_ids
         shared = self.read_cache and len(tree.branches) >= 2  # the branches share the prompt: it is computed once
@@ -520,9 +530,18 @@ class SpeculativePlanner:
     def take_visit_scores(
         self, samples: list[Sample], request: ScoringRequest, prompt_logprobs, num_cached_tokens, next_logprobs
     ) -> None:
-        """The answer to one of `visit_rounds`' requests. A tree's: log p_curr of the nodes along its branch (entries
-        the prefix cache served, or that hold no usable value, stay unknown), and of the children asked for as the
-        tokens that follow; its cost is counted on the visit's first sample."""
+        """The answer to one of `visit_rounds`' requests. The prompt probe's and a sample's first request's, as
+        `take_probe` and `take_scores` take them (positions still unknown are left to the sample's own requests). A
+        tree's: log p_curr of the nodes along its branch (entries the prefix cache served, or that hold no usable
+        value, stay unknown), and of the children asked for as the tokens that follow; its cost is counted on the
+        visit's first sample."""
+        if request.sample is not None:  # a sample's first request: what the cache left out, from a sibling if it can
+            sample = samples[request.sample]
+            missing = self.take_scores(sample, request, prompt_logprobs, num_cached_tokens, next_logprobs)
+            if len(missing):  # still unknown: the sample's next requests score them without reading the cache
+                missing = self.recover_scores(sample, missing, samples)
+                sample.unserved = missing if len(missing) else None
+            return
         if request.branch is None:
             self.take_probe(samples, request, next_logprobs, num_cached_tokens)
             return
@@ -558,6 +577,11 @@ class SpeculativePlanner:
         report p_curr (`reused_logprobs="scored"`)."""
         if not self.wants_scoring(sample):
             return None
+        if sample.unserved is not None:  # what the prefix cache served in the visit's round, no sibling had
+            left = sample.unserved[np.isnan(sample.scored[sample.unserved])]
+            sample.unserved = left if len(left) else None
+            if len(left):
+                return self.rescoring(sample, left)[0]
         start = sample.scored_upto
         if self.policy.needs_scores:
             chunk = self.chunks.chunk() if self.chunks is not None else None

@@ -181,13 +181,15 @@ class FakeEngine:
 
 
 def drive(planner, samples, engine, groups):
-    """The driver's loop: a prompt probe per group, then rounds until every draft is cut; then assembly (which takes
-    the scored tokens' stats), without continuations."""
+    """The driver's loop: each group's visit round (its prompt probe beside its samples' first requests), then rounds
+    until every draft is cut; then assembly (which takes the scored tokens' stats), without continuations."""
     planner.decide(samples)
     for group in groups:
-        if (probe := planner.prompt_probe(group)) is not None:
-            _, hit, following = engine.score(probe)
-            planner.take_probe(group, probe, following, hit)
+        for requests in planner.visit_rounds(group):
+            assert sum(r.sample is None for r in requests) == 1  # one probe, the rest the samples' own
+            for request in requests:
+                logprobs, hit, following = engine.score(request)
+                planner.take_visit_scores(group, request, logprobs, hit, following)
     planner.decide(samples)
     while requests := [(s, r) for s in samples if (r := planner.next_scoring(s)) is not None]:
         gaps = [(s, planner.take_scores(s, r, *engine.score(r))) for s, r in requests]

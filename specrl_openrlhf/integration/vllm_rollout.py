@@ -369,7 +369,8 @@ class AsyncSpeculativeGenerator:
 
     async def _visit_requests(self, samples) -> None:
         """The requests the planner sends for all of a visit's samples (`visit_rounds`), a round at a time. A request
-        that fails leaves what it would have scored unknown: a tree's walks then stop before it, which stays exact."""
+        that fails leaves what it would have scored unknown: a tree's walks then stop before it, which stays exact; a
+        sample scores what is left with its own requests."""
         top_k = self.planner.top_k
         for requests in self.planner.visit_rounds(samples):
             outputs = await asyncio.gather(
@@ -377,12 +378,14 @@ class AsyncSpeculativeGenerator:
                 return_exceptions=True,
             )
             for request, output in zip(requests, outputs):
-                if isinstance(output, Exception):
-                    self._warn("a visit's scoring request failed; its tokens stay unscored", output)
-                    continue
-                self.planner.take_visit_scores(
-                    samples, request, output.prompt_logprobs, output.num_cached_tokens, next_logprobs(output)
-                )
+                try:
+                    if isinstance(output, Exception):
+                        raise output
+                    self.planner.take_visit_scores(
+                        samples, request, output.prompt_logprobs, output.num_cached_tokens, next_logprobs(output)
+                    )
+                except Exception as error:  # a sample's request: it asks again on its own, and falls back if it must
+                    self._warn("a visit's scoring request failed; its tokens stay unscored", error)
 
     def _warn_without_plugin(self) -> None:
         logger.warning(

@@ -129,8 +129,9 @@ class ReuseStats:
 # What a rule's samples report to OpenRLHF, which turns each per-sample value into a tensor of its own: the metrics
 # that can be non-zero for the rule, the same set for every sample of a run.
 SCORING_METRICS = ("scored_tokens", "scoring_prefill_tokens", "scoring_requests", "accepted_token_rate")
-METER_METRICS = ("kl_prev_curr", "rejection_rate_exact", "drift_since_decode", "mean_log_ratio")
-LENIENT_METRICS = ("lenience", "acceptance_rate", "excess_acceptance")
+# The staleness meter reports for every rule that scores; excess acceptance is 0 for the rules without lenience.
+METER_METRICS = ("kl_prev_curr", "rejection_rate_exact", "excess_acceptance", "drift_since_decode", "mean_log_ratio")
+LENIENT_METRICS = ("lenience", "acceptance_rate")
 REDRAW_METRICS = ("resampled_tokens", "resample_requests")
 RESIDUAL_METRICS = ("residual_tail_mass", "residual_fallbacks", "resample_unavailable")
 TREE_METRICS = ("branch_switches", "tree_branches", "tree_nodes")

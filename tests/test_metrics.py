@@ -22,7 +22,8 @@ def test_each_rule_reports_the_metrics_that_can_move_for_it():
     assert f"{PREFIX}samples" not in spec | tree | random  # OpenRLHF averages per sample
     assert {f"{PREFIX}lenience", f"{PREFIX}excess_acceptance"} <= spec and not {f"{PREFIX}tree_nodes"} & spec
     assert {f"{PREFIX}tree_nodes", f"{PREFIX}branch_switches", f"{PREFIX}resampled_tokens"} <= tree
-    assert f"{PREFIX}excess_acceptance" not in tree and f"{PREFIX}tree_nodes" not in own
+    assert f"{PREFIX}lenience" not in tree and f"{PREFIX}tree_nodes" not in own
+    assert f"{PREFIX}excess_acceptance" in tree  # the staleness meter reports for every rule that scores
     assert f"{PREFIX}kl_prev_curr" in tree and f"{PREFIX}kl_prev_curr" not in random
     assert f"{PREFIX}residual_tail_mass" in residual and f"{PREFIX}residual_tail_mass" not in tree
     assert max(len(spec), len(tree), len(random)) < len(every) - 5

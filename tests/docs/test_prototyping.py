@@ -67,7 +67,7 @@ def test_the_tutorial_runs_as_written(tutorial):
     table = lines.index(next(line for line in lines if line.startswith("| rule | reuse ratio")))
     rows = list(itertools.takewhile(lambda line: line.startswith("| "), lines[table + 2 :]))
     replayed = {row.split(" | ")[0].removeprefix("| "): row.split(" | ")[1:] for row in rows}
-    assert len(replayed) == 7  # the recorded cuts and six rules
+    assert len(replayed) == 8  # the recorded cuts and the seven rules of the command
     recorded = replayed.pop("recorded (the run's own cuts)")
     assert replayed.pop("spec(lenience=1.65)")[:4] == recorded[:4]  # replaying the run's own rule reproduces it
     exact, own = replayed["exact()"], replayed["lossless(draft='own', history=1)"]

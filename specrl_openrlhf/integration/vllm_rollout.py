@@ -275,6 +275,9 @@ class AsyncSpeculativeGenerator:
         self.failures = 0
         self.lost_commits = 0  # the store's failed commits, as counted on samples so far
         self.reusable = 0.0  # decayed share of recent visits that had something to reuse
+        # Prompts this generator committed drafts for (16-byte keys, one per prompt served): their next visit here
+        # will likely find one, so their samples wait for the claim, whatever `reusable` says.
+        self.drafted: set[bytes] = set()
         self.exclusion_applies: bool | None = None  # whether the engine runs the `vllm_exclude` plugin; None: unknown
         if policy.keeps_state and isinstance(store, LocalDraftStore):  # one process: this rule is the coordinator's
             store.coordinator = FeedbackCoordinator(policy, update_every or samples_per_visit)
@@ -443,7 +446,7 @@ class AsyncSpeculativeGenerator:
                 visit.drafts = asyncio.ensure_future(self.store.claim(key, visit.visit_id, age, n, False, history))
             claim = asyncio.shield(visit.drafts)
         early = None
-        if self.reusable < 0.5:  # recent visits found nothing to reuse: generate while the claim is out
+        if self.reusable < 0.5 and key not in self.drafted:  # likely nothing to reuse: generate while claiming
             early = continuation_params(params, params.max_tokens, 0, 0, self.planner.top_k)
             early = asyncio.ensure_future(self._generate(prompt_ids, early, -params.max_tokens))
         try:
@@ -462,6 +465,9 @@ class AsyncSpeculativeGenerator:
         except Exception as error:  # the cache is unreachable: this sample has no draft
             self._warn("draft cache claim failed; this sample is generated normally", error)
             drafts, cache_errors = [], 1
+        if early is not None and any(draft is not None for draft in drafts):  # it would hold the engine's slots
+            early.cancel()  # while the visit's scoring waits
+            early = None
         start = time.perf_counter()
         if leader:  # the visit's samples, built once, so that its requests (probe, tree) serve them all
             visit.samples = self.planner.visit_samples(prompt_ids, params.max_tokens, drafts, key, n)
@@ -487,8 +493,6 @@ class AsyncSpeculativeGenerator:
                 await early, self.planner.top_k
             )
             sample.stats.time_generation_s = time.perf_counter() - start
-        elif early is not None:
-            early.cancel()
         while (request := self.planner.next_request(sample)) is not None:
             if isinstance(request, ScoringRequest):
                 await self._score(sample, request, visit)
@@ -506,6 +510,8 @@ class AsyncSpeculativeGenerator:
         )
         try:  # a Ray store queues it and returns: a commit that fails later is counted on a later sample
             await self.store.commit(key, visit.visit_id, next_draft, follow_up)
+            if not follow_up:
+                self.drafted.add(key)
         except Exception as error:  # the sample is fine; only its next visit loses a draft
             self._warn("draft cache commit failed; the sample is kept", error)
             output.stats.cache_errors = 1

@@ -660,10 +660,11 @@ def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_t
 
 def test_a_sample_with_nothing_to_reuse_does_not_wait_for_the_claim():
     """While recent visits found nothing to reuse (a run's first epoch), a sample's generation starts with its claim,
-    and is kept when the claim brings nothing; once visits find drafts, samples wait for the claim again."""
+    and is kept when the claim brings nothing. A prompt drafted here waits for its claim; where the claim brings
+    drafts (a prompt another engine drafted), the early generation is dropped as soon as the claim is back."""
     from types import SimpleNamespace
 
-    events = []
+    events, slow = [], asyncio.Event()
 
     class SlowStore(LocalDraftStore):
         async def claim(self, *args, **kwargs):
@@ -673,30 +674,43 @@ def test_a_sample_with_nothing_to_reuse_does_not_wait_for_the_claim():
             return await super().claim(*args, **kwargs)
 
     async def generate(prompt, sampling, priority=0):
-        if sampling.prompt_logprobs is not None:  # a scoring request: every token at p = 0.9
-            follows = [{t: SimpleNamespace(logprob=math.log(0.9)) for t in sampling.logprob_token_ids or ()}]
-            entries = [None] + [{t: SimpleNamespace(logprob=math.log(0.9))} for t in prompt[1:]]
+        if sampling.prompt_logprobs is not None:  # a scoring request: every token at p = 1, so drafts are kept whole
+            events.append("score")
+            follows = [{t: SimpleNamespace(logprob=0.0) for t in sampling.logprob_token_ids or ()}]
+            entries = [None] + [{t: SimpleNamespace(logprob=0.0)} for t in prompt[1:]]
             output = SimpleNamespace(token_ids=[0], logprobs=follows, finish_reason="length")
             return SimpleNamespace(prompt_logprobs=entries, outputs=[output], num_cached_tokens=0)
         events.append("generate")
+        try:
+            if slow.is_set():
+                await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
         tokens = [7, EOS_ID]
         entries = [{t: SimpleNamespace(logprob=-1.0, rank=1)} for t in tokens]
         return SimpleNamespace(
             outputs=[SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason="stop")], num_cached_tokens=0
         )
 
-    policy = sr.make("lossless")
+    policy, store = sr.make("lossless"), SlowStore(keep_visits=1)
     planner = sr.SpeculativePlanner(policy, stop_token_ids=[EOS_ID])
-    gen = AsyncSpeculativeGenerator(generate, policy, SlowStore(keep_visits=1), samples_per_visit=2, planner=planner)
+    gen = AsyncSpeculativeGenerator(generate, policy, store, samples_per_visit=2, planner=planner)
     first = asyncio.run(gather_samples(gen, [[1, 2, 3]] * 4, params(n=2, max_tokens=8)))
-    assert events[:3] == [
-        "claim sent",
-        "generate",
-        "generate",
-    ]  # the visit's samples generate before the claim is back
+    assert events[:3] == ["claim sent", "generate", "generate"]  # the visit's samples generate before the claim is back
     assert first.stats.drafts_found == 0 and first.stats.decoded_tokens == 16
-    for _ in range(12):  # visits that find drafts: the share of reusable visits rises past a half
-        events.clear()
-        later = asyncio.run(gather_samples(gen, [[1, 2, 3]], params(n=2, max_tokens=8)))
-    assert later.stats.drafts_found == 2 and later.stats.fallbacks == 0
-    assert "generate" not in events[: events.index("claim back")]  # nothing generated before the claim was back
+    events.clear()  # the next visit of a prompt drafted here waits for its claim, though no visit found drafts yet
+    later = asyncio.run(gather_samples(gen, [[1, 2, 3]], params(n=2, max_tokens=8)))
+    assert gen.reusable < 0.5 and later.stats.drafts_found == 2 and later.stats.fallbacks == 0
+    assert "generate" not in events and later.stats.decoded_tokens == 0  # kept whole at p = 1
+
+    async def other_engine():  # the prompt's drafts came from another engine: this one generates, then drops it
+        slow.set()
+        other = AsyncSpeculativeGenerator(generate, policy, store, samples_per_visit=2, planner=planner)
+        return await asyncio.wait_for(gather_samples(other, [[1, 2, 3]], params(n=2, max_tokens=8)), 2.0)
+
+    events.clear()
+    dropped = asyncio.run(other_engine())
+    assert dropped.stats.drafts_found == 2 and dropped.stats.decoded_tokens == 0
+    assert events.count("generate") == events.count("cancelled") == 2
+    assert events.index("cancelled") < events.index("score")  # the leader's, before the visit's scoring round

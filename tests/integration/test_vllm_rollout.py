@@ -697,7 +697,7 @@ def test_a_sample_with_nothing_to_reuse_does_not_wait_for_the_claim():
     planner = sr.SpeculativePlanner(policy, stop_token_ids=[EOS_ID])
     gen = AsyncSpeculativeGenerator(generate, policy, store, samples_per_visit=2, planner=planner)
     first = asyncio.run(gather_samples(gen, [[1, 2, 3]] * 4, params(n=2, max_tokens=8)))
-    assert events[:3] == ["claim sent", "generate", "generate"]  # the visit's samples generate before the claim is back
+    assert events[:3] == ["claim sent", "generate", "generate"]  # samples generate before the claim is back
     assert first.stats.drafts_found == 0 and first.stats.decoded_tokens == 16
     events.clear()  # the next visit of a prompt drafted here waits for its claim, though no visit found drafts yet
     later = asyncio.run(gather_samples(gen, [[1, 2, 3]], params(n=2, max_tokens=8)))

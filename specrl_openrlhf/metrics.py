@@ -58,6 +58,8 @@ class ReuseStats:
     branch_switches: int = 0  # a tree walk: times it left the branch it was on (first its own) for another response's
     tree_branches: int = 0  # a tree walk: distinct branches (leaves) of the visit's tree
     tree_nodes: int = 0  # a tree walk: token nodes of the visit's tree
+    verify_steps: int = 0  # verified in the engine: decoding steps that verified a draft
+    reentries: int = 0  # verified in the engine: drafts proposed again after a rejection
     resample_requests: int = 0  # requests the redraws cost beyond the continuation (lossless: 0 with the vLLM plugin)
     residual_tail_sum: float = 0.0  # over them: probability mass the top-k lists left out, a bound on the bias
     residual_fallbacks: int = 0  # redrawn from p_curr because the seen residual was empty
@@ -106,6 +108,8 @@ class ReuseStats:
             f"{PREFIX}drift_since_decode": ratio(self.drift_sum, self.metered_tokens),
             f"{PREFIX}reused_token_age": ratio(self.reused_age_sum, self.reused_tokens),
             f"{PREFIX}reused_older_than_2": ratio(self.reused_old_tokens, self.reused_tokens),
+            f"{PREFIX}accepted_per_step": ratio(self.reused_tokens, self.verify_steps),
+            f"{PREFIX}reentries": float(self.reentries),
             f"{PREFIX}resampled_tokens": float(self.resampled_tokens),
             f"{PREFIX}resample_requests": float(self.resample_requests),
             f"{PREFIX}branch_switches": float(self.branch_switches),
@@ -135,6 +139,7 @@ LENIENT_METRICS = ("lenience", "acceptance_rate")
 REDRAW_METRICS = ("resampled_tokens", "resample_requests")
 RESIDUAL_METRICS = ("residual_tail_mass", "residual_fallbacks", "resample_unavailable")
 TREE_METRICS = ("branch_switches", "tree_branches", "tree_nodes")
+ENGINE_METRICS = ("accepted_per_step", "reentries")
 
 
 def sample_metric_names(policy) -> frozenset[str]:
@@ -142,6 +147,11 @@ def sample_metric_names(policy) -> frozenset[str]:
     since OpenRLHF averages per-sample values over samples."""
     names = set(ReuseStats().as_dict()) - {f"{PREFIX}samples"}
     dropped = set()
+    if policy.verifies_in_engine:  # no scoring requests, no meter: what the engine drafted and accepted
+        dropped |= {*SCORING_METRICS[:-1], *METER_METRICS, *LENIENT_METRICS, *REDRAW_METRICS, *RESIDUAL_METRICS}
+        dropped |= {*TREE_METRICS, "mean_log_ratio", "rejected_drafts", "invalid_drafts"}
+        return frozenset(names - {f"{PREFIX}{name}" for name in dropped})
+    dropped |= set(ENGINE_METRICS)
     if not policy.needs_scores:
         dropped |= {*SCORING_METRICS, *METER_METRICS, *LENIENT_METRICS}
     lenience = policy.lenience
@@ -154,3 +164,22 @@ def sample_metric_names(policy) -> frozenset[str]:
     if policy.draft_choice != "tree":
         dropped |= set(TREE_METRICS)
     return frozenset(names - {f"{PREFIX}{name}" for name in dropped})
+
+
+def verified_in_engine(per_step_accepted, per_step_drafted, response_len: int) -> ReuseStats:
+    """A sample's stats when vLLM verified its drafts: each verification step's accepted and drafted tokens (in
+    order). Accepted draft tokens are its reused tokens; every other token is decoded. A rejection followed by
+    another draft is a re-entry."""
+    accepted, drafted = [int(a) for a in per_step_accepted], [int(d) for d in per_step_drafted]
+    reused = min(sum(accepted), int(response_len))
+    rejections = [a < d for a, d in zip(accepted, drafted)]
+    return ReuseStats(
+        samples=1,
+        draft_tokens=sum(drafted),
+        reused_tokens=reused,
+        examined_tokens=sum(drafted),
+        decoded_tokens=int(response_len) - reused,
+        verify_steps=len(accepted),
+        reentries=sum(rejections[:-1]),
+        fully_reused=int(response_len > 0 and reused == response_len),
+    )

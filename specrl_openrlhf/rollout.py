@@ -36,6 +36,9 @@ RESIDUAL_STREAM = 1  # entropy suffix of the uniform that draws a rejected posit
 NO_OWN_DRAFT = 1 << 32  # the length field of a tree sample's entropy when it has no previous response of its own
 
 
+PENALTIES = {"repetition_penalty": (1.0, None), "presence_penalty": (0.0, None), "frequency_penalty": (0.0, None)}
+
+
 class UnsupportedSamplingError(ValueError):
     """Sampling settings under which p_prev and p_curr would describe different distributions."""
 
@@ -54,6 +57,19 @@ def check_sampling(
     p_curr is not: their ratio is off by 1 - p(EOS) at those positions, which the warning says.
     Keyword arguments are SamplingParams fields (temperature, top_p, top_k, min_p and the penalties).
     """
+    if policy.verifies_in_engine:  # vLLM verifies under the request's own temperature, top-p and top-k
+        # under speculative decoding vLLM ignores min-p and logit bias; penalties are refused as untested with drafts
+        unapplied = {"min_p": (0.0, None), "logit_bias": (None, {}), **PENALTIES}
+        bad = {k: v for k, v in settings.items() if k in unapplied and v not in unapplied[k]}
+        if bad:
+            names = ", ".join(f"{k}={v}" for k, v in bad.items())
+            raise UnsupportedSamplingError(
+                f"reuse policy {policy.name!r} verifies drafts inside vLLM, which samples with temperature, top-p and "
+                f"top-k as asked but ignores min-p and logit bias under speculative decoding (and penalties are not "
+                f"tested there); sampling uses {names}. Drop them, or set verify='requests' (--reuse.params "
+                '\'{"verify": "requests"}\'), which needs plain sampling.'
+            )
+        return []
     if not policy.needs_scores:
         return []
     plain = {
@@ -61,9 +77,7 @@ def check_sampling(
         "top_p": (1.0, None),
         "top_k": (0, -1, None),
         "min_p": (0.0, None),
-        "repetition_penalty": (1.0, None),
-        "presence_penalty": (0.0, None),
-        "frequency_penalty": (0.0, None),
+        **PENALTIES,
     }
     bad = {k: v for k, v in settings.items() if k in plain and v not in plain[k]}
     if bad:

@@ -12,6 +12,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engines in this process: see miniature/engine.py
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # as OpenRLHF's engines: histories reach proposers
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (STUBS, os.environ.get("PYTHONPATH")) if p)
 sys.path.insert(0, STUBS)
 

@@ -1,5 +1,6 @@
 """Helpers that several test modules share (a module of their own, so no test module imports another)."""
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -28,3 +29,16 @@ def cut_drafts(planner, count: int, seed: int = 0):
         samples.append(sample)
     planner.decide(samples)
     return samples
+
+
+def chi2_passes(counts: np.ndarray, p: np.ndarray) -> bool:
+    """Pearson's chi-square of `counts` against `p` (tokens expected fewer than 5 times pooled) below its 99.9%
+    quantile."""
+    n = counts.sum()
+    likely = p * n >= 5
+    expected = np.append(p[likely] * n, p[~likely].sum() * n)
+    observed = np.append(counts[likely], counts[~likely].sum())
+    keep = expected > 0
+    chi2 = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    dof = int(keep.sum()) - 1
+    return chi2 < dof * (1 - 2 / (9 * dof) + 3.0902 * math.sqrt(2 / (9 * dof))) ** 3

@@ -168,6 +168,8 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
                 prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images
             )
         self._generator.generate_fn = llm_engine.generate
+        if self._generator.histories is not None:  # the engine's proposer gets the histories (`vllm_proposer`)
+            self._generator.histories.rpc = llm_engine.llm.collective_rpc
         names = self._metric_names = self._metric_names or sample_metric_names(self._generator.policy)
         proxy = SpeculativeEngineProxy(llm_engine, self._generator, hf_tokenizer, self._training_signature, names)
         result = await self._inner.execute(prompt, label, sampling_params, max_length, hf_tokenizer, proxy, images)

@@ -22,11 +22,12 @@ from vllm.sampling_params import RequestOutputKind
 
 from ..adaptive import FeedbackCoordinator
 from ..cache import Draft, DraftCache, prompt_key
-from ..metrics import ReuseStats
+from ..metrics import ReuseStats, verified_in_engine
 from ..policies import ReusePolicy
 from ..residual import top_k_of
 from ..rollout import ContinuationRequest, SampleOutput, ScoringRequest, SpeculativePlanner, check_sampling
 from .vllm_exclude import EXCLUDE_FIRST_TOKEN
+from .vllm_proposer import HistoryChannel
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def check_sampling_params(policy: ReusePolicy, params: SamplingParams) -> None:
         repetition_penalty=params.repetition_penalty,
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
+        logit_bias=params.logit_bias,
     )
 
 
@@ -265,8 +267,11 @@ class AsyncSpeculativeGenerator:
         planner: SpeculativePlanner,
         update_every: int | None = None,
         prioritize: bool = False,
+        rpc=None,
     ):
         self.generate_fn = generate
+        # `lossless` verified in the engine: histories go to the engine's proposer over `rpc` (its collective_rpc)
+        self.histories = HistoryChannel(rpc, policy.params.min_match) if policy.verifies_in_engine else None
         self.prioritize = prioritize
         self.policy = policy
         self.store = store
@@ -414,7 +419,12 @@ class AsyncSpeculativeGenerator:
         """One sample; errors in the reuse path fall back to normal generation. `follow_up`: a later turn of an
         agent's sample (its drafts are kept apart, see `LocalDraftStore`)."""
         check_sampling_params(self.policy, params)
-        if self.policy.draft_age:
+        if self.histories is not None and self.histories.available is not False:
+            try:
+                return await self._verified_in_engine(prompt_ids, params, follow_up)
+            except Exception as error:
+                self._warn("sample verified in the engine failed; generating normally", error)
+        elif self.policy.draft_age and self.histories is None:
             try:
                 return await self._speculative(prompt_ids, params, follow_up)
             except Exception as error:
@@ -424,6 +434,67 @@ class AsyncSpeculativeGenerator:
         stats = ReuseStats(samples=1, decoded_tokens=len(new_ids), fallbacks=int(self.policy.draft_age > 0))
         stats.time_generation_s = time.perf_counter() - start
         return SampleOutput(new_ids, new_lp if params.logprobs is not None else None, finish, 0, stats)
+
+    async def _verified_in_engine(self, prompt_ids: list[int], params: SamplingParams, follow_up: bool):
+        """One sample whose drafts vLLM verifies at every step (`vllm_proposer`). The visit's first sample claims the
+        prompt's history and sends it to the engine while the samples generate; each finished sample joins the
+        history of its visit's later samples, and is committed as a draft for the next visit."""
+        key = prompt_key(prompt_ids)
+        visit, slot = (OpenVisit(uuid.uuid4().hex), 0) if follow_up else self.visits.join(key)
+        if slot == 0:
+            count = 1 if follow_up else self.visits.samples_per_visit
+            visit.drafts = asyncio.ensure_future(self._send_history(key, prompt_ids, visit.visit_id, count, follow_up))
+        start = time.perf_counter()
+        own = continuation_params(params, params.max_tokens, 0)  # logprobs on: the history keeps them
+        output = await self._generate(prompt_ids, own, 0)
+        new_ids, new_lp, finish, cached, _ = completion_of(output)
+        metrics = output.outputs[0].spec_decode_metrics
+        stats = verified_in_engine(
+            getattr(metrics, "per_step_accepted", None) or [],
+            getattr(metrics, "per_step_drafted", None) or [],
+            len(new_ids),
+        )
+        stats.time_generation_s, stats.cached_prompt_tokens = time.perf_counter() - start, cached
+        stats.fallbacks = int(self.histories.available is False)
+        logprobs = new_lp if new_lp is not None else [0.0] * len(new_ids)
+        self.histories.send(key, len(prompt_ids), False, [list(new_ids)], [list(logprobs)])
+        try:
+            stats.drafts_found = int(bool(await asyncio.shield(visit.drafts))) if visit.drafts else 0
+        except Exception:
+            stats.drafts_found = 0
+        draft = Draft(np.asarray(new_ids, np.int32), np.asarray(logprobs, np.float32), finish)
+        output = SampleOutput(list(new_ids), new_lp if params.logprobs is not None else None, finish, 0, stats)
+        await self._commit(key, visit.visit_id, draft, follow_up, output)
+        return output
+
+    async def _send_history(self, key: bytes, prompt_ids, visit_id: str, count: int, follow_up: bool) -> int:
+        """Claim the visit's history from the draft store and send it to the engine; returns its size."""
+        try:
+            drafts = [
+                d for d in await self.store.claim(key, visit_id, 1, count, follow_up, self.policy.draft_history) if d
+            ]
+        except Exception as error:  # the cache is unreachable: the visit drafts from its own finished samples only
+            self._warn("draft cache claim failed; the visit proposes from its own samples", error)
+            drafts = []
+        responses = [d.token_ids.tolist() for d in drafts]
+        self.histories.send(key, len(prompt_ids), True, responses, [d.logprobs.tolist() for d in drafts])
+        return len(drafts)
+
+    async def _commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool, output: SampleOutput) -> None:
+        """Store the sample's response as a draft for the prompt's next visit; a failure costs that draft only."""
+        try:  # a Ray store queues it and returns: a commit that fails later is counted on a later sample
+            await self.store.commit(key, visit_id, draft, follow_up)
+            if not follow_up:
+                self.drafted.add(key)
+        except Exception as error:  # the sample is fine; only its next visit loses a draft
+            self._warn("draft cache commit failed; the sample is kept", error)
+            output.stats.cache_errors = 1
+        lost = getattr(self.store, "lost_commits", 0)
+        if lost > self.lost_commits:
+            output.stats.cache_errors += lost - self.lost_commits
+            self._warn("draft cache commits failed; their prompts' next visits have no drafts", RuntimeError(lost))
+            self.lost_commits = lost
+        output.stats.cache_restarts = getattr(self.store, "restarts", 0)
 
     async def _speculative(self, prompt_ids: list[int], params: SamplingParams, follow_up: bool) -> SampleOutput:
         key = prompt_key(prompt_ids)
@@ -508,19 +579,7 @@ class AsyncSpeculativeGenerator:
         output, next_draft = self.planner.assemble(
             sample, new_ids, new_lp, finish, want_logprobs=params.logprobs is not None, new_top=new_top
         )
-        try:  # a Ray store queues it and returns: a commit that fails later is counted on a later sample
-            await self.store.commit(key, visit.visit_id, next_draft, follow_up)
-            if not follow_up:
-                self.drafted.add(key)
-        except Exception as error:  # the sample is fine; only its next visit loses a draft
-            self._warn("draft cache commit failed; the sample is kept", error)
-            output.stats.cache_errors = 1
-        lost = getattr(self.store, "lost_commits", 0)
-        if lost > self.lost_commits:
-            output.stats.cache_errors += lost - self.lost_commits
-            self._warn("draft cache commits failed; their prompts' next visits have no drafts", RuntimeError(lost))
-            self.lost_commits = lost
-        output.stats.cache_restarts = getattr(self.store, "restarts", 0)
+        await self._commit(key, visit.visit_id, next_draft, follow_up, output)
         output.stats.time_assembly_s = time.perf_counter() - start
         return output
 

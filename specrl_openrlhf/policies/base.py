@@ -79,6 +79,13 @@ class ReusePolicy(ABC):
     exact_in_rl: ClassVar[bool] = False
 
     @property
+    def verifies_in_engine(self) -> bool:
+        """Whether vLLM verifies the drafts itself, at every decoding step (`lossless` with `verify="engine"`): the
+        engine then needs our proposer (`integration.vllm_proposer.engine_kwargs`) and the rollout sends no scoring
+        requests."""
+        return False
+
+    @property
     def draft_choice(self) -> str:
         """What a sample proposes from: "own" (its own previous response, as in SPEC-RL), "majority" (the majority
         path through the prompt's previous responses) or "tree" (their prefix tree, walked; `lossless` only)."""

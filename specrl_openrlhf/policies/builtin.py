@@ -93,18 +93,26 @@ class Full(ReusePolicy):
 
 
 DRAFT_CHOICES = ("own", "majority", "tree")
+VERIFY_CHOICES = ("engine", "requests")
 
 
 @dataclass(frozen=True, kw_only=True)
 class LosslessParams:
-    """draft: the proposal. "own": the sample's own previous response (SPEC-RL's draft); "majority": the majority path
-    through the prompt's previous responses (at each token, the next token most of the responses that agree so far
-    continue with); "tree": the tree of the prompt's previous responses, walked by sampling p_curr at each node
-    (`specrl_openrlhf.tree`). history: how many of the prompt's last visits the proposal draws on (1 or 2; "majority"
-    and "tree" only). Acceptance follows p_curr, so the likelier proposal keeps more; every choice is exact."""
+    """verify: where drafts are verified. "engine" (the default): inside vLLM, at every decoding step
+    (`integration.vllm_proposer`): the engine proposes from the tree of the prompt's previous responses (and of its
+    finished siblings) while the sample stays in it, and after a rejection from the longest suffix match of at least
+    `min_match` tokens, up to `num_speculative_tokens` tokens at a time. "requests": on our request path, once per
+    visit up to the first rejection (scoring requests, then a continuation), with `draft` as the proposal: "own" (the
+    sample's own previous response, SPEC-RL's draft), "majority" (the majority path through the prompt's previous
+    responses) or "tree" (their tree, walked by sampling p_curr at each node, `specrl_openrlhf.tree`). history: how
+    many of the prompt's last visits the proposal draws on (1 or 2; not "own"). Acceptance follows p_curr, so the
+    likelier proposal keeps more; every choice is exact."""
 
     draft: str = "tree"
     history: int = 1
+    verify: str = "engine"
+    num_speculative_tokens: int = 8
+    min_match: int = 4
 
     def __post_init__(self):
         if self.draft not in DRAFT_CHOICES:
@@ -115,6 +123,19 @@ class LosslessParams:
             )
         if self.draft == "own" and self.history != 1:
             raise ValueError('history applies to draft "majority" and "tree"; "own" is the one previous response')
+        if self.verify not in VERIFY_CHOICES:
+            raise ValueError(f"verify must be one of {VERIFY_CHOICES}, got {self.verify!r}")
+        if self.verify == "engine" and self.draft != "tree":
+            raise ValueError(
+                f"draft={self.draft!r} is proposed once per visit on the request path: add verify='requests' "
+                "(the engine proposes from the tree of the prompt's responses at every step)"
+            )
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, 64], got {k!r}")
+        m = self.min_match
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"min_match must be a positive integer (tokens a re-entry matches on), got {m!r}")
 
 
 @register("lossless")
@@ -136,6 +157,10 @@ class Lossless(ReusePolicy):
     prefix_decidable = True
     excludes_rejected_token = True
     exact_in_rl = True
+
+    @property
+    def verifies_in_engine(self) -> bool:
+        return self.params.verify == "engine"
 
     @property
     def lenience(self) -> float | None:

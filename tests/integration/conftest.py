@@ -76,6 +76,33 @@ def async_engine(tiny_model_dir):
     engine.shutdown()
 
 
+@pytest.fixture(scope="session")
+def verifying_engine(tiny_model_dir):
+    """vLLM's async engine with our history proposer (`lossless` verified in the engine, up to 4 draft tokens a step),
+    in processed_logprobs mode; shared by the session's tests (each leaves its weights as it found them)."""
+    vllm = pytest.importorskip("vllm")
+    import specrl_openrlhf as sr
+    from specrl_openrlhf.integration.miniature.weights import EXTENSION
+    from specrl_openrlhf.integration.vllm_proposer import engine_kwargs
+
+    runner = LoopThread()
+
+    async def start():
+        args = vllm.AsyncEngineArgs(
+            model=str(tiny_model_dir),
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION,
+            max_logprobs=128,
+            **ENGINE_KWARGS,
+            **engine_kwargs(sr.make("lossless", num_speculative_tokens=4)),
+        )
+        return vllm.AsyncLLMEngine.from_engine_args(args)
+
+    engine = runner.run(start())
+    yield engine, runner
+    engine.shutdown()
+
+
 @pytest.fixture
 def set_weights(async_engine, tiny_model_dir, tmp_path):
     """`set_weights(noise, seed)` perturbs the shared engine's weights for one test; they are restored after it."""

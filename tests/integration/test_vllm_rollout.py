@@ -13,6 +13,7 @@ import torch
 import specrl_openrlhf as sr
 from specrl_openrlhf.cache import Draft, DraftCache, prompt_key
 from specrl_openrlhf.integration.miniature.tiny_model import EOS_ID
+from tests.helpers import chi2_passes
 
 pytestmark = pytest.mark.engine
 vllm = pytest.importorskip("vllm")
@@ -565,18 +566,6 @@ def next_token_probs(async_engine, prompt) -> np.ndarray:
     for token, logprob in answer.outputs[0].logprobs[0].items():
         p[token] = math.exp(logprob.logprob)
     return p
-
-
-def chi2_passes(counts: np.ndarray, p: np.ndarray) -> bool:
-    """Pearson's chi-square of `counts` against `p` (tokens expected fewer than 5 times pooled) below its 99.9%
-    quantile."""
-    n = counts.sum()
-    likely = p * n >= 5
-    expected = np.append(p[likely] * n, p[~likely].sum() * n)
-    observed = np.append(counts[likely], counts[~likely].sum())
-    chi2 = float(((observed - expected) ** 2 / expected).sum())
-    dof = len(expected) - 1
-    return chi2 < dof * (1 - 2 / (9 * dof) + 3.0902 * math.sqrt(2 / (9 * dof))) ** 3
 
 
 @pytest.mark.parametrize("plugin", [True, False], ids=["plugin", "without-plugin"])

@@ -12,7 +12,13 @@ DEFAULT_KV_CACHE_BYTES = 256 << 20  # 131k tokens of the 2-layer tiny model, 4k 
 # The environment of processes that run vLLM engines on CPU. A synchronous engine (`vllm.LLM`) keeps its core in the
 # engine's own process, saving a process and the queues between them on 2 cores; the async engine OpenRLHF starts
 # always runs its core apart (docs/benchmarks.md, section 7). VLLM_LOGGING_LEVEL: quiet unless something goes wrong.
-CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR"}
+# VLLM_ALLOW_INSECURE_SERIALIZATION: `lossless` sends histories to the engine's proposer as a function over
+# `collective_rpc` (vllm_proposer.HistoryChannel); OpenRLHF's rollout actors set it too.
+CPU_ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
 
 
 def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrides) -> dict:

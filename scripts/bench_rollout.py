@@ -9,6 +9,10 @@ and decode tokens/s at the baseline's concurrency) and from them the time ratio 
 
     limit_ratio = baseline time / (scored tokens / scoring rate + decoded tokens / decode rate)
 
+A rule verified in the engine (`lossless`) runs on an engine of its own with our proposer, started beside the
+baseline's with the same arguments and loaded with the same weights (the baseline's engine has no speculative
+decoding, as stock OpenRLHF's has none).
+
 Regimes: `overhead` (a tiny model: decoding is bound by per-step overhead, as it is by memory on GPUs) and
 `compute` (a 100M model, compute bound on 2 CPU cores). The last line carries the figures:
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import random
@@ -45,6 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--policy", default="spec")
     parser.add_argument("--scoring", choices=["chunked", "full"], default="chunked", help="see --reuse.scoring")
     parser.add_argument("--lenience", type=float, default=None)
+    parser.add_argument("--params", default="{}", help="the rule's parameters, as JSON (see --reuse.params)")
     parser.add_argument(
         "--round-trip-tokens",
         type=float,
@@ -108,6 +114,7 @@ async def run(args) -> int:
         reload_async_engine,
         write_weights,
     )
+    from specrl_openrlhf.integration.vllm_proposer import engine_kwargs
     from specrl_openrlhf.integration.vllm_rollout import (
         AsyncSpeculativeGenerator,
         LocalDraftStore,
@@ -122,22 +129,26 @@ async def run(args) -> int:
     model_dir = Path(args.model_dir or Path(tempfile.gettempdir()) / f"specrl_bench_{args.regime}")
     build_tiny_model(model_dir, **regime["model"])
     samples = args.prompts * args.n
-    engine = vllm.AsyncLLMEngine.from_engine_args(
-        vllm.AsyncEngineArgs(
-            model=str(model_dir),
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=EXTENSION,
-            **cpu_engine_kwargs(
-                kv_cache_bytes=1 << 30,
-                max_model_len=args.prompt_len + args.max_tokens + 8,
-                max_num_seqs=args.max_num_seqs or samples,
-                max_num_batched_tokens=16384,
-                scheduling_policy="priority" if args.priority else "fcfs",
-            ),
+    policy = ReuseConfig(policy=args.policy, lenience=args.lenience, params=json.loads(args.params)).build_policy()
+
+    def start(**extra):
+        arguments = cpu_engine_kwargs(
+            kv_cache_bytes=1 << 30,
+            max_model_len=args.prompt_len + args.max_tokens + 8,
+            max_num_seqs=args.max_num_seqs or samples,
+            max_num_batched_tokens=16384,
+            scheduling_policy="priority" if args.priority else "fcfs",
         )
-    )
+        arguments.update(extra)
+        return vllm.AsyncLLMEngine.from_engine_args(
+            vllm.AsyncEngineArgs(
+                model=str(model_dir), logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION, **arguments
+            )
+        )
+
+    engine = start()
+    engines = [engine, start(**engine_kwargs(policy))] if policy.verifies_in_engine else [engine]
     generate = engine_generate(engine)
-    policy = ReuseConfig(policy=args.policy, lenience=args.lenience).build_policy()
     max_token_id, max_model_len = engine_limits(engine.model_config, engine.get_tokenizer())
     planner = sr.SpeculativePlanner(
         policy,
@@ -149,12 +160,13 @@ async def run(args) -> int:
     if args.round_trip_tokens is not None and planner.chunks is not None:
         planner.chunks = ChunkSchedule(round_trip_tokens=args.round_trip_tokens)
     generator = AsyncSpeculativeGenerator(
-        generate,
+        engine_generate(engines[-1]),
         policy,
         LocalDraftStore(keep_visits=policy.visits_kept),
         samples_per_visit=args.n,
-        prioritize=args.priority,
+        prioritize=args.priority or policy.verifies_in_engine,
         planner=planner,
+        rpc=engines[-1].collective_rpc,
     )
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 100) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
@@ -164,7 +176,8 @@ async def run(args) -> int:
 
     async def load_weights(seed: int, scratch: str):
         path = write_weights(perturbed_state_dict(model_dir, noise, seed=seed), Path(scratch) / "w.safetensors")
-        await reload_async_engine(engine, path)
+        for each in engines:
+            await reload_async_engine(each, path)
 
     print(
         f"{args.regime} regime: {policy.describe()} ({args.scoring} scoring), {args.prompts} prompts x {args.n} "
@@ -187,7 +200,8 @@ async def run(args) -> int:
             await load_weights(visit, scratch)
             order = ["off", "spec"] if visit % 2 else ["spec", "off"]  # neither always pays for a cold start
             for method in order:
-                await engine.reset_prefix_cache()
+                for each in engines:
+                    await each.reset_prefix_cache()
                 steps_before, cpu_before, start = engine_steps() or 0.0, time.process_time(), time.perf_counter()
                 if method == "off":
                     decoded = await stock_visit(generate, prompts, args.n, single)
@@ -211,7 +225,7 @@ async def run(args) -> int:
                 steps[method] += visit_steps
                 cpu[method] += visit_cpu
 
-        # This machine's rates, at the concurrency of a visit, with the last weights.
+        # This machine's rates, at the concurrency of a visit, with the last weights (on the baseline's engine).
         await engine.reset_prefix_cache()
         cache = generator.store.cache
         scoring = [p + d.token_ids.tolist() for p in prompts for d in cache.drafts(prompt_key(p))][-samples:]
@@ -220,7 +234,8 @@ async def run(args) -> int:
         stream = [p for p in prompts for _ in range(args.n)]
         await rate(generate, stream, SamplingParams(max_tokens=1))  # prompts now cached: time decoding only
         decode_rate = await rate(generate, stream, SamplingParams(max_tokens=64, ignore_eos=True))
-    engine.shutdown()
+    for each in engines:
+        each.shutdown()
 
     token_ratio = decoded_off / max(stats.decoded_tokens, 1)
     time_ratio = totals["off"] / totals["spec"]
@@ -235,6 +250,13 @@ async def run(args) -> int:
         f"prefill {stats.scoring_prefill_tokens / stats.samples:.0f} tokens per sample; Python time per sample in "
         f"our driver: scoring {stats.time_scoring_s / stats.samples * 1e3:.1f} ms wall (incl. engine waits)"
     )
+    if policy.verifies_in_engine:
+        print(
+            f"ENGINE drafted {stats.draft_tokens} tokens, accepted {stats.reused_tokens} "
+            f"({stats.reused_tokens / max(stats.draft_tokens, 1):.2f}), "
+            f"{stats.reused_tokens / max(stats.verify_steps, 1):.2f} per verification step, "
+            f"{stats.reentries / stats.samples:.1f} re-entries per sample"
+        )
     scored_per_needed = stats.scored_tokens / needed if needed else 0.0
     print(
         f"\nvisits 1..{args.visits}: off {totals['off']:.2f}s, spec {totals['spec']:.2f}s (makespans); engine steps "
@@ -258,7 +280,12 @@ async def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from specrl_openrlhf.integration.miniature.engine import CPU_ENGINE_ENV
+
+    # As the quickstart's engines, and OpenRLHF's with one GPU each: the model runs in the engine core's process (on
+    # CPU vLLM would otherwise run it in a process of its own); histories reach the proposer (vllm_proposer).
+    for key, value in CPU_ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
     return asyncio.run(run(parse_args(argv)))
 
 

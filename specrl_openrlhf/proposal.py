@@ -52,10 +52,13 @@ class HistoryIndex:
     ([], [9])
     """
 
-    def __init__(self, min_match: int = DEFAULT_MIN_MATCH):
+    def __init__(self, min_match: int = DEFAULT_MIN_MATCH, min_accept_prob: float = 0.0):
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise ValueError(f"min_match must be a positive integer, got {min_match!r}")
+        if not 0.0 <= min_accept_prob < 1.0:
+            raise ValueError(f"min_accept_prob must be in [0, 1), got {min_accept_prob!r}")
         self.min_match = min_match
+        self.min_accept_logprob = math.log(min_accept_prob) if min_accept_prob > 0 else -math.inf
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.starts: list[int] = []  # position of each response's first token
@@ -111,15 +114,18 @@ class HistoryIndex:
 
     def propose(self, candidates: list[int], k: int) -> list[int]:
         """Up to `k` tokens from the candidates: at each step the next token likeliest under the history's p_prev
-        (ties: the first response's), then the candidates that continue with it, until none continues."""
-        tokens, logprobs, out = self.tokens, self.logprobs, []
+        (ties: the first response's), then the candidates that continue with it, until none continues or the chance
+        that the draft is accepted up to the token, by the history's p_prev, falls below `min_accept_prob` (a token
+        the engine would likely reject costs a verification and saves nothing)."""
+        tokens, logprobs, out, reach = self.tokens, self.logprobs, [], 0.0
         while candidates and len(out) < k:
             best, best_lp = SEPARATOR, -math.inf
             for p in candidates:
                 token = tokens[p]
                 if token != SEPARATOR and (best == SEPARATOR or logprobs[p] > best_lp):
                     best, best_lp = token, logprobs[p]
-            if best == SEPARATOR:
+            reach += best_lp
+            if best == SEPARATOR or reach < self.min_accept_logprob:
                 break
             out.append(best)
             candidates = [p + 1 for p in candidates if tokens[p] == best]

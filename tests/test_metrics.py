@@ -15,8 +15,9 @@ def test_stats_add_up_and_ratios_come_from_the_sums():
 def test_each_rule_reports_the_metrics_that_can_move_for_it():
     every = set(ReuseStats().as_dict())
     spec = sample_metric_names(sr.make("spec"))
-    tree = sample_metric_names(sr.make("lossless"))
-    own = sample_metric_names(sr.make("lossless", draft="own"))
+    tree = sample_metric_names(sr.make("lossless", verify="requests"))
+    own = sample_metric_names(sr.make("lossless", draft="own", verify="requests"))
+    engine = sample_metric_names(sr.make("lossless"))
     random = sample_metric_names(sr.make("random"))
     residual = sample_metric_names(sr.make("residual"))
     assert f"{PREFIX}samples" not in spec | tree | random  # OpenRLHF averages per sample
@@ -27,3 +28,7 @@ def test_each_rule_reports_the_metrics_that_can_move_for_it():
     assert f"{PREFIX}kl_prev_curr" in tree and f"{PREFIX}kl_prev_curr" not in random
     assert f"{PREFIX}residual_tail_mass" in residual and f"{PREFIX}residual_tail_mass" not in tree
     assert max(len(spec), len(tree), len(random)) < len(every) - 5
+    # verified in the engine: what it drafted and accepted, no scoring requests and no meter (no p_curr of drafts)
+    assert {f"{PREFIX}accepted_per_step", f"{PREFIX}reentries", f"{PREFIX}draft_tokens"} <= engine
+    assert not {f"{PREFIX}scoring_requests", f"{PREFIX}kl_prev_curr", f"{PREFIX}tree_nodes"} & engine
+    assert f"{PREFIX}accepted_per_step" not in tree | spec

@@ -133,11 +133,11 @@ def test_replaying_a_runs_tree_reproduces_what_its_walks_kept(tmp_path):
 
 
 def test_proposals_replay_on_one_recorded_run_and_the_tree_keeps_the_most(tmp_path):
-    folder, samples = visit_traces(tmp_path, {"draft": "own"})
+    folder, samples = visit_traces(tmp_path, {"draft": "own", "verify": "requests"})
     records = read_traces(folder)
-    own = replay_kept(sr.make("lossless", draft="own"), records)
+    own = replay_kept(sr.make("lossless", draft="own", verify="requests"), records)
     assert own.tokens.tolist() == [s.cut for s in samples]  # the run's own cuts
-    majority = replay_kept(sr.make("lossless", draft="majority"), records)
+    majority = replay_kept(sr.make("lossless", draft="majority", verify="requests"), records)
     tree = replay_kept(sr.make("lossless", draft="tree"), records)
     assert (tree.tokens >= own.tokens).all() and tree.tokens.sum() > own.tokens.sum()  # same uniforms: dominance
     assert majority.tokens.sum() > 0 and len(majority.tokens) == len(own.tokens) == 100
@@ -152,6 +152,6 @@ def test_proposals_replay_on_one_recorded_run_and_the_tree_keeps_the_most(tmp_pa
 def test_traces_without_token_ids_replay_own_drafts_only(traces):
     records = read_traces(traces[0])
     records.tokens[:] = -1  # as a trace of format 2 reads
-    assert len(replay_kept(sr.make("lossless", draft="own"), records).tokens) == 300
+    assert len(replay_kept(sr.make("lossless", draft="own", verify="requests"), records).tokens) == 300
     with pytest.raises(ReplayError, match="no token ids"):
         replay_kept(sr.make("lossless", draft="tree"), records)

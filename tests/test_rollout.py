@@ -273,7 +273,7 @@ def test_cut_forecast_reaches_as_far_past_the_forecast_as_recent_cuts_needed():
 def test_a_forecast_behind_the_scored_prefix_still_asks_for_the_next_token():
     """A rule may forecast a cut inside the prefix it already kept (its forecast input differs from its real one):
     the next request still scores at least one token."""
-    planner = SpeculativePlanner(make("lossless", draft="own"), scoring="chunked")
+    planner = SpeculativePlanner(make("lossless", draft="own", verify="requests"), scoring="chunked")
     for _ in range(CutForecast.MIN_RECORDS):
         planner.forecast.observe(forecast=0, start=0, needed=1, draft_len=10)  # margin 0
     sample = planner.new_sample([1, 2], 20, draft([5, 6, 7, 8, 9, 10]), b"k" * 16)
@@ -309,7 +309,7 @@ def test_lossless_scores_up_to_the_cut_it_forecasts_and_cuts_as_one_shot_scoring
     cuts, scored, needed = {}, {}, {}
     for mode in ("full", "forecast", "schedule"):
         planner = SpeculativePlanner(
-            make("lossless", draft="own"), seed=5, scoring="full" if mode == "full" else "chunked"
+            make("lossless", draft="own", verify="requests"), seed=5, scoring="full" if mode == "full" else "chunked"
         )
         if mode == "schedule":
             planner.forecast = None
@@ -486,7 +486,7 @@ def test_residual_without_top_k_leaves_the_rejection_to_the_engine():
 
 
 def test_lossless_excludes_the_rejected_token_from_the_continuations_first_step():
-    planner = SpeculativePlanner(make("lossless", draft="own"), seed=1, stop_token_ids=[2])
+    planner = SpeculativePlanner(make("lossless", draft="own", verify="requests"), seed=1, stop_token_ids=[2])
     sample = planner.new_sample([1], 10, draft([5, 6, 7], [-0.5, -0.5, -0.5]), b"r" * 16)
     sample.scored = np.log(np.array([1.0, 1e-9, 0.5], np.float32))  # token 6 all but impossible now: rejected
     planner.decide([sample])
@@ -501,7 +501,7 @@ def test_lossless_excludes_the_rejected_token_from_the_continuations_first_step(
 
 def test_lossless_turns_processed_first_logprobs_back_into_p_curr():
     """With the first step's token banned, processed log-probs are log p(x) - log(1 - p(y)); raw ones are log p(x)."""
-    planner = SpeculativePlanner(make("lossless", draft="own"), seed=1, processed_logprobs=True)
+    planner = SpeculativePlanner(make("lossless", draft="own", verify="requests"), seed=1, processed_logprobs=True)
     sample = planner.new_sample([1], 10, draft([5, 6], [-0.5, -0.5]), b"r" * 16)
     sample.scored = np.log(np.array([0.999999, 0.25], np.float32))
     sample.uniforms[:] = [0.5, 0.9]  # keep 5, reject 6 (0.9 > 0.25)
@@ -513,7 +513,7 @@ def test_lossless_turns_processed_first_logprobs_back_into_p_curr():
 
 
 def test_majority_drafts_share_one_path_with_their_own_uniforms():
-    planner = SpeculativePlanner(make("lossless", draft="majority"), seed=1)
+    planner = SpeculativePlanner(make("lossless", draft="majority", verify="requests"), seed=1)
     drafts = [
         draft(t, [-0.1] * len(t)).numbered(3, i) for i, t in enumerate([[4, 5, 6], [4, 5, 7], [4, 9], [4, 5, 7]])
     ]
@@ -521,7 +521,7 @@ def test_majority_drafts_share_one_path_with_their_own_uniforms():
     assert [s.draft.token_ids.tolist() for s in samples] == [[4, 5, 7]] * 4
     assert [(s.draft.visit, s.draft.index) for s in samples] == [(3, 0), (3, 1), (3, 2), (3, 3)]
     assert len({tuple(s.uniforms) for s in samples}) == 4
-    own = SpeculativePlanner(make("lossless", draft="own"), seed=1).visit_samples([1], 10, drafts, b"k" * 16, 4)
+    own = SpeculativePlanner(make("lossless", draft="own", verify="requests"), seed=1).visit_samples([1], 10, drafts, b"k" * 16, 4)
     assert [s.draft.token_ids.tolist() for s in own] == [d.token_ids.tolist() for d in drafts]
 
 

@@ -204,14 +204,14 @@ def test_visit_samples_keep_own_drafts_and_their_uniforms():
     """A tree sample draws the uniforms its own draft would: with no other response, it cuts where the own draft
     does."""
     claimed = previous([[5, 6, 7, 8]])
-    own = sr.SpeculativePlanner(sr.make("lossless", draft="own"), seed=3).visit_samples([1], 16, claimed, b"k" * 16)
+    own = sr.SpeculativePlanner(sr.make("lossless", draft="own", verify="requests"), seed=3).visit_samples([1], 16, claimed, b"k" * 16)
     tree = tree_planner().visit_samples([1], 16, claimed, b"k" * 16)
     assert np.array_equal(tree[0].uniforms[:4], own[0].uniforms)
     own[0].scored[:] = tree[0].tree.logprobs[1:] = np.log([0.9, 0.5, 0.5, 0.9])
     tree[0].tree.scored = True
     planner = tree_planner()
     planner.decide(tree)
-    sr.SpeculativePlanner(sr.make("lossless", draft="own"), seed=3).decide(own)
+    sr.SpeculativePlanner(sr.make("lossless", draft="own", verify="requests"), seed=3).decide(own)
     assert tree[0].cut == own[0].cut and tree[0].excluded == own[0].excluded
     assert tree[0].excluded_mass == pytest.approx(own[0].excluded_mass) or not own[0].excluded
 
@@ -222,5 +222,13 @@ def test_params_are_validated():
     with pytest.raises(ValueError, match="history must be 1 or 2"):
         sr.make("lossless", history=3)
     with pytest.raises(ValueError, match="history applies"):
-        sr.make("lossless", draft="own", history=2)
-    assert sr.make("lossless").draft_choice == "tree" and sr.make("lossless", draft="own").visits_kept == 1
+        sr.make("lossless", draft="own", history=2, verify="requests")
+    with pytest.raises(ValueError, match="add verify='requests'"):
+        sr.make("lossless", draft="own")
+    with pytest.raises(ValueError, match="verify must be one of"):
+        sr.make("lossless", verify="gpu")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        sr.make("lossless", num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="min_accept_prob"):
+        sr.make("lossless", min_accept_prob=1.0)
+    assert sr.make("lossless").draft_choice == "tree" and sr.make("lossless", draft="own", verify="requests").visits_kept == 1

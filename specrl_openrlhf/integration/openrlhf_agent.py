@@ -22,7 +22,7 @@ from ..metrics import ReuseStats, sample_metric_names
 from ..rollout import SampleOutput, SpeculativePlanner, UnsupportedSamplingError
 from ..trace import TraceWriter
 from .openrlhf_eval import is_evaluation
-from .vllm_rollout import AsyncSpeculativeGenerator
+from .vllm_rollout import AsyncSpeculativeGenerator, engine_generate
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +170,8 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
         self._generator.generate_fn = llm_engine.generate
         if self._generator.histories is not None:  # the engine's proposer gets the histories (`vllm_proposer`)
             self._generator.histories.rpc = llm_engine.llm.collective_rpc
+            if llm_engine.llm.vllm_config.scheduler_config.policy == "priority":  # a visit's samples in slot order
+                self._generator.generate_fn, self._generator.prioritize = engine_generate(llm_engine.llm), True
         names = self._metric_names = self._metric_names or sample_metric_names(self._generator.policy)
         proxy = SpeculativeEngineProxy(llm_engine, self._generator, hf_tokenizer, self._training_signature, names)
         result = await self._inner.execute(prompt, label, sampling_params, max_length, hf_tokenizer, proxy, images)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -39,8 +40,9 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def after_parse(parser: argparse.ArgumentParser, namespace):
-    """Validate our flags with OpenRLHF's (a bad one is a usage error, before Ray starts). Returns how to wrap
-    OpenRLHF's `train`, or None to leave it as it is (reuse off, no dry run)."""
+    """Validate our flags with OpenRLHF's (a bad one is a usage error, before Ray starts). Returns what to put in the
+    command module's namespace (our `train`, and for a rule verified in the engine our `create_vllm_engines`), or
+    None to leave it as it is (reuse off, no dry run)."""
     try:
         config = reuse_config.from_namespace(namespace)
         for warning in check_combination(namespace, config):
@@ -50,7 +52,19 @@ def after_parse(parser: argparse.ArgumentParser, namespace):
         parser.error(f"{flag + ': ' if flag and not str(error).startswith('--') else ''}{error}")
     if not (config.enabled or config.dry_run):
         return None
-    return lambda upstream_train: lambda args: train_with_reuse(args, upstream_train)
+    return functools.partial(take_over_names, config)
+
+
+def take_over_names(config: ReuseConfig, module_globals: dict) -> None:
+    """Our `train` (`train_with_reuse`, which calls OpenRLHF's), and the engine arguments the rule needs."""
+    from .openrlhf_engines import with_engine_kwargs
+    from .vllm_proposer import engine_kwargs
+
+    upstream_train = module_globals["train"]
+    module_globals["train"] = lambda args: train_with_reuse(args, upstream_train)
+    extra = engine_kwargs(config.build_policy()) if config.enabled else {}
+    if extra and "create_vllm_engines" in module_globals:
+        module_globals["create_vllm_engines"] = with_engine_kwargs(module_globals["create_vllm_engines"], extra)
 
 
 def lookup(namespace, dotted: str, default=None):
@@ -122,8 +136,15 @@ def print_dry_run(args, config: ReuseConfig) -> None:
         openrlhf_args.pop(ours, None)
     resolved = {"reuse": dataclasses.asdict(config), "policy": config.build_policy().describe()}
     if config.enabled:
-        # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path
-        resolved["engines"] = {"agent_func_path": AGENT_ENTRY, **run_settings(args, config)}
+        from .vllm_proposer import engine_kwargs
+
+        # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path, and for a rule
+        # verified in the engine, our proposer
+        resolved["engines"] = {
+            "agent_func_path": AGENT_ENTRY,
+            "engine_kwargs": engine_kwargs(config.build_policy()),
+            **run_settings(args, config),
+        }
     resolved["openrlhf_args"] = openrlhf_args
     print(json.dumps(resolved, indent=2, default=str))
 

@@ -9,7 +9,8 @@ one `parse_args` call its code makes comes to `take_over`:
 - the parser gets our argument group (generated from `ReuseConfig`) and a one-line usage;
 - after parsing, our flags are validated with OpenRLHF's (errors name the flag and the fix, before Ray starts);
 - when reuse is on, or a dry run is asked for, that module's own namespace gets a `train` of ours, which prepares the
-  run (see `openrlhf_cli.train_with_reuse`) and then calls OpenRLHF's `train`.
+  run (see `openrlhf_cli.train_with_reuse`) and then calls OpenRLHF's `train`, and, for a rule verified in the
+  engine, a `create_vllm_engines` whose engines run our proposer (`openrlhf_engines`).
 
 Nothing else in the process is touched, and tracebacks show OpenRLHF's frames from OpenRLHF's file. Importing this
 module is cheap (the hook imports it at start-up): the command's code loads when OpenRLHF's parser is reached.
@@ -69,9 +70,9 @@ def take_over(parser, parse_args, args, namespace, module_globals, *, prog: str 
         parser.prog = prog
     extend_parser(parser)
     namespace = parse_args(parser, args, namespace)
-    wrap = after_parse(parser, namespace)
-    if wrap is not None:
-        module_globals["train"] = wrap(module_globals["train"])
+    take_over_names = after_parse(parser, namespace)
+    if take_over_names is not None:
+        take_over_names(module_globals)
     return namespace
 
 

@@ -49,15 +49,15 @@ class HistoryBoard:
         self.version = 0  # bumped by every update: rows without a history look again
         self.proposers = 0  # proposers built in this process
 
-    def update(self, key: bytes, prompt_len: int, reset: bool, min_match: int, responses, logprobs) -> None:
+    def update(self, key: bytes, prompt_len: int, reset: bool, settings, responses, logprobs) -> None:
         """A prompt's history: `reset` starts it afresh (a new visit), else the responses are added to it;
-        `min_match`: the shortest suffix a re-entry matches on."""
+        `settings`: the `HistoryIndex`'s (min_match, min_accept_prob)."""
         index = self.histories.pop(key, None)
         if index is None or reset:
             if index is not None:
                 self.tokens -= len(index.tokens)
                 self.lengths[self.prompt_len[key]] -= 1
-            index = HistoryIndex(int(min_match))
+            index = HistoryIndex(int(settings[0]), float(settings[1]))
             self.prompt_len[key] = int(prompt_len)
             self.lengths[int(prompt_len)] += 1
         before = len(index.tokens)
@@ -90,10 +90,10 @@ BOARD = HistoryBoard()
 
 def update_histories(worker, updates) -> int:
     """Run by `collective_rpc` in every worker: `updates` is a list of `HistoryBoard.update`'s arguments (prompt
-    digest, prompt length, reset, min_match, responses, their log-probs), responses and log-probs as lists. Returns how
+    digest, prompt length, reset, settings, responses, their log-probs), responses and log-probs as lists. Returns how
     many proposers this process runs (0: none, so the histories will not be used)."""
-    for key, prompt_len, reset, min_match, responses, logprobs in updates:
-        BOARD.update(bytes(key), int(prompt_len), bool(reset), int(min_match), responses, logprobs)
+    for key, prompt_len, reset, settings, responses, logprobs in updates:
+        BOARD.update(bytes(key), int(prompt_len), bool(reset), settings, responses, logprobs)
     return BOARD.proposers
 
 
@@ -199,6 +199,9 @@ def engine_kwargs(policy) -> dict:
             "num_speculative_tokens": int(policy.params.num_speculative_tokens),
         },
         "per_request_spec_decode_metrics": "detailed",
+        # a visit's samples are served in slot order: where the engine has more samples than slots, later ones start
+        # after earlier ones finished, and draft from them too (`AsyncSpeculativeGenerator._verified_in_engine`)
+        "scheduling_policy": "priority",
     }
 
 
@@ -214,9 +217,9 @@ class HistoryChannel:
 
     WINDOW_S = 0.002
 
-    def __init__(self, rpc, min_match: int = DEFAULT_MIN_MATCH):
+    def __init__(self, rpc, min_match: int = DEFAULT_MIN_MATCH, min_accept_prob: float = 0.0):
         self.rpc = rpc
-        self.min_match = int(min_match)
+        self.settings = (int(min_match), float(min_accept_prob))  # each prompt's `HistoryIndex`'s
         self.pending: list[tuple] = []
         self.flushing = None
         self.available: bool | None = None
@@ -228,7 +231,7 @@ class HistoryChannel:
 
         if self.available is False:
             return
-        self.pending.append((key, int(prompt_len), bool(reset), self.min_match, responses, logprobs))
+        self.pending.append((key, int(prompt_len), bool(reset), self.settings, responses, logprobs))
         if self.flushing is None:
             self.flushing = asyncio.ensure_future(self._flush())
 

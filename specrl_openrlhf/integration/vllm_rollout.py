@@ -271,7 +271,11 @@ class AsyncSpeculativeGenerator:
     ):
         self.generate_fn = generate
         # `lossless` verified in the engine: histories go to the engine's proposer over `rpc` (its collective_rpc)
-        self.histories = HistoryChannel(rpc, policy.params.min_match) if policy.verifies_in_engine else None
+        self.histories = (
+            HistoryChannel(rpc, policy.params.min_match, policy.params.min_accept_prob)
+            if policy.verifies_in_engine
+            else None
+        )
         self.prioritize = prioritize
         self.policy = policy
         self.store = store
@@ -446,7 +450,7 @@ class AsyncSpeculativeGenerator:
             visit.drafts = asyncio.ensure_future(self._send_history(key, prompt_ids, visit.visit_id, count, follow_up))
         start = time.perf_counter()
         own = continuation_params(params, params.max_tokens, 0)  # logprobs on: the history keeps them
-        output = await self._generate(prompt_ids, own, 0)
+        output = await self._generate(prompt_ids, own, slot)  # with priorities, a visit's samples go in slot order
         new_ids, new_lp, finish, cached, _ = completion_of(output)
         metrics = output.outputs[0].spec_decode_metrics
         stats = verified_in_engine(

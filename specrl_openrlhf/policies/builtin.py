@@ -101,7 +101,8 @@ class LosslessParams:
     """verify: where drafts are verified. "engine" (the default): inside vLLM, at every decoding step
     (`integration.vllm_proposer`): the engine proposes from the tree of the prompt's previous responses (and of its
     finished siblings) while the sample stays in it, and after a rejection from the longest suffix match of at least
-    `min_match` tokens, up to `num_speculative_tokens` tokens at a time. "requests": on our request path, once per
+    `min_match` tokens, up to `num_speculative_tokens` tokens at a time, while the chance that the draft is accepted
+    so far, by the history's own log-probs, stays at least `min_accept_prob`. "requests": on our request path, once per
     visit up to the first rejection (scoring requests, then a continuation), with `draft` as the proposal: "own" (the
     sample's own previous response, SPEC-RL's draft), "majority" (the majority path through the prompt's previous
     responses) or "tree" (their tree, walked by sampling p_curr at each node, `specrl_openrlhf.tree`). history: how
@@ -113,6 +114,7 @@ class LosslessParams:
     verify: str = "engine"
     num_speculative_tokens: int = 8
     min_match: int = 4
+    min_accept_prob: float = 0.1
 
     def __post_init__(self):
         if self.draft not in DRAFT_CHOICES:
@@ -136,6 +138,8 @@ class LosslessParams:
         m = self.min_match
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"min_match must be a positive integer (tokens a re-entry matches on), got {m!r}")
+        if isinstance(self.min_accept_prob, bool) or not 0.0 <= self.min_accept_prob < 1.0:
+            raise ValueError(f"min_accept_prob must be in [0, 1), got {self.min_accept_prob!r}")
 
 
 @register("lossless")

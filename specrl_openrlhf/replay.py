@@ -23,7 +23,8 @@ import numpy as np
 from .adaptive import FeedbackCoordinator
 from .cache import Draft
 from .policies import ReusePolicy
-from .rollout import checked_cuts, draft_batch, majority_path
+from .policies.base import checked_cuts, draft_batch
+from .proposal import majority_path
 from .staleness import OLD_AGE
 from .trace import TraceRecords, uniforms_for
 from .tree import ROOT, DraftTree, walk

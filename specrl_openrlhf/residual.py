@@ -19,23 +19,11 @@ with k at least the vocabulary it is exact.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from .trace import uniforms_for
 
-def top_k_of(entries, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k likeliest tokens of one position from vLLM's {token_id: Logprob} (rank 1 first); -1 and -inf pad a
-    position that lists fewer. vLLM adds the position's own token when it is not among them: it is left out."""
-    ranked = sorted(
-        ((getattr(lp, "rank", None) or math.inf, token, lp.logprob) for token, lp in entries.items()),
-        key=lambda item: (item[0], -item[2]),
-    )[:k]
-    ids = np.full(k, -1, np.int32)
-    logprobs = np.full(k, -np.inf, np.float32)
-    for i, (_, token, logprob) in enumerate(ranked):
-        ids[i], logprobs[i] = token, logprob
-    return ids, logprobs
+RESIDUAL_STREAM = 1  # entropy suffix of the uniform that draws a rejected position from the residual
 
 
 def residual(curr_ids, curr_logprobs, prev_ids, prev_logprobs) -> tuple[np.ndarray, np.ndarray, float, bool]:
@@ -60,3 +48,27 @@ def draw(tokens: np.ndarray, probs: np.ndarray, u: float) -> int:
     """The token at which the cumulative probability passes u (inverse-CDF sampling with one uniform)."""
     index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
     return int(tokens[min(index, len(tokens) - 1)])
+
+
+def redraw(sample) -> None:
+    """Redraw a cut sample's (`rollout.Sample`) rejected position from the residual norm(max(0, p_curr - p_prev)). A
+    draft without p_prev's top-k (written by another rule, or restored from an older cache) leaves the position to
+    the engine, as in SPEC-RL, and is counted."""
+    position = sample.cut
+    if sample.draft.top_ids is None or sample.scored_top is None or (sample.scored_top[0][position] < 0).all():
+        sample.stats.resample_unavailable += 1
+        return
+    tokens, probs, tail, empty = residual(
+        sample.scored_top[0][position],
+        sample.scored_top[1][position],
+        sample.draft.top_ids[position],
+        sample.draft.top_logprobs[position],
+    )
+    u = float(uniforms_for((*sample.entropy, RESIDUAL_STREAM), 1)[0])
+    token = draw(tokens, probs, u)
+    row = sample.scored_top
+    logprob = float(row[1][position][list(row[0][position]).index(token)])
+    sample.resampled = (token, logprob)
+    sample.stats.resampled_tokens += 1
+    sample.stats.residual_tail_sum += tail
+    sample.stats.residual_fallbacks += int(empty)

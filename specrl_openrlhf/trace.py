@@ -261,3 +261,48 @@ def read_traces(directory: str | Path) -> TraceRecords:
         policies=policies,
         proposals=proposals,
     )
+
+
+def record_cut(trace: TraceWriter, sample, draft_age: int, lenience: float | None) -> None:
+    """Record a cut draft (a `rollout.Sample`). A tree sample records its own previous response (empty without one),
+    p_curr from the tree, and the tokens its walk kept as its cut; the first of a visit's samples also records the
+    responses of the visit before (slot -1): `replay` can then rebuild the visit's tree, or propose from any part of
+    it."""
+    seed, key = sample.entropy[:2]
+    if sample.tree is None:
+        group = visit_group(key, sample.draft.visit)
+        draft = sample.draft
+        ended, slot = sample.draft_ended, draft.index
+        trace.record(
+            draft,
+            sample.scored,
+            sample.ages_now,
+            sample.max_tokens,
+            ended,
+            sample.entropy,
+            sample.cut,
+            lenience,
+            group,
+            slot,
+        )
+        return
+    tree = sample.tree
+    newest = max(r.visit for r in tree.responses)
+    group = visit_group(key, newest)
+
+    def record(response: int | None, entropy, cut: int, slot: int) -> None:
+        if response is None:
+            nothing = np.zeros(0, np.float32)
+            draft, scored = Draft(np.zeros(0, np.int32), nothing, "length", newest, slot), nothing
+        else:
+            draft, scored = tree.responses[response], tree.logprobs[tree.paths[response]]
+        ages = draft.ages.astype(np.int64) + draft_age + (newest - draft.visit)
+        ended = draft.finish_reason == "stop"
+        trace.record(draft, scored, ages, sample.max_tokens, ended, entropy, cut, lenience, group, slot)
+
+    record(sample.own, sample.entropy, sample.cut, int(sample.entropy[3]))
+    if not tree.traced:
+        tree.traced = True
+        for response in range(tree.own_count, len(tree.responses)):
+            older = tree.responses[response]
+            record(response, (seed, key, older.visit, older.index, len(older)), 0, HISTORY_SLOT)

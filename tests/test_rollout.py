@@ -1,5 +1,4 @@
 import math
-from collections import namedtuple
 
 import numpy as np
 import pytest
@@ -13,7 +12,8 @@ from specrl_openrlhf import (
     check_sampling,
     make,
 )
-from specrl_openrlhf.rollout import ChunkSchedule, ContinuationRequest, CutForecast, ScoringRequest
+from specrl_openrlhf.rollout import ContinuationRequest
+from specrl_openrlhf.scoring import ChunkSchedule, CutForecast, ScoringAnswer, ScoringRequest
 
 from .helpers import draft
 
@@ -82,7 +82,7 @@ def test_no_draft_is_plain_generation():
     planner = SpeculativePlanner(make("spec"))
     sample = planner.new_sample([1, 2], 5, None)
     planner.decide([sample])
-    assert planner.next_scoring(sample) is None and planner.continuation(sample) == ([1, 2], 5)
+    assert planner.scorer.next_scoring(sample) is None and planner.continuation(sample) == ([1, 2], 5)
 
 
 def test_uniforms_are_reproducible_and_fresh_per_visit():
@@ -123,9 +123,6 @@ def test_unsupported_sampling_fails_clearly(settings):
 
 # ---- scoring in chunks, reading the prefix cache -------------------------------------------------------------------
 
-Logprob = namedtuple("Logprob", "logprob")
-GARBAGE = {987654321: Logprob(1e-38)}  # what vLLM leaves in positions served from the prefix cache
-
 
 def test_chunk_schedule_weighs_round_trips_against_tokens_scored_past_the_rejection():
     assert ChunkSchedule().chunk() is None  # no rejection seen yet: whole drafts in one request
@@ -163,8 +160,9 @@ class FakeEngine:
         self.cached: set[tuple] = set()
         self.computed = 0
 
-    def score(self, request):
-        """(prompt logprobs, tokens read from the cache, logprobs of the tokens asked to follow)."""
+    def score(self, request) -> ScoringAnswer:
+        """The answer as the integration edge parses it: p_curr of the positions computed, NaN where the cache
+        served them."""
         tokens = tuple(request.token_ids)
         hit = 0
         if request.read_cache:
@@ -172,31 +170,32 @@ class FakeEngine:
                 hit += self.block
         self.cached.update(tokens[:b] for b in range(self.block, len(tokens) + 1, self.block))
         self.computed += len(tokens) - hit
-        logprobs = [None] + [
-            GARBAGE if i <= hit else {tokens[i]: Logprob(self.p_curr.get(tokens[: i + 1], -0.1))}
-            for i in range(1, len(tokens))
-        ]
-        following = {t: Logprob(self.p_curr.get(tokens + (t,), -0.1)) for t in request.next_token_ids}
-        return logprobs, hit, following
+        offset = len(tokens) - request.end
+        first = max(request.start, hit + 1 - offset)
+        values = np.full(request.end - request.start, np.nan, np.float32)
+        for position in range(first, request.end):
+            values[position - request.start] = self.p_curr.get(tokens[: offset + position + 1], -0.1)
+        follows = {t: self.p_curr.get(tokens + (t,), -0.1) for t in request.next_token_ids}
+        return ScoringAnswer(values, follows, hit, first)
 
 
 def drive(planner, samples, engine, groups):
     """The driver's loop: each group's visit round (its prompt probe beside its samples' first requests), then rounds
     until every draft is cut; then assembly (which takes the scored tokens' stats), without continuations."""
+    scorer = planner.scorer
     planner.decide(samples)
     for group in groups:
-        for requests in planner.visit_rounds(group):
+        for requests in scorer.visit_rounds(group):
             assert sum(r.sample is None for r in requests) == 1  # one probe, the rest the samples' own
             for request in requests:
-                logprobs, hit, following = engine.score(request)
-                planner.take_visit_scores(group, request, logprobs, hit, following)
+                scorer.take_visit_scores(group, request, engine.score(request))
     planner.decide(samples)
-    while requests := [(s, r) for s in samples if (r := planner.next_scoring(s)) is not None]:
-        gaps = [(s, planner.take_scores(s, r, *engine.score(r))) for s, r in requests]
+    while requests := [(s, r) for s in samples if (r := scorer.next_scoring(s)) is not None]:
+        gaps = [(s, scorer.take_scores(s, r, engine.score(r))) for s, r in requests]
         for sample, missing in gaps:
-            missing = planner.recover_scores(sample, missing, next(g for g in groups if sample in g))
-            for retry in planner.rescoring(sample, missing) if len(missing) else ():
-                assert not len(planner.take_scores(sample, retry, *engine.score(retry)))
+            missing = scorer.recover_scores(sample, missing, next(g for g in groups if sample in g))
+            for retry in scorer.rescoring(sample, missing) if len(missing) else ():
+                assert not len(scorer.take_scores(sample, retry, engine.score(retry)))
         planner.decide(samples)
     for sample in samples:
         planner.assemble(sample)
@@ -247,7 +246,7 @@ def test_chunked_scoring_makes_the_same_cuts_as_one_shot(drift):
         needed = sum(s.cut + (s.cut < s.draft_len) for s in samples)
         if mode == "chunked" and drift >= 0.3:
             # strong drift: what the rule needed and at most one chunk more per draft, not whole drafts
-            assert scored <= needed + len(samples) * planner.chunks.chunk() < sum(s.draft_len for s in samples)
+            assert scored <= needed + len(samples) * planner.scorer.chunks.chunk() < sum(s.draft_len for s in samples)
         if mode == "full":
             assert scored == sum(s.draft_len for s in samples)
     assert cuts["chunked"] == cuts["full"]
@@ -275,11 +274,11 @@ def test_a_forecast_behind_the_scored_prefix_still_asks_for_the_next_token():
     the next request still scores at least one token."""
     planner = SpeculativePlanner(make("lossless", draft="own", verify="requests"), scoring="chunked")
     for _ in range(CutForecast.MIN_RECORDS):
-        planner.forecast.observe(forecast=0, start=0, needed=1, draft_len=10)  # margin 0
+        planner.scorer.forecast.observe(forecast=0, start=0, needed=1, draft_len=10)  # margin 0
     sample = planner.new_sample([1, 2], 20, draft([5, 6, 7, 8, 9, 10]), b"k" * 16)
     sample.scored[:3] = -0.01  # three tokens scored and kept
-    planner.forecast_cut = lambda s: 0
-    request = planner.next_scoring(sample)
+    planner.scorer.forecast_cut = lambda s: 0
+    request = planner.scorer.next_scoring(sample)
     assert request.start == 3 and (request.end > 3 or request.next_token_ids == (8,))
 
 
@@ -312,7 +311,7 @@ def test_lossless_scores_up_to_the_cut_it_forecasts_and_cuts_as_one_shot_scoring
             make("lossless", draft="own", verify="requests"), seed=5, scoring="full" if mode == "full" else "chunked"
         )
         if mode == "schedule":
-            planner.forecast = None
+            planner.scorer.forecast = None
         cuts[mode], scored[mode], needed[mode] = [], 0, 0
         for visit, drafts in enumerate(visits):
             samples, p_curr = visit_of(planner, prompt, drafts, p_curr_of, key=bytes([visit]) * 16)
@@ -347,35 +346,37 @@ def test_siblings_read_the_prompt_from_the_cache_and_share_their_common_prefix()
     assert [s.cut for s in samples] == [13] * 4
 
 
-def test_take_scores_never_reads_positions_served_from_the_cache():
+def test_positions_the_cache_served_are_rescored_by_point_probes():
     planner = SpeculativePlanner(make("exact"), scoring="chunked")
     sample = planner.new_sample([1, 2, 3, 4], 10, draft([5, 6, 7, 8, 9]))
-    request = planner.next_scoring(sample)
+    request = planner.scorer.next_scoring(sample)
     assert (request.start, request.end, request.read_cache, request.next_token_ids) == (0, 5, True, ())
-    logprobs = [None] + [GARBAGE] * 5 + [{t: Logprob(-0.25)} for t in (7, 8, 9)]  # 6 tokens cached
-    missing = planner.take_scores(sample, request, logprobs, 6)
+    served = ScoringAnswer(np.array([np.nan] * 3 + [-0.25] * 2, np.float32), {}, 6, 3)  # 6 prompt tokens cached
+    missing = planner.scorer.take_scores(sample, request, served)
     assert missing.tolist() == [0, 1, 2] and np.isnan(sample.scored[:3]).all() and sample.scored_upto == 0
-    probes = planner.rescoring(sample, missing)  # a point probe per position: all before it comes from the cache
+    probes = planner.scorer.rescoring(sample, missing)  # a point probe per position: all before it from the cache
     assert [(r.token_ids, r.start, r.end, r.read_cache, r.next_token_ids) for r in probes] == [
         ([1, 2, 3, 4], 0, 0, True, (5,)),
         ([1, 2, 3, 4, 5], 1, 1, True, (6,)),
         ([1, 2, 3, 4, 5, 6], 2, 2, True, (7,)),
     ]
     for probe in probes:
-        assert not len(
-            planner.take_scores(sample, probe, [], len(probe.token_ids) - 1, {probe.next_token_ids[0]: Logprob(-0.5)})
-        )
+        answer = ScoringAnswer(np.zeros(0, np.float32), {probe.next_token_ids[0]: -0.5}, len(probe.token_ids) - 1)
+        assert not len(planner.scorer.take_scores(sample, probe, answer))
     assert sample.scored.tolist() == [-0.5, -0.5, -0.5, -0.25, -0.25]
     many = planner.new_sample([1, 2, 3, 4], 10, draft([5] * 9))
-    [full] = planner.rescoring(many, np.arange(9))  # many positions: one request that does not read the cache
+    [full] = planner.scorer.rescoring(many, np.arange(9))  # many positions: one request that does not read the cache
     assert (full.start, full.end, full.read_cache) == (0, 9, False)
+    computed_nan = ScoringAnswer(np.array([np.nan] * 5, np.float32), {}, 0, 0)
+    with pytest.raises(ValueError, match="NaN logprobs"):
+        planner.scorer.take_scores(planner.new_sample([1], 10, draft([5] * 5)), request, computed_nan)
 
 
 def test_a_kept_token_without_p_curr_is_an_error_not_a_guess():
     planner = SpeculativePlanner(make("full"), reused_logprobs="scored")
     sample = planner.new_sample([1], 10, draft([5, 6, 7]))
     planner.decide([sample])
-    assert planner.next_scoring(sample).end == 3  # only the kept prefix is scored, after the cut
+    assert planner.scorer.next_scoring(sample).end == 3  # only the kept prefix is scored, after the cut
     with pytest.raises(RuntimeError, match="no p_curr"):
         planner.assemble(sample)
 
@@ -420,8 +421,10 @@ def test_planner_cuts_follow_the_lenient_rule(lenience, scoring):
     p_prev = np.log(np.array([0.4, 0.3, 0.5, 0.25]))
     accept = np.minimum(1.0, lenience * np.array(RATIOS))
     planner = SpeculativePlanner(make("spec", lenience=lenience), seed=9, scoring=scoring)
-    if planner.chunks is not None:
-        planner.chunks.observe(examined=2, rejected=True)  # as after visits that rejected often: chunks of a few
+    if planner.scorer.chunks is not None:
+        planner.scorer.chunks.observe(
+            examined=2, rejected=True
+        )  # as after visits that rejected often: chunks of a few
     counts = np.zeros(len(RATIOS) + 1)
     for start in range(0, rows, 1000):
         drafts = [
@@ -521,7 +524,9 @@ def test_majority_drafts_share_one_path_with_their_own_uniforms():
     assert [s.draft.token_ids.tolist() for s in samples] == [[4, 5, 7]] * 4
     assert [(s.draft.visit, s.draft.index) for s in samples] == [(3, 0), (3, 1), (3, 2), (3, 3)]
     assert len({tuple(s.uniforms) for s in samples}) == 4
-    own = SpeculativePlanner(make("lossless", draft="own", verify="requests"), seed=1).visit_samples([1], 10, drafts, b"k" * 16, 4)
+    own = SpeculativePlanner(make("lossless", draft="own", verify="requests"), seed=1).visit_samples(
+        [1], 10, drafts, b"k" * 16, 4
+    )
     assert [s.draft.token_ids.tolist() for s in own] == [d.token_ids.tolist() for d in drafts]
 
 

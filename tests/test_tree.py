@@ -3,14 +3,13 @@ planner scores a tree once per visit. Exactness under a learner that trains on t
 tests/policies/test_lossless.py."""
 
 import doctest
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
 from specrl_openrlhf import tree as tree_module
-from specrl_openrlhf.rollout import MAX_POINT_PROBES
+from specrl_openrlhf.scoring import MAX_POINT_PROBES, ScoringAnswer
 from specrl_openrlhf.tree import ROOT, DraftTree, walk
 
 from .helpers import draft
@@ -108,12 +107,14 @@ def test_a_walk_follows_p_curr_at_a_node():
 
 
 def answer(table_logprob: float = -0.5):
-    """A stand-in engine: every token has the same log-prob."""
+    """A stand-in engine: every token has the same log-prob; positions the prefix cache served (`cached` prompt
+    tokens) come back without one, as the integration edge parses vLLM's answer."""
 
-    def score(request):
-        entries = [None] + [{t: SimpleNamespace(logprob=table_logprob)} for t in request.token_ids[1:]]
-        follows = {t: SimpleNamespace(logprob=table_logprob) for t in request.next_token_ids}
-        return entries, follows
+    def score(request, cached: int = 0) -> ScoringAnswer:
+        first = max(request.start, cached + 1 - (len(request.token_ids) - request.end))
+        values = np.full(request.end - request.start, np.nan, np.float32)
+        values[max(first - request.start, 0) :] = table_logprob
+        return ScoringAnswer(values, {t: table_logprob for t in request.next_token_ids}, cached, first)
 
     return score
 
@@ -132,11 +133,10 @@ def test_a_visit_scores_each_branch_once_then_every_sample_walks():
     samples = planner.visit_samples([1], 16, claimed, b"k" * 16, count=4)
     assert all(s.tree is samples[0].tree for s in samples) and [s.own for s in samples] == [0, 1, 2, 3]
     score, rounds = answer(), []
-    for requests in planner.visit_rounds(samples):
+    for requests in planner.scorer.visit_rounds(samples):
         rounds.append(requests)
         for request in requests:
-            entries, follows = score(request)
-            planner.take_visit_scores(samples, request, entries, 0, follows)
+            planner.scorer.take_visit_scores(samples, request, score(request))
     assert len(rounds) == 1  # one round trip: the prompt probe and the branches together
     probe, *branches = rounds[0]
     assert probe.token_ids == [1] and set(probe.next_token_ids) == {5, 9}
@@ -159,13 +159,12 @@ def test_a_visit_scores_each_branch_once_then_every_sample_walks():
 def test_nodes_the_prefix_cache_served_are_probed_again():
     planner = tree_planner()
     samples = planner.visit_samples([1, 2], 16, previous([[5, 6, 7], [5, 6, 8], [5, 4]]), b"k" * 16, 3)
-    score, rounds = answer(), planner.visit_rounds(samples)
+    score, rounds = answer(), planner.scorer.visit_rounds(samples)
     for requests in rounds:
         for request in requests:
-            entries, follows = score(request)
             # the first branch request read the prompt and [5, 6] from the cache: no log-probs for 5 and 6
             cached = 4 if request.token_ids[2:] == [5, 6] else 0
-            planner.take_visit_scores(samples, request, entries, cached, follows)
+            planner.scorer.take_visit_scores(samples, request, score(request, cached))
         if request.start == request.end and request.start > 0:  # the rescoring round: point probes
             assert len(requests) <= MAX_POINT_PROBES
     tree = samples[0].tree
@@ -175,7 +174,7 @@ def test_nodes_the_prefix_cache_served_are_probed_again():
 def test_a_failed_answer_leaves_nodes_unknown_and_the_walk_stops_before_them():
     planner = tree_planner()
     samples = planner.visit_samples([1], 16, previous([[5, 6], [5, 8]]), b"k" * 16, 2)
-    for _ in planner.visit_rounds(samples):
+    for _ in planner.scorer.visit_rounds(samples):
         pass  # every request failed: nothing taken
     tree = samples[0].tree
     assert tree.scored and len(tree.unknown()) == tree.num_nodes - 1
@@ -204,7 +203,9 @@ def test_visit_samples_keep_own_drafts_and_their_uniforms():
     """A tree sample draws the uniforms its own draft would: with no other response, it cuts where the own draft
     does."""
     claimed = previous([[5, 6, 7, 8]])
-    own = sr.SpeculativePlanner(sr.make("lossless", draft="own", verify="requests"), seed=3).visit_samples([1], 16, claimed, b"k" * 16)
+    own = sr.SpeculativePlanner(sr.make("lossless", draft="own", verify="requests"), seed=3).visit_samples(
+        [1], 16, claimed, b"k" * 16
+    )
     tree = tree_planner().visit_samples([1], 16, claimed, b"k" * 16)
     assert np.array_equal(tree[0].uniforms[:4], own[0].uniforms)
     own[0].scored[:] = tree[0].tree.logprobs[1:] = np.log([0.9, 0.5, 0.5, 0.9])
@@ -231,4 +232,7 @@ def test_params_are_validated():
         sr.make("lossless", num_speculative_tokens=0)
     with pytest.raises(ValueError, match="min_accept_prob"):
         sr.make("lossless", min_accept_prob=1.0)
-    assert sr.make("lossless").draft_choice == "tree" and sr.make("lossless", draft="own", verify="requests").visits_kept == 1
+    assert (
+        sr.make("lossless").draft_choice == "tree"
+        and sr.make("lossless", draft="own", verify="requests").visits_kept == 1
+    )

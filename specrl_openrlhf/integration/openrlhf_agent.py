@@ -17,9 +17,10 @@ from openrlhf.utils.agent import AgentExecutorBase, SingleTurnAgentExecutor
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 
+from ..assembly import SampleOutput
 from ..config import ReuseConfig
 from ..metrics import ReuseStats, sample_metric_names
-from ..rollout import SampleOutput, SpeculativePlanner, UnsupportedSamplingError
+from ..rollout import SpeculativePlanner, UnsupportedSamplingError
 from ..trace import TraceWriter
 from .openrlhf_eval import is_evaluation
 from .vllm_rollout import AsyncSpeculativeGenerator, engine_generate

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -21,11 +22,12 @@ from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
 from ..adaptive import FeedbackCoordinator
+from ..assembly import SampleOutput
 from ..cache import Draft, DraftCache, prompt_key
 from ..metrics import ReuseStats, verified_in_engine
 from ..policies import ReusePolicy
-from ..residual import top_k_of
-from ..rollout import ContinuationRequest, SampleOutput, ScoringRequest, SpeculativePlanner, check_sampling
+from ..rollout import ContinuationRequest, SpeculativePlanner, check_sampling
+from ..scoring import ScoringAnswer, ScoringRequest
 from .vllm_exclude import EXCLUDE_FIRST_TOKEN
 from .vllm_proposer import HistoryChannel
 
@@ -88,6 +90,43 @@ def next_logprobs(request_output) -> dict | None:
     """{token_id: Logprob} of the generated position: the tokens a request asked to score after its prompt."""
     logprobs = request_output.outputs[0].logprobs
     return logprobs[0] if logprobs else None
+
+
+def scoring_answer(request: ScoringRequest, request_output, top_k: int = 0) -> ScoringAnswer:
+    """vLLM's answer to a scoring request, parsed into the core's `ScoringAnswer`. Entry `P + i` of
+    `prompt_logprobs` ({token_id: Logprob}, entry 0 None) holds log p_curr(draft[i]); a request that read the prefix
+    cache gets uninitialised entries for the positions the cache served (`num_cached_tokens`), which are never read:
+    they stay NaN, and `computed_from` says where computed ones start."""
+    cached = int(request_output.num_cached_tokens or 0) if request.read_cache else 0
+    offset = len(request.token_ids) - request.end  # the prompt's length: token_ids = prompt + draft[:end]
+    first = max(request.start, cached + 1 - offset)
+    count = request.end - request.start
+    values = np.full(count, np.nan, np.float32)
+    top = (np.full((count, top_k), -1, np.int32), np.full((count, top_k), -np.inf, np.float32)) if top_k else None
+    for position in range(first, request.end):
+        entries = request_output.prompt_logprobs[offset + position]
+        entry = entries.get(int(request.token_ids[offset + position])) if entries else None
+        values[position - request.start] = math.nan if entry is None else entry.logprob
+        if top is not None:
+            top[0][position - request.start], top[1][position - request.start] = top_k_of(entries, top_k)
+    follows = {}
+    if request.next_token_ids and (following := next_logprobs(request_output)):
+        follows = {t: float(following[t].logprob) for t in request.next_token_ids if t in following}
+    return ScoringAnswer(values, follows, cached, first, top)
+
+
+def top_k_of(entries, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k likeliest tokens of one position from vLLM's {token_id: Logprob} (rank 1 first); -1 and -inf pad a
+    position that lists fewer. vLLM adds the position's own token when it is not among them: it is left out."""
+    ranked = sorted(
+        ((getattr(lp, "rank", None) or math.inf, token, lp.logprob) for token, lp in entries.items()),
+        key=lambda item: (item[0], -item[2]),
+    )[:k]
+    ids = np.full(k, -1, np.int32)
+    logprobs = np.full(k, -np.inf, np.float32)
+    for i, (_, token, logprob) in enumerate(ranked):
+        ids[i], logprobs[i] = token, logprob
+    return ids, logprobs
 
 
 def continuation_params(
@@ -308,16 +347,15 @@ class AsyncSpeculativeGenerator:
             output = await task
         finally:
             visit.scoring.discard(task)
-        missing = self.planner.take_scores(
-            sample, request, output.prompt_logprobs, output.num_cached_tokens, next_logprobs(output)
-        )
+        scorer = self.planner.scorer
+        missing = scorer.take_scores(sample, request, scoring_answer(request, output, self.planner.top_k))
         if len(missing):
-            missing = self.planner.recover_scores(sample, missing, visit.samples)
+            missing = scorer.recover_scores(sample, missing, visit.samples)
         if len(missing) and visit.scoring:  # a sibling whose blocks we read may not have returned yet
             await asyncio.wait(set(visit.scoring), timeout=LEADER_WAIT_S)
-            missing = self.planner.recover_scores(sample, missing, visit.samples)
+            missing = scorer.recover_scores(sample, missing, visit.samples)
         if len(missing):
-            await asyncio.gather(*[self._score(sample, r, visit) for r in self.planner.rescoring(sample, missing)])
+            await asyncio.gather(*[self._score(sample, r, visit) for r in scorer.rescoring(sample, missing)])
 
     async def _scoring_done(self, sample, start: float) -> float:
         """The sample's scoring stage ends (the rule has cut it): its time, and, once a visit's worth of samples is
@@ -364,7 +402,7 @@ class AsyncSpeculativeGenerator:
         since a banned first step reports log p(x) / (1 - p(C)) and an unbanned one log p(x): one probe per engine
         asks for a banned token's log-prob, -inf under the ban. Raw log-probs are log p(x) either way, so the
         plugin is assumed until a continuation returns a banned token."""
-        if self.exclusion_applies is None and self.planner.processed_logprobs:
+        if self.exclusion_applies is None and self.planner.assembler.processed_logprobs:
             token = int(tokens[0])
             probe = SamplingParams(
                 max_tokens=1,
@@ -384,7 +422,8 @@ class AsyncSpeculativeGenerator:
         that fails leaves what it would have scored unknown: a tree's walks then stop before it, which stays exact; a
         sample scores what is left with its own requests."""
         top_k = self.planner.top_k
-        for requests in self.planner.visit_rounds(samples):
+        scorer = self.planner.scorer
+        for requests in scorer.visit_rounds(samples):
             outputs = await asyncio.gather(
                 *[self._generate(r.token_ids, scoring_params(r, top_k), SCORING_PRIORITY) for r in requests],
                 return_exceptions=True,
@@ -393,9 +432,7 @@ class AsyncSpeculativeGenerator:
                 try:
                     if isinstance(output, Exception):
                         raise output
-                    self.planner.take_visit_scores(
-                        samples, request, output.prompt_logprobs, output.num_cached_tokens, next_logprobs(output)
-                    )
+                    scorer.take_visit_scores(samples, request, scoring_answer(request, output, top_k))
                 except Exception as error:  # a sample's request: it asks again on its own, and falls back if it must
                     self._warn("a visit's scoring request failed; its tokens stay unscored", error)
 

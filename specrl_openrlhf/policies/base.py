@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from ..references import short_name
@@ -191,3 +192,42 @@ def check_lenience(owner: str, value) -> None:
             f"{owner}: lenience must be > 0, got {value!r}; use 1.0 for exact speculative acceptance, "
             f"e^0.5 = 1.6487 for the paper's GRPO default, or the policy 'full' for unlimited reuse"
         )
+
+
+def checked_cuts(policy: ReusePolicy, batch: DraftBatch, cuts) -> torch.Tensor:
+    """A rule's cuts, [B] int64, once they are known to keep its contract: one integer per draft, 0 <= cut <= length.
+    Anything else is the rule's bug, raised with its name: the rollout then generates the batch normally."""
+    name = policy.describe()
+    if not isinstance(cuts, torch.Tensor) or cuts.shape != batch.lengths.shape:
+        shape = tuple(cuts.shape) if isinstance(cuts, torch.Tensor) else type(cuts).__name__
+        raise ValueError(f"rule {name} returned cuts of shape {shape}, want [B] = {tuple(batch.lengths.shape)}")
+    if cuts.is_floating_point():
+        if not torch.isfinite(cuts).all() or (cuts != torch.round(cuts)).any():
+            raise ValueError(f"rule {name} returned cuts that are not whole numbers (NaN, inf or fractions)")
+    cuts = cuts.long()
+    if (cuts < 0).any() or (cuts > batch.lengths).any():
+        raise ValueError(f"rule {name} returned cuts outside [0, draft length]")
+    return cuts
+
+
+def draft_batch(lengths, *, draft_logprobs, gen_logprobs, ages, uniforms, scored_logprobs=None) -> DraftBatch:
+    """Right-padded tensors of rows given as 1-D arrays (each at least as long as its row's length): the one way the
+    rollout and replay build what a rule sees. Padding is 0; p_curr stays NaN where a row was not scored (only a
+    stateful rule's `feedback` sees such rows: whole drafts, scored up to where the rule decided)."""
+    lengths = np.asarray(lengths, np.int64)  # [B]
+    rows, width = len(lengths), int(lengths.max()) if len(lengths) else 0
+
+    def padded(arrays, dtype):  # [B, T]
+        out = np.zeros((rows, width), dtype=dtype)
+        for row, (array, length) in enumerate(zip(arrays, lengths.tolist())):
+            out[row, :length] = array[:length]
+        return torch.from_numpy(out)
+
+    return DraftBatch(
+        draft_logprobs=padded(draft_logprobs, np.float32),
+        scored_logprobs=None if scored_logprobs is None else padded(scored_logprobs, np.float32),
+        lengths=torch.from_numpy(lengths),
+        uniforms=padded(uniforms, np.float64),
+        gen_logprobs=padded(gen_logprobs, np.float32),
+        ages=padded(ages, np.int64),
+    )

@@ -31,7 +31,7 @@ from specrl_openrlhf.integration.vllm_rollout import (  # noqa: E402
     scoring_params,
     stop_token_ids,
 )
-from specrl_openrlhf.rollout import ScoringRequest  # noqa: E402
+from specrl_openrlhf.scoring import ScoringRequest  # noqa: E402
 
 PROMPTS = [[3 + p, 40, 41, 42, 43] * 7 for p in range(6)]  # 35 tokens: more than one 32-token block
 
@@ -373,6 +373,32 @@ def test_a_plugin_returning_bad_cuts_falls_back(async_engine, answer):
 # ---- scoring that reads the prefix cache, in chunks ----------------------------------------------------------------
 
 
+def test_the_edge_never_reads_what_vllm_left_in_positions_the_cache_served():
+    """`scoring_answer` parses vLLM's prompt log-probs for the core: entries of positions the prefix cache served hold
+    whatever vLLM left there (here a token that is not the draft's); they stay NaN, and so does a token the engine gave
+    no entry for. The tokens asked to follow come by id; the top-k rows (rules that redraw) rank 1 first."""
+    from types import SimpleNamespace
+
+    from specrl_openrlhf.integration.vllm_rollout import scoring_answer
+
+    lp = lambda value, rank=1: SimpleNamespace(logprob=value, rank=rank)  # noqa: E731
+    garbage = {987654321: lp(1e-38)}
+    request = ScoringRequest([1, 2, 3, 4, 5, 6, 7, 8, 9], 0, 5, True, (10,))  # prompt [1, 2, 3, 4] + draft [5..9]
+    entries = [None] + [garbage] * 6 + [{8: lp(-0.25), 3: lp(-0.1)}, {}]  # 6 cached; no entry for the last token
+    output = SimpleNamespace(
+        prompt_logprobs=entries,
+        num_cached_tokens=6,
+        outputs=[SimpleNamespace(logprobs=[{10: lp(-2.0), 11: lp(-1.0)}])],
+    )
+    answer = scoring_answer(request, output, top_k=2)
+    assert answer.cached == 6 and answer.computed_from == 3 and answer.follows == {10: -2.0}
+    assert np.isnan(answer.logprobs[:3]).all() and answer.logprobs[3] == np.float32(-0.25)
+    assert np.isnan(answer.logprobs[4])
+    assert answer.top[0][3].tolist() == [3, 8] and (answer.top[0][:3] == -1).all()
+    uncached = scoring_answer(ScoringRequest(request.token_ids, 0, 5, False), output)
+    assert uncached.cached == 0 and uncached.computed_from == 0 and answer.top is not None and uncached.top is None
+
+
 def test_prompt_logprobs_read_from_the_prefix_cache_match_uncached_ones(async_engine):
     """vLLM has had bugs in prompt logprobs with prefix caching (its issue 8268): check the combination we rely on.
     Positions after the cached tokens, and a token asked to follow the prompt, equal an uncached scoring exactly."""
@@ -407,8 +433,8 @@ def rollouts_on_the_same_drafts(async_engine, set_weights, policy, modes, reject
     batches = {}
     for mode in modes:
         gen = generator(engine, policy, seed=4, store=copy.deepcopy(writer.store), scoring=mode)
-        if gen.planner.chunks is not None and rejections_seen:
-            gen.planner.chunks.observe(examined=40, rejected=True)
+        if gen.planner.scorer.chunks is not None and rejections_seen:
+            gen.planner.scorer.chunks.observe(examined=40, rejected=True)
         runner.run(engine.reset_prefix_cache())
         batches[mode] = rollout(async_engine, gen, PROMPTS, sp)
     return batches

@@ -17,6 +17,7 @@ import pytest
 
 import specrl_openrlhf as sr
 from specrl_openrlhf.residual import draw, residual
+from specrl_openrlhf.scoring import ScoringAnswer
 
 EOS, VOCAB, LENGTH = 0, 4, 3
 PROMPT = [9]
@@ -174,28 +175,22 @@ def grpo_step(table, responses, step: float = 2.0) -> dict[tuple, np.ndarray]:
 
 class ToyEngine:
     """Answers the planner's requests from a table of log-probs, as vLLM does with unchanged weights: a scoring request
-    with `prompt_logprobs` (entry i: {token: Logprob} of prompt token i, entry 0 None) and the log-probs of the tokens
-    asked to follow; a continuation by sampling the table, its excluded tokens banned at the first step."""
+    with p_curr of the draft positions it covers and of the tokens asked to follow (as the integration edge parses
+    vLLM's answer); a continuation by sampling the table, its excluded tokens banned at the first step."""
 
     def __init__(self, table, rng):
         self.table, self.rng = table, rng
 
-    def score(self, request):
+    def score(self, request) -> ScoringAnswer:
         response = request.token_ids[len(PROMPT) :]
-        entries = [None] * len(PROMPT)
-        entries += [{t: Logprob(self.table[tuple(response[:i])][t])} for i, t in enumerate(response)]
+        values = [self.table[tuple(response[:i])][response[i]] for i in range(request.start, request.end)]
         row = self.table.get(tuple(response))  # none after EOS or LENGTH tokens
-        follows = {t: Logprob(row[t]) for t in request.next_token_ids} if row is not None else None
-        return entries, follows
+        follows = {t: float(row[t]) for t in request.next_token_ids} if row is not None else {}
+        return ScoringAnswer(np.asarray(values, np.float32), follows, 0, request.start)
 
     def generate(self, request):
         tokens, logprobs, _, finish = decode(self.table, request.token_ids[len(PROMPT) :], self.rng, request.excluded)
         return tokens[: request.max_tokens], logprobs[: request.max_tokens], finish
-
-
-class Logprob:
-    def __init__(self, logprob):
-        self.logprob = float(logprob)
 
 
 def planner_visits(planner, engine: ToyEngine, claimed: list, keys: list[bytes]) -> list[tuple]:
@@ -205,10 +200,9 @@ def planner_visits(planner, engine: ToyEngine, claimed: list, keys: list[bytes])
     sample's response."""
     visits = [planner.visit_samples(PROMPT, LENGTH, claimed, key, GROUP) for key in keys]
     for samples in visits:
-        for requests in planner.visit_rounds(samples):
+        for requests in planner.scorer.visit_rounds(samples):
             for request in requests:
-                entries, follows = engine.score(request)
-                planner.take_visit_scores(samples, request, entries, 0, follows)
+                planner.scorer.take_visit_scores(samples, request, engine.score(request))
     every = [sample for samples in visits for sample in samples]
     for sample in every:
         if sample.scored is not None and sample.tree is None:

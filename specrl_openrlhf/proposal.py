@@ -132,6 +132,37 @@ class HistoryIndex:
         return out
 
 
+def verify_steps(index: HistoryIndex, response, k: int) -> tuple[int, int, int]:
+    """(accepted, drafted, re-entries) of `response`, a sample of p_curr, verified against proposals from `index` at
+    every step, as the engine does: one-hot verification keeps a draft token y with probability p(y) and otherwise
+    samples p without y, so the sample has y there exactly when y was accepted; after the accepted tokens the engine
+    samples one token of its own, and the next step proposes again. Replay uses it on recorded responses: whatever
+    proposal produced them, they follow p_curr, so this is what another proposal would have kept of them.
+
+    >>> index = HistoryIndex(min_match=2)
+    >>> index.add([5, 6, 7, 8]); index.add([5, 6, 9, 2])
+    >>> verify_steps(index, [5, 6, 9, 2], k=8)  # proposes 6 7 8 after the first 5; keeps 6, re-anchors on 9: keeps 2
+    (2, 4, 1)
+    """
+    response = [int(t) for t in response]
+    position, accepted, drafted, reentries, rejected = 0, 0, 0, 0, False
+    candidates = index.starts
+    while position < len(response):
+        if not candidates and position:
+            candidates = index.reentry(response[:position])
+        draft = index.propose(candidates, k) if position else []  # the first token is sampled after the prompt
+        kept = 0
+        while kept < len(draft) and position + kept < len(response) and draft[kept] == response[position + kept]:
+            kept += 1
+        if draft:
+            drafted, accepted, reentries = drafted + len(draft), accepted + kept, reentries + rejected
+            rejected = kept < len(draft)
+        step = response[position : position + kept + 1]
+        candidates = index.advance(candidates, step)
+        position += len(step)
+    return accepted, drafted, reentries
+
+
 def majority_path(drafts) -> Draft | None:
     """The majority path through a prompt's responses: from the start, the next token that most of the responses
     agreeing with the path so far continue with (ties: the earliest response's), until most of them end. Per-token

@@ -24,7 +24,7 @@ from .adaptive import FeedbackCoordinator
 from .cache import Draft
 from .policies import ReusePolicy
 from .policies.base import checked_cuts, draft_batch
-from .proposal import majority_path
+from .proposal import HistoryIndex, majority_path, verify_steps
 from .staleness import OLD_AGE
 from .trace import TraceRecords, uniforms_for
 from .tree import ROOT, DraftTree, walk
@@ -104,7 +104,10 @@ def kept_by_cuts(records: TraceRecords, cuts: np.ndarray) -> Kept:
 
 def replay_kept(policy: ReusePolicy, records: TraceRecords, **replay_args) -> Kept:
     """What `policy` keeps of every sample's proposal: cuts of the recorded drafts (`replay`), or, for a rule that
-    proposes the majority path or the tree of a visit's responses, those rebuilt from the visit's records."""
+    proposes the majority path or the tree of a visit's responses, those rebuilt from the visit's records; on traces
+    of responses verified in the engine, `replay_verified`."""
+    if "engine" in records.proposals:
+        return replay_verified(policy, records)
     if policy.draft_choice not in ("majority", "tree"):
         return kept_by_cuts(records, replay(policy, records, **replay_args))
     if (records.tokens[: records.offsets[-1]] < 0).any():
@@ -133,6 +136,44 @@ def replay_kept(policy: ReusePolicy, records: TraceRecords, **replay_args) -> Ke
         whole=np.array([k[2] for k in by_row], bool),
         drift=np.concatenate([k[3] for k in by_row]) if by_row else np.zeros(0),
         ages=np.concatenate([k[4] for k in by_row]).astype(np.int64) if by_row else np.zeros(0, np.int64),
+    )
+
+
+def replay_verified(policy: ReusePolicy, records: TraceRecords) -> Kept:
+    """What a proposal keeps of responses a run verified in the engine (traces written by `lossless` with
+    `verify="engine"`): each visit's records hold the history the engine drafted from (slot -1) and each sample's
+    response, a sample of p_curr whatever was proposed. `lossless` in the engine verifies it against proposals from the
+    history at every step (`proposal.verify_steps`); `lossless` on the request path keeps the response's longest
+    prefix inside the history's tree, which is what its exact walk keeps of a p_curr sample. The run also drafted from
+    each visit's finished siblings; replay uses the history alone. No p_curr of drafts: no drift."""
+    if policy.name != "lossless" or (not policy.verifies_in_engine and policy.draft_choice != "tree"):
+        raise ReplayError(
+            f"rule {policy.describe()} needs p_curr of drafts, which responses verified in the engine never had: "
+            "these traces replay lossless (in the engine) and lossless,verify=requests (its tree)"
+        )
+    tokens, offered, whole = [], [], []
+    for rows in _visits(records):
+        index = HistoryIndex(policy.params.min_match, policy.params.min_accept_prob)
+        for r in rows[~records.samples[rows]].tolist():
+            index.add(records.row("tokens", r), records.row("draft_logprobs", r))
+        for r in rows[records.samples[rows]].tolist():
+            response = records.row("tokens", r).tolist()
+            if policy.verifies_in_engine:
+                kept, drafted, _ = verify_steps(index, response, policy.params.num_speculative_tokens)
+            else:
+                kept, candidates = 0, index.starts
+                while kept < len(response) and (candidates := index.advance(candidates, response[kept : kept + 1])):
+                    kept += 1
+                drafted = kept + (kept < len(response) and bool(len(index)))
+            tokens.append(kept)
+            offered.append(drafted)
+            whole.append(kept == len(response))
+    return Kept(
+        tokens=np.array(tokens, np.int64),
+        offered=np.array(offered, np.int64),
+        whole=np.array(whole, bool),
+        drift=np.zeros(0),
+        ages=np.zeros(0, np.int64),
     )
 
 

@@ -133,7 +133,11 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
             max_token_id=max_token_id,
             max_model_len=max_model_len,
             trace=(
-                TraceWriter(config.trace_dir, policy.describe(), proposal=policy.draft_choice)
+                TraceWriter(
+                    config.trace_dir,
+                    policy.describe(),
+                    proposal="engine" if policy.verifies_in_engine else policy.draft_choice,
+                )
                 if config.trace_dir
                 else None
             ),

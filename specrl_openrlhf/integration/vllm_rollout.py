@@ -28,6 +28,7 @@ from ..metrics import ReuseStats, verified_in_engine
 from ..policies import ReusePolicy
 from ..rollout import ContinuationRequest, SpeculativePlanner, check_sampling
 from ..scoring import ScoringAnswer, ScoringRequest
+from ..trace import HISTORY_SLOT, visit_group
 from .vllm_exclude import EXCLUDE_FIRST_TOKEN
 from .vllm_proposer import HistoryChannel
 
@@ -489,7 +490,7 @@ class AsyncSpeculativeGenerator:
         own = continuation_params(params, params.max_tokens, 0)  # logprobs on: the history keeps them
         output = await self._generate(prompt_ids, own, slot)  # with priorities, a visit's samples go in slot order
         new_ids, new_lp, finish, cached, _ = completion_of(output)
-        metrics = output.outputs[0].spec_decode_metrics
+        metrics = getattr(output.outputs[0], "spec_decode_metrics", None)  # None: an engine without our arguments
         stats = verified_in_engine(
             getattr(metrics, "per_step_accepted", None) or [],
             getattr(metrics, "per_step_drafted", None) or [],
@@ -504,6 +505,8 @@ class AsyncSpeculativeGenerator:
         except Exception:
             stats.drafts_found = 0
         draft = Draft(np.asarray(new_ids, np.int32), np.asarray(logprobs, np.float32), finish)
+        if self.planner.trace is not None:  # the response, a sample of p_curr: replay verifies it against proposals
+            self._trace(key, visit.visit_id, draft, slot, params.max_tokens, stats.reused_tokens)
         output = SampleOutput(list(new_ids), new_lp if params.logprobs is not None else None, finish, 0, stats)
         await self._commit(key, visit.visit_id, draft, follow_up, output)
         return output
@@ -519,7 +522,19 @@ class AsyncSpeculativeGenerator:
             drafts = []
         responses = [d.token_ids.tolist() for d in drafts]
         self.histories.send(key, len(prompt_ids), True, responses, [d.logprobs.tolist() for d in drafts])
+        if self.planner.trace is not None:
+            for draft in drafts:
+                self._trace(key, visit_id, draft, HISTORY_SLOT, len(draft), 0)
         return len(drafts)
+
+    def _trace(self, key: bytes, visit_id: str, draft: Draft, slot: int, budget: int, kept: int) -> None:
+        """A response verified in the engine (slot >= 0) or the history it drafted from (`HISTORY_SLOT`), recorded in
+        the visit's group: `replay` rebuilds the history and verifies each response against a proposal."""
+        prompt = int.from_bytes(key[:8], "little")
+        entropy = (self.planner.seed, prompt, draft.visit, draft.index, len(draft))
+        group = visit_group(prompt, int(visit_id[:15], 16))
+        ended = draft.finish_reason == "stop"
+        self.planner.trace.record(draft, draft.logprobs, draft.ages, budget, ended, entropy, kept, None, group, slot)
 
     async def _commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool, output: SampleOutput) -> None:
         """Store the sample's response as a draft for the prompt's next visit; a failure costs that draft only."""

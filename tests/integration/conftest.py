@@ -76,10 +76,10 @@ def async_engine(tiny_model_dir):
     engine.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def verifying_engine(tiny_model_dir):
     """vLLM's async engine with our history proposer (`lossless` verified in the engine, up to 4 draft tokens a step),
-    in processed_logprobs mode; shared by the session's tests (each leaves its weights as it found them)."""
+    in processed_logprobs mode; shared by a module's tests, and shut down after them (an idle engine still polls)."""
     vllm = pytest.importorskip("vllm")
     import specrl_openrlhf as sr
     from specrl_openrlhf.integration.miniature.weights import EXTENSION

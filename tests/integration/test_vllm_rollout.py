@@ -561,7 +561,7 @@ def test_lossless_follows_the_current_policy_for_a_draft_chosen_from_it(
     likeliest = int(p_curr.argmax())
     gen = generator(
         engine,
-        sr.make(name, **({"draft": "own"} if name == "lossless" else {})),
+        sr.make(name, **({"draft": "own", "verify": "requests"} if name == "lossless" else {})),
         seed=3,
         store=AdversarialDrafts(likeliest),
         generate=None if plugin else without_extra_args(engine),
@@ -610,7 +610,7 @@ def test_lossless_tree_follows_the_current_policy_for_branches_chosen_from_it(as
     store = AdversarialHistory([[a, x], [a, y], [b, x]])
     gen = generator(
         engine,
-        sr.make("lossless", draft="tree"),
+        sr.make("lossless", draft="tree", verify="requests"),
         seed=4,
         store=store,
         generate=None if plugin else without_extra_args(engine),
@@ -656,7 +656,7 @@ def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_t
             outputs=[SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason=finish)], num_cached_tokens=0
         )
 
-    policy = sr.make("lossless", draft="own")
+    policy = sr.make("lossless", draft="own", verify="requests")
     planner = sr.SpeculativePlanner(policy, stop_token_ids=[EOS_ID])
     gen = AsyncSpeculativeGenerator(generate, policy, LocalDraftStore(), samples_per_visit=1, planner=planner)
     for round_ in range(2):
@@ -708,7 +708,7 @@ def test_a_sample_with_nothing_to_reuse_does_not_wait_for_the_claim():
             outputs=[SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason="stop")], num_cached_tokens=0
         )
 
-    policy, store = sr.make("lossless"), SlowStore(keep_visits=1)
+    policy, store = sr.make("lossless", verify="requests"), SlowStore(keep_visits=1)
     planner = sr.SpeculativePlanner(policy, stop_token_ids=[EOS_ID])
     gen = AsyncSpeculativeGenerator(generate, policy, store, samples_per_visit=2, planner=planner)
     first = asyncio.run(gather_samples(gen, [[1, 2, 3]] * 4, params(n=2, max_tokens=8)))

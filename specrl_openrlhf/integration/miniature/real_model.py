@@ -309,6 +309,7 @@ async def run(settings: Settings, progress=print) -> dict:
     finally:
         for lane in lanes:
             lane.engine.shutdown()
+            lane.engine = lane.generator = None  # gone before the interpreter's exit, where vLLM's __del__ would fail
     return {"records": [r for lane in lanes for r in lane.records], "accuracy": accuracy}
 
 

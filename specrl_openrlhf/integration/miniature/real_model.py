@@ -49,7 +49,7 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIAL
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    prompts: int = 4  # training prompts, each visited once per visit
+    prompts: int = 3  # training prompts, each visited once per visit
     samples: int = 8  # per prompt and visit (the size of a prompt's tree)
     visits: int = 3
     seeds: tuple[int, ...] = (0, 1, 2)

@@ -67,6 +67,7 @@ SUMMED = (
     "scoring_requests",
     "resample_requests",
     "branch_switches",
+    "reentries",
 )
 # t quantiles for two-sided 95% intervals, by degrees of freedom (1-30); beyond, the normal's
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
@@ -85,8 +86,9 @@ def step_row(step: int, logs: dict[str, float]) -> dict:
     if decoded is not None:
         row["decoded_tokens"] = decoded * n
     row.update({k: logs[f"reuse/{k}"] * n for k in SUMMED if k != "decoded_tokens" and f"reuse/{k}" in logs})
-    if "reuse/full_reuse_ratio" in logs:
-        row["full_reuse_ratio"] = logs["reuse/full_reuse_ratio"]
+    for mean in ("full_reuse_ratio", "accepted_per_step"):  # means over the step's samples
+        if f"reuse/{mean}" in logs:
+            row[mean] = logs[f"reuse/{mean}"]
     reward = logs.get("rollout/reward_mean", logs.get("reward"))
     if reward is not None:
         row["reward"] = reward

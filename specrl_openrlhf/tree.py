@@ -14,8 +14,10 @@ The order of C inside the cumulative sum does not change that; putting the child
 the walk keep, for the same uniforms, at least what the sample's own draft would keep (u_d <= p(own child) is the own
 draft's rule). A child whose p_curr is unknown (its scoring failed) is left out of C, which stays exact.
 
-Core module: numpy only. The planner (`rollout.SpeculativePlanner`) builds a tree per visit, scores its branches once
-for all the visit's samples (`branch_requests`, `take_branch_scores`) and walks it once per sample (`walk`).
+Core module: numpy only. On the request path the planner (`rollout.SpeculativePlanner`) builds a tree per visit, has
+its branches scored once for all the visit's samples (`scoring.DraftScorer.visit_rounds`, `take_visit_scores`) and
+walks it once per sample (`walk`). Verified in the engine, the same tree is proposed from at every step
+(`proposal.HistoryIndex`).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class DraftTree:
         self._children = order
         self._child_ptr = np.searchsorted(self.parent[order], np.arange(count + 1))  # [N + 1]
         self.logprobs = np.full(count, np.nan, np.float32)  # [N], log p_curr; root stays NaN
-        self.scored = False  # every node that will be scored is (`SpeculativePlanner.visit_rounds`)
+        self.scored = False  # every node that will be scored is (`scoring.DraftScorer.visit_rounds`)
         self.own_count = len(self.responses)  # responses [own_count:] are no sample's own (the visit before)
         self.traced = False  # its responses of the visit before were recorded (`--reuse.trace_dir`)
         has_children = np.zeros(count, bool)

@@ -121,6 +121,17 @@ def test_unsupported_sampling_fails_clearly(settings):
     check_sampling(make("spec"), temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0)
 
 
+def test_verified_in_the_engine_samples_as_asked_but_refuses_what_vllm_ignores_under_speculation():
+    """vLLM verifies with the request's temperature, top-p and top-k (tests/integration/test_vllm_proposer.py: exact at
+    0.7); under speculative decoding it ignores min-p and logit bias, and penalties are not tested with drafts."""
+    assert check_sampling(make("lossless"), temperature=0.7, top_p=0.9, top_k=20, min_p=0.0, logit_bias=None) == []
+    for bad in ({"min_p": 0.1}, {"logit_bias": {3: -5.0}}, {"presence_penalty": 0.5}):
+        with pytest.raises(UnsupportedSamplingError, match="verify='requests'"):
+            check_sampling(make("lossless"), **bad)
+    with pytest.raises(UnsupportedSamplingError, match="temperature 1.0"):
+        check_sampling(make("lossless", verify="requests"), temperature=0.7)
+
+
 # ---- scoring in chunks, reading the prefix cache -------------------------------------------------------------------
 
 

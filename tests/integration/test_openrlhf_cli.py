@@ -100,6 +100,33 @@ def test_the_literal_command_takes_our_flags():
     assert plan["policy"] == "spec(lenience=1.65)" and plan["engines"]["samples_per_visit"] == 8
 
 
+def test_the_literal_command_gives_lossless_engines_our_proposer():
+    """`--rollout_reuse lossless` verifies in the engine: the engines OpenRLHF starts get our proposer (the dry run
+    prints their arguments), and the command module's `create_vllm_engines` is our stand-in around OpenRLHF's; a rule
+    on the request path leaves it alone."""
+    from specrl_openrlhf.integration.vllm_proposer import PROPOSER
+
+    args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
+    plan = resolved(run_openrlhf(args + ["--rollout_reuse", "lossless", "--reuse.dry_run"]))
+    extra = plan["engines"]["engine_kwargs"]
+    assert extra["speculative_config"]["model"] == PROPOSER and extra["speculative_config"]["method"] == "custom_class"
+    assert extra["per_request_spec_decode_metrics"] == "detailed" and extra["scheduling_policy"] == "priority"
+    assert resolved(run_in_process(args + OURS + ["--reuse.dry_run"]))["engines"]["engine_kwargs"] == {}
+
+    def upstream_create(*args, **kwargs):
+        return "engines"
+
+    for rule, params, wrapped in (
+        ("lossless", {}, True),
+        ("spec", {}, False),
+        ("lossless", {"verify": "requests"}, False),
+    ):
+        module = {"train": lambda a: None, "create_vllm_engines": upstream_create}
+        openrlhf_cli.take_over_names(openrlhf_cli.ReuseConfig(policy=rule, params=params), module)
+        assert (module["create_vllm_engines"] is not upstream_create) == wrapped, (rule, params)
+        assert getattr(module["create_vllm_engines"], "__wrapped__", upstream_create) is upstream_create
+
+
 def test_examples_as_written_get_openrlhfs_own_error_in_two_lines(agent_file):
     result = run_in_process(EXAMPLES["train_ppo_ray_hybrid_engine"] + OURS)
     assert result.returncode == 2

@@ -41,8 +41,8 @@ RULES = (
     Method.of("lossless"),
 )
 # A 135M model answers these problems right a few times in a hundred: most groups would score all 0 and give no
-# gradient. A small bonus for a boxed number makes groups differ, so every step moves the policy (held-out accuracy
-# counts correct answers only).
+# gradient. A small bonus for the answer's format (\boxed{...}, more with a number in it) makes groups differ, so
+# steps move the policy (held-out accuracy counts correct answers only).
 FORMAT_BONUS = 0.2
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
@@ -58,7 +58,7 @@ class Settings:
     lr: float = 1e-4
     train_layers: int = 2  # trained: the last decoder layers and the final norm
     held_out: int = 8  # problems, sampled `eval_samples` times each after the last visit
-    eval_samples: int = 2
+    eval_samples: int = 1
     rules: tuple[str, ...] = tuple(m.name for m in RULES)
     out: str = "runs/real_model"
 
@@ -90,11 +90,13 @@ class Record:
         return self.reused / max(self.reused + self.decoded, 1)
 
 
-def boxed(text: str) -> bool:
-    """Whether the response ends its reasoning with a number in \\boxed{}."""
+def boxed(text: str) -> float:
+    """How well the response states its answer: 1 for a number in \\boxed{}, 0.5 for anything else boxed, else 0."""
     import re
 
-    return re.search(r"\\boxed\{\s*-?\d+(\.\d+)?\s*\}", text) is not None
+    if re.search(r"\\boxed\{\s*-?\d+(\.\d+)?\s*\}", text):
+        return 1.0
+    return 0.5 if "\\boxed{" in text else 0.0
 
 
 class PartialTrainer:

@@ -111,11 +111,16 @@ def summary_lines(paired: list[dict], series: list[report.RunSeries], accuracy_b
             f"    rollout time    ratio {row['time_ratio']:.2f}",
             f"    held-out acc.   {100 * row['acc']:.1f} vs {100 * row['acc_off']:.1f}: "
             f"{100 * row['acc_diff']:+.1f} points, {interval}",
-            f"    staleness       KL {row['kl_prev_curr']:.3f}/token, "
-            f"excess acceptance {row['excess_acceptance']:.3f}, "
-            f"drift since decoding {row['drift_since_decode']:.2f}, "
-            f"reused-token age {row['reused_token_age']:.2f}",
         ]
+        if math.isnan(row.get("kl_prev_curr", math.nan)):  # verified in the engine: no draft was scored
+            lines.append("    staleness       none measured: verified in the engine, which never compares with p_prev")
+        else:
+            lines.append(
+                f"    staleness       KL {row['kl_prev_curr']:.3f}/token, "
+                f"excess acceptance {row['excess_acceptance']:.3f}, "
+                f"drift since decoding {row['drift_since_decode']:.2f}, "
+                f"reused-token age {row['reused_token_age']:.2f}"
+            )
     if accuracy_before is not None:
         lines.append(f"  warm start: held-out accuracy {100 * accuracy_before:.1f}")
     if len(paired) > 1:

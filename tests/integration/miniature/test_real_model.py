@@ -16,7 +16,8 @@ def test_word_problems_are_split_and_graded_answers():
     train, held_out = word_problems.splits(40, 10, seed=3)
     assert not {p.prompt for p in train} & {p.prompt for p in held_out}
     assert word_problems.splits(5, 10, seed=3)[1] == held_out  # the held-out split does not depend on train_size
-    assert real_model.boxed("so the answer is \\boxed{12}.") and not real_model.boxed("\\boxed{number}")
+    assert real_model.boxed("so the answer is \\boxed{12}.") == 1.0 and real_model.boxed("\\boxed{number}") == 0.5
+    assert real_model.boxed("twelve") == 0.0
 
 
 def test_a_missing_package_names_what_to_install(monkeypatch):

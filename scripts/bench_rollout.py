@@ -58,6 +58,13 @@ def parse_args(argv=None):
         help="chunk schedule: what a scoring round trip costs, in tokens",
     )
     parser.add_argument("--noise", type=float, default=None, help="relative weight noise per visit (regime default)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature; below 1 the random model samples like a sharper policy (rules that score drafts "
+        "need 1, `lossless` in the engine takes any)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=None, help="engine concurrency (default: all samples)")
     parser.add_argument(
         "--priority", action="store_true", help="priority scheduling: scoring first, then the longest continuations"
@@ -170,7 +177,7 @@ async def run(args) -> int:
     )
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 100) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
-    params = SamplingParams(n=args.n, max_tokens=args.max_tokens, logprobs=0)
+    params = SamplingParams(n=args.n, max_tokens=args.max_tokens, logprobs=0, temperature=args.temperature)
     single = params.clone()
     single.n = 1
 
@@ -182,7 +189,8 @@ async def run(args) -> int:
     print(
         f"{args.regime} regime: {policy.describe()} ({args.scoring} scoring), {args.prompts} prompts x {args.n} "
         f"samples, prompt "
-        f"{args.prompt_len} tokens, up to {args.max_tokens} new, weight noise {noise} per visit"
+        f"{args.prompt_len} tokens, up to {args.max_tokens} new, weight noise {noise} per visit, temperature "
+        f"{args.temperature}"
     )
     print(
         " visit  method   wall_s  steps  cpu_s  decoded   reused   scored  prefill  full  score_s  gen_s  "

@@ -64,35 +64,25 @@ def check_sampling(
     """
     if policy.verifies_in_engine:  # vLLM verifies under the request's own temperature, top-p and top-k
         # under speculative decoding vLLM ignores min-p and logit bias; penalties are refused as untested with drafts
-        unapplied = {"min_p": (0.0, None), "logit_bias": (None, {}), **PENALTIES}
-        bad = {k: v for k, v in settings.items() if k in unapplied and v not in unapplied[k]}
-        if bad:
-            names = ", ".join(f"{k}={v}" for k, v in bad.items())
-            raise UnsupportedSamplingError(
-                f"reuse policy {policy.name!r} verifies drafts inside vLLM, which samples with temperature, top-p and "
-                f"top-k as asked but ignores min-p and logit bias under speculative decoding (and penalties are not "
-                f"tested there); sampling uses {names}. Drop them, or set verify='requests' (--reuse.params "
-                '\'{"verify": "requests"}\'), which needs plain sampling.'
-            )
+        _refuse(
+            settings,
+            {"min_p": (0.0, None), "logit_bias": (None, {}), **PENALTIES},
+            f"reuse policy {policy.name!r} verifies drafts inside vLLM, which samples with temperature, top-p and "
+            "top-k as asked but ignores min-p and logit bias under speculative decoding (and penalties are not "
+            "tested there); sampling uses {names}. Drop them, or set verify='requests' (--reuse.params "
+            '\'{"verify": "requests"}\'), which needs plain sampling.',
+        )
         return []
     if not policy.needs_scores:
         return []
-    plain = {
-        "temperature": (1.0,),
-        "top_p": (1.0, None),
-        "top_k": (0, -1, None),
-        "min_p": (0.0, None),
-        **PENALTIES,
-    }
-    bad = {k: v for k, v in settings.items() if k in plain and v not in plain[k]}
-    if bad:
-        names = ", ".join(f"{k}={v}" for k, v in bad.items())
-        raise UnsupportedSamplingError(
-            f"reuse policy {policy.name!r} scores drafts with vLLM prompt logprobs, which are always raw "
-            f"(temperature 1, no top-p/top-k/min-p/penalties), but sampling uses {names}. Sample with "
-            f"temperature 1.0, top_p 1.0 and top_k -1 (the paper's setting, --rollout.temperature 1.0 "
-            f"--rollout.top_p 1.0), or pick a policy that does not score drafts (random, full, off)."
-        )
+    _refuse(
+        settings,
+        {"temperature": (1.0,), "top_p": (1.0, None), "top_k": (0, -1, None), "min_p": (0.0, None), **PENALTIES},
+        f"reuse policy {policy.name!r} scores drafts with vLLM prompt logprobs, which are always raw "
+        "(temperature 1, no top-p/top-k/min-p/penalties), but sampling uses {names}. Sample with "
+        "temperature 1.0, top_p 1.0 and top_k -1 (the paper's setting, --rollout.temperature 1.0 "
+        "--rollout.top_p 1.0), or pick a policy that does not score drafts (random, full, off).",
+    )
     if min_tokens and processed_logprobs:
         return [
             f"the engine masks EOS at the first {min_tokens} position(s) (min_tokens) and reports processed logprobs: "
@@ -100,6 +90,13 @@ def check_sampling(
             "1 - p(EOS), which is negligible unless responses often end at once"
         ]
     return []
+
+
+def _refuse(settings: dict, allowed: dict, message: str) -> None:
+    """Raise `message`, its "{names}" replaced by the offending settings, when one is outside its allowed values."""
+    bad = {k: v for k, v in settings.items() if k in allowed and v not in allowed[k]}
+    if bad:
+        raise UnsupportedSamplingError(message.replace("{names}", ", ".join(f"{k}={v}" for k, v in bad.items())))
 
 
 @dataclass

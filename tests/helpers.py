@@ -1,6 +1,7 @@
 """Helpers that several test modules share (a module of their own, so no test module imports another)."""
 
 import math
+import types
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +43,19 @@ def chi2_passes(counts: np.ndarray, p: np.ndarray) -> bool:
     chi2 = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
     dof = int(keep.sum()) - 1
     return chi2 < dof * (1 - 2 / (9 * dof) + 3.0902 * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def samples_generator(actors, tokenizer, loader, eval_loader=None, *, batch_size: int, n_samples: int):
+    """OpenRLHF's `SamplesGenerator` over `actors`, with the arguments it reads (`batch_size` prompts a batch)."""
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    args = types.SimpleNamespace(
+        rollout=types.SimpleNamespace(
+            batch_size=batch_size, n_samples_per_prompt=n_samples, vllm_generate_batch_size=None
+        ),
+        vllm=types.SimpleNamespace(enable_sleep=False),
+        algo=types.SimpleNamespace(
+            dynamic_filtering_enable=False, advantage=types.SimpleNamespace(is_correction_level="token")
+        ),
+    )
+    return SamplesGenerator(types.SimpleNamespace(args=args), loader, eval_loader, tokenizer, actors)

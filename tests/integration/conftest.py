@@ -52,53 +52,47 @@ def _aborting_generate(engine, abort_after, aborted: list):
     return generate
 
 
-@pytest.fixture(scope="session")
-def async_engine(tiny_model_dir):
-    """vLLM's async engine (the one OpenRLHF uses), in processed_logprobs mode, as OpenRLHF sets it for IS
-    correction; the one engine of this process, shared by every test (each leaves its weights as it found them)."""
-    vllm = pytest.importorskip("vllm")
-    runner = LoopThread()
+def _engine(model_dir, **extra):
+    """vLLM's async engine (the one OpenRLHF uses) on a loop thread, in processed_logprobs mode as OpenRLHF sets it
+    for the IS correction; `max_logprobs` covers the whole vocabulary, so `lossless` on the request path is exact."""
+    import vllm
 
     from specrl_openrlhf.integration.miniature.weights import EXTENSION
 
+    runner = LoopThread()
+
     async def start():
         args = vllm.AsyncEngineArgs(
-            model=str(tiny_model_dir),
+            model=str(model_dir),
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
-            max_logprobs=128,  # the whole vocabulary: `lossless` is then exact
+            max_logprobs=128,
             **ENGINE_KWARGS,
+            **extra,
         )
         return vllm.AsyncLLMEngine.from_engine_args(args)
 
-    engine = runner.run(start())
+    return runner.run(start()), runner
+
+
+@pytest.fixture(scope="session")
+def async_engine(tiny_model_dir):
+    """The one plain engine of this process, shared by every test (each leaves its weights as it found them)."""
+    pytest.importorskip("vllm")
+    engine, runner = _engine(tiny_model_dir)
     yield engine, runner
     engine.shutdown()
 
 
 @pytest.fixture(scope="module")
 def verifying_engine(tiny_model_dir):
-    """vLLM's async engine with our history proposer (`lossless` verified in the engine, up to 4 draft tokens a step),
-    in processed_logprobs mode; shared by a module's tests, and shut down after them (an idle engine still polls)."""
-    vllm = pytest.importorskip("vllm")
+    """An engine with our history proposer (`lossless` verified in the engine, up to 4 draft tokens a step); shared
+    by a module's tests, and shut down after them (an idle engine still polls)."""
+    pytest.importorskip("vllm")
     import specrl_openrlhf as sr
-    from specrl_openrlhf.integration.miniature.weights import EXTENSION
     from specrl_openrlhf.integration.vllm_proposer import engine_kwargs
 
-    runner = LoopThread()
-
-    async def start():
-        args = vllm.AsyncEngineArgs(
-            model=str(tiny_model_dir),
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=EXTENSION,
-            max_logprobs=128,
-            **ENGINE_KWARGS,
-            **engine_kwargs(sr.make("lossless", num_speculative_tokens=4)),
-        )
-        return vllm.AsyncLLMEngine.from_engine_args(args)
-
-    engine = runner.run(start())
+    engine, runner = _engine(tiny_model_dir, **engine_kwargs(sr.make("lossless", num_speculative_tokens=4)))
     yield engine, runner
     engine.shutdown()
 

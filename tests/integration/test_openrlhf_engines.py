@@ -54,8 +54,12 @@ def reward_file(tmp_path_factory):
 def generate(actors, tokenizer, visits: int):
     loader = [(None, PROMPTS, LABELS, [None] * len(PROMPTS))]
     kwargs = dict(temperature=TEMPERATURE, top_p=1.0, max_new_tokens=48, max_len=1024, n_samples_per_prompt=N_SAMPLES)
-    generator = helpers.samples_generator(actors, tokenizer, loader, batch_size=len(PROMPTS), n_samples=N_SAMPLES)
-    return [generator.generate_samples(**kwargs)[0] for _ in range(visits)]
+    return [  # a generator per visit: each reads its loader once
+        helpers.samples_generator(
+            actors, tokenizer, loader, batch_size=len(PROMPTS), n_samples=N_SAMPLES
+        ).generate_samples(**kwargs)[0]
+        for _ in range(visits)
+    ]
 
 
 def test_openrlhfs_engines_verify_lossless_with_our_proposer(ray_cluster, tiny_model_dir, reward_file):

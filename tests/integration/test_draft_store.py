@@ -42,6 +42,7 @@ def settled_stats(shard, timeout=120.0):
             time.sleep(0.2)
 
 
+@pytest.mark.slow  # a stress test: in .ci/run's slow pass
 def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_dir, tmp_path, aborting_generate):
     engine, runner = async_engine
     rng = random.Random(0)

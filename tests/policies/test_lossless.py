@@ -300,12 +300,12 @@ def grpo_chi_square(policy, samples: int, seed: int = 0, visits_back: int = 1) -
 @pytest.mark.parametrize(
     "params, visits_back",
     [
-        ({"draft": "own", "verify": "requests"}, 1),
-        ({"draft": "majority", "verify": "requests"}, 1),
-        ({"draft": "tree"}, 1),
-        ({"draft": "tree", "history": 2}, 2),
+        # the request path's other proposals and the two-visit tree: in .ci/run's slow pass, for the suite's budget
+        pytest.param({"draft": "own", "verify": "requests"}, 1, id="own", marks=pytest.mark.slow),
+        pytest.param({"draft": "majority", "verify": "requests"}, 1, id="majority", marks=pytest.mark.slow),
+        pytest.param({"draft": "tree"}, 1, id="tree"),
+        pytest.param({"draft": "tree", "history": 2}, 2, id="tree-two-visits", marks=pytest.mark.slow),
     ],
-    ids=["own", "majority", "tree", "tree-two-visits"],
 )
 def test_lossless_is_exact_when_the_learner_trains_on_the_groups_drafts(params, visits_back):
     samples = 40_000 if visits_back == 2 or params.get("draft") != "tree" else 100_000  # one path: the cheaper case
@@ -327,6 +327,7 @@ def test_residual_is_detected_when_the_learner_trains_on_the_groups_drafts():
     assert chi2 > chi2_999(dof), (chi2, dof)
 
 
+@pytest.mark.slow  # residual is exact only off-RL; its check runs in .ci/run's slow pass
 def test_residual_follows_each_visits_policy_under_independent_drift():
     """Speculative sampling against p_prev is exact where its premise holds: drift independent of the drafts."""
     statistics = chains(sr.make("residual", top_k=VOCAB), samples=25_000, visits=3)

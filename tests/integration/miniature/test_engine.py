@@ -41,6 +41,7 @@ SMALL_NODE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a second engine in a subprocess: in .ci/run's slow pass
 def test_engine_starts_with_its_byte_budget_on_a_small_numa_node(tiny_model_dir):
     budget = 64 << 20
     result = subprocess.run(

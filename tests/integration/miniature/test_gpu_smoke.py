@@ -13,6 +13,7 @@ pytestmark = pytest.mark.openrlhf
 REPO = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow
 def test_the_gpu_smoke_test_runs_on_cpu_up_to_training(tmp_path):
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     result = subprocess.run(

@@ -121,14 +121,9 @@ async def run(args) -> int:
         reload_async_engine,
         write_weights,
     )
+    from specrl_openrlhf.integration.vllm_edge import engine_generate, engine_limits
     from specrl_openrlhf.integration.vllm_proposer import engine_kwargs
-    from specrl_openrlhf.integration.vllm_rollout import (
-        AsyncSpeculativeGenerator,
-        LocalDraftStore,
-        engine_generate,
-        engine_limits,
-        gather_samples,
-    )
+    from specrl_openrlhf.integration.vllm_rollout import AsyncSpeculativeGenerator, LocalDraftStore, gather_samples
     from specrl_openrlhf.scoring import ChunkSchedule
 
     regime = REGIMES[args.regime]

@@ -14,7 +14,7 @@ _EXPORTS = {
     "prompt_key": "cache",
     "ReuseConfig": "config",
     "ReuseStats": "metrics",
-    "DEFAULT_LENIENCE": "policies",
+    "DEFAULT_LENIENCE": "lenience",
     "DraftBatch": "policies",
     "PluginError": "policies",
     "ReusePolicy": "policies",
@@ -27,8 +27,8 @@ _EXPORTS = {
     "registered": "policies",
     "SampleOutput": "assembly",
     "SpeculativePlanner": "rollout",
-    "UnsupportedSamplingError": "rollout",
-    "check_sampling": "rollout",
+    "UnsupportedSamplingError": "sampling",
+    "check_sampling": "sampling",
 }
 __all__ = sorted(_EXPORTS)
 

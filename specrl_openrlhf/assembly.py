@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .cache import Draft
 from .metrics import ReuseStats
+from .sample import Sample
 from .staleness import reused_token_sums, scored_token_sums
-
-if TYPE_CHECKING:
-    from .rollout import Sample
 
 
 @dataclass

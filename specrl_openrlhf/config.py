@@ -3,7 +3,7 @@
 It is the one definition of our settings. Each field carries its command-line flag and help, and from them come the
 argument group OpenRLHF's command and the quickstart add (`add_arguments`), the config of a parsed command line
 (`from_namespace`), the flags a grid sets per cell (`cell_flags`) and the flag table of docs/usage.md
-(`flags_markdown`, checked by a test).
+(`flags_markdown`, checked by a test). It imports no torch: the policies load when a config builds its rule.
 """
 
 from __future__ import annotations
@@ -14,21 +14,17 @@ import json
 import math
 import types
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .policies import (
-    DEFAULT_LENIENCE,
-    ReusePolicy,
-    builtin_names,
-    check_lenience,
-    lenient_builtins,
-    load_plugin,
-    make,
-    registered,
-)
+from .lenience import DEFAULT_LENIENCE, check_lenience
 from .references import absolute_reference
-from .rollout import REUSED_LOGPROBS, SCORING_MODES
+
+if TYPE_CHECKING:
+    from .policies import ReusePolicy
 
 GROUP_TITLE = "speculative rollouts (specrl-openrlhf)"
+REUSED_LOGPROBS = ("auto", "scored", "draft")
+SCORING_MODES = ("chunked", "full")
 
 
 def json_object(text: str) -> dict:
@@ -191,6 +187,8 @@ class ReuseConfig:
     def build_policy(self) -> ReusePolicy:
         """Load the plugins, then build the policy (unknown names and bad parameters raise here). A lenience given
         to a rule that has none is an error: it would be silently ignored."""
+        from .policies import load_plugin, make
+
         for path in self.plugins:
             load_plugin(path)
         params = dict(self.params)
@@ -246,6 +244,8 @@ def dest(field: dataclasses.Field) -> str:
 
 def help_text(field: dataclasses.Field, names=None) -> str:
     """A flag's help; the rule names it lists are those registered now (the docs list the built-ins only)."""
+    from .policies import lenient_builtins, registered
+
     text = field.metadata["help"].replace("{lenient}", ", ".join(lenient_builtins()))
     return text.replace("{policies}", ", ".join(registered() if names is None else names))
 
@@ -299,6 +299,8 @@ def cell_fields() -> tuple[str, ...]:
 
 def flags_markdown() -> str:
     """The flag table of docs/usage.md."""
+    from .policies import builtin_names
+
     lines = ["| flag | default | meaning |", "| --- | --- | --- |"]
     for field in dataclasses.fields(ReuseConfig):
         kwargs = field.metadata["argparse"]

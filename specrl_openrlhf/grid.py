@@ -210,7 +210,7 @@ def parse_lenience(value, where: str) -> tuple[float, str]:
             number, label = (math.exp(float(match.group(1))), f"e{match.group(1)}") if match else (float(text), text)
         except ValueError:
             raise GridError(f"{where}: lenience {value!r} is not a number; write 1.65, e^0.5 or exp(0.5)") from None
-    from .policies import check_lenience
+    from .lenience import check_lenience
 
     try:
         check_lenience(where, number)

@@ -1,19 +1,16 @@
-"""What a sample proposes from its prompt's history: the one component both verification paths draw drafts from.
+"""Proposals: what a sample drafts from its prompt's `History`, as functions over it.
 
-Terminology:
-- *history*: a prompt's previous responses (its last visit's n samples, and with `history=2` the visit's before), and,
-  when verified in the engine, the responses of the current visit that have finished.
+Terminology (`history` has the rest):
 - *proposal*: the draft tokens put forward for verification. A *fixed* proposal depends on the history and on the
   sample's own tokens so far, never on its randomness to come; keeping a draft token y with probability p(y) and
   otherwise sampling p without y is then exact, whatever produced the history (docs/design.md).
-- *anchored*: the sample's response so far is a prefix of a history response: it is inside the prefix tree of the
-  history (`tree.DraftTree`), and the proposal is the path below its node.
-- *re-entry*: proposing again after a rejection, from the longest suffix of the response so far (at least
-  `min_match` tokens) that occurs in the history.
-
-The request path proposes once per sample and visit: the sample's own previous response (`own`), the majority path
-through the history (`majority_path`) or the history's tree (`tree.DraftTree`, walked by the planner). The engine path
-proposes at every decoding step (`HistoryIndex`): inside vLLM (`integration.vllm_proposer`) and in replay.
+- *own*: the sample's own previous response (`History.paths[r]`): SPEC-RL's draft.
+- *majority path*: from the root, the child most responses through the node take, while most continue
+  (`majority_path`).
+- *greedy path*: below a cursor, the likeliest child by the history's p_prev at each step (`propose`). The engine's
+  proposer drafts it at every decoding step, re-entering after a rejection (`integration.vllm_proposer`); replay
+  verifies recorded responses against it (`verify_steps`).
+- *walk*: the request path's exact walk through the whole tree with p_curr of every node (`walk`).
 
 Core module: numpy only.
 """
@@ -21,136 +18,67 @@ Core module: numpy only.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
-from .cache import Draft
-
-SEPARATOR = -1  # ends each response in `HistoryIndex.tokens`: nothing is proposed past it
-DEFAULT_MIN_MATCH = 4  # shortest suffix a re-entry may match on (../shared/FACTS.md, sixth look: 4)
-MAX_MATCH = 256  # a re-entry's match is measured back this far at most (longer ones tie)
+from .history import ROOT, History
 
 
-class HistoryIndex:
-    """A prompt's history, indexed for proposals at every step.
+def propose(history: History, cursor: list[int], k: int, floor: float = -math.inf) -> list[int]:
+    """The greedy path below `cursor`, up to `k` tokens: at each step the child likeliest under the history's p_prev
+    (ties: the earliest response's), then the cursor's children with that token, until none continues or the chance
+    that the draft is accepted up to the token, by the history's p_prev, falls below e^`floor` (a token the engine
+    would likely reject costs a verification and saves nothing).
 
-    Responses are kept end to end in one list (`tokens`, each followed by `SEPARATOR`), with each token's log-prob
-    under the policy that produced it (`logprobs`, its p_prev). `grams` maps every run of `min_match` tokens to the
-    positions right after its occurrences. A sample's place in the history is a list of *candidates*: the positions
-    whose preceding tokens match the end of its response so far (for an anchored sample, all of its response).
-
-    >>> index = HistoryIndex(min_match=2)
-    >>> index.add([5, 6, 7, 2], [-0.1, -0.2, -0.3, -0.1]); index.add([5, 6, 8, 9, 2], [-0.1, -0.2, -1.0, -0.5, -0.1])
-    >>> here = index.anchored([5, 6]); index.propose(here, 4)  # inside the tree: the likelier child (7), then on
-    [7, 2]
-    >>> index.advance(here, [8])  # the engine took 8: still inside the tree, on the second response's branch
-    [8]
-    >>> index.propose(index.advance(here, [8]), 4)
-    [9, 2]
-    >>> index.advance(here, [3]), index.reentry([1, 8, 9])  # off the tree; a re-entry on the suffix [8, 9]
-    ([], [9])
+    >>> history = History(min_match=2)
+    >>> history.add([5, 6, 7, 2], [-0.1, -0.2, -0.3, -0.1])
+    0
+    >>> history.add([5, 6, 8, 9, 2], [-0.1, -0.2, -1.0, -0.5, -0.1])
+    1
+    >>> propose(history, history.anchored([5, 6]), 4), propose(history, history.anchored([5, 6, 8]), 4)
+    ([7, 2], [9, 2])
     """
-
-    def __init__(self, min_match: int = DEFAULT_MIN_MATCH, min_accept_prob: float = 0.0):
-        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
-            raise ValueError(f"min_match must be a positive integer, got {min_match!r}")
-        if not 0.0 <= min_accept_prob < 1.0:
-            raise ValueError(f"min_accept_prob must be in [0, 1), got {min_accept_prob!r}")
-        self.min_match = min_match
-        self.min_accept_logprob = math.log(min_accept_prob) if min_accept_prob > 0 else -math.inf
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.starts: list[int] = []  # position of each response's first token
-        self.grams: dict[tuple[int, ...], list[int]] = {}
-
-    def __len__(self) -> int:
-        """Responses held."""
-        return len(self.starts)
-
-    def add(self, tokens, logprobs=None) -> None:
-        """Append a response (token ids, and each token's log-prob under the policy that produced it, if known)."""
-        tokens = [int(t) for t in tokens]
-        logprobs = [0.0] * len(tokens) if logprobs is None else [float(lp) for lp in logprobs]
-        if len(logprobs) != len(tokens):
-            raise ValueError(f"a response of {len(tokens)} tokens came with {len(logprobs)} log-probs")
-        start, m = len(self.tokens), self.min_match
-        self.starts.append(start)
-        self.tokens += [*tokens, SEPARATOR]
-        self.logprobs += [*logprobs, -math.inf]
-        for end in range(start + m, start + len(tokens) + 1):
-            self.grams.setdefault(tuple(self.tokens[end - m : end]), []).append(end)
-
-    def anchored(self, response) -> list[int]:
-        """Candidates of a sample whose response so far is `response`, if it is a prefix of history responses."""
-        return self.advance(self.starts, response)
-
-    def advance(self, candidates: list[int], new_tokens) -> list[int]:
-        """The candidates once the sample has produced `new_tokens` ([] when it left the history there)."""
-        tokens = self.tokens
-        for token in new_tokens:
-            candidates = [p + 1 for p in candidates if tokens[p] == token]
-            if not candidates:
-                break
-        return candidates
-
-    def reentry(self, response) -> list[int]:
-        """Candidates after the longest suffix of `response` (at least `min_match` tokens) found in the history."""
-        m = self.min_match
-        hits = self.grams.get(tuple(response[-m:])) if len(response) >= m else None
-        if not hits:
-            return []
-        tokens, best, longest = self.tokens, [], 0
-        reach = min(len(response), MAX_MATCH)
-        for p in hits:
-            length = m
-            while length < reach and p - 1 - length >= 0 and tokens[p - 1 - length] == response[-1 - length]:
-                length += 1
-            if length > longest:
-                best, longest = [p], length
-            elif length == longest:
-                best.append(p)
-        return best
-
-    def propose(self, candidates: list[int], k: int) -> list[int]:
-        """Up to `k` tokens from the candidates: at each step the next token likeliest under the history's p_prev
-        (ties: the first response's), then the candidates that continue with it, until none continues or the chance
-        that the draft is accepted up to the token, by the history's p_prev, falls below `min_accept_prob` (a token
-        the engine would likely reject costs a verification and saves nothing)."""
-        tokens, logprobs, out, reach = self.tokens, self.logprobs, [], 0.0
-        while candidates and len(out) < k:
-            best, best_lp = SEPARATOR, -math.inf
-            for p in candidates:
-                token = tokens[p]
-                if token != SEPARATOR and (best == SEPARATOR or logprobs[p] > best_lp):
-                    best, best_lp = token, logprobs[p]
-            reach += best_lp
-            if best == SEPARATOR or reach < self.min_accept_logprob:
-                break
-            out.append(best)
-            candidates = [p + 1 for p in candidates if tokens[p] == best]
-        return out
+    kids, logprob, source = history.kids, history.logprob, history.source
+    out, reach = [], 0.0
+    while cursor and len(out) < k:
+        best, best_lp, best_source = None, -math.inf, math.inf
+        for node in cursor:
+            for token, child in kids[node].items():
+                lp = logprob[child]
+                if best is None or lp > best_lp or (lp == best_lp and source[child] < best_source):
+                    best, best_lp, best_source = token, lp, source[child]
+        if best is None:
+            break
+        reach += best_lp
+        if reach < floor:
+            break
+        out.append(best)
+        cursor = [child for node in cursor if (child := kids[node].get(best)) is not None]
+    return out
 
 
-def verify_steps(index: HistoryIndex, response, k: int) -> tuple[int, int, int]:
-    """(accepted, drafted, re-entries) of `response`, a sample of p_curr, verified against proposals from `index` at
-    every step, as the engine does: one-hot verification keeps a draft token y with probability p(y) and otherwise
-    samples p without y, so the sample has y there exactly when y was accepted; after the accepted tokens the engine
-    samples one token of its own, and the next step proposes again. Replay uses it on recorded responses: whatever
-    proposal produced them, they follow p_curr, so this is what another proposal would have kept of them.
+def verify_steps(history: History, response, k: int, floor: float = -math.inf) -> tuple[int, int, int]:
+    """(accepted, drafted, re-entries) of `response`, a sample of p_curr, verified against greedy proposals at every
+    step, as the engine does: one-hot verification keeps a draft token y with probability p(y) and otherwise samples
+    p without y, so the sample has y there exactly when y was accepted; after the accepted tokens the engine samples
+    one token of its own, and the next step proposes again. Replay uses it on recorded responses: whatever proposal
+    produced them, they follow p_curr, so this is what another proposal would have kept of them.
 
-    >>> index = HistoryIndex(min_match=2)
-    >>> index.add([5, 6, 7, 8]); index.add([5, 6, 9, 2])
-    >>> verify_steps(index, [5, 6, 9, 2], k=8)  # proposes 6 7 8 after the first 5; keeps 6, re-anchors on 9: keeps 2
+    >>> history = History(min_match=2)
+    >>> history.add([5, 6, 7, 8]); history.add([5, 6, 9, 2])
+    0
+    1
+    >>> verify_steps(history, [5, 6, 9, 2], k=8)  # proposes 6 7 8 after the first 5; keeps 6, re-anchors on 9: keeps 2
     (2, 4, 1)
     """
     response = [int(t) for t in response]
     position, accepted, drafted, reentries, rejected = 0, 0, 0, 0, False
-    candidates = index.starts
+    cursor = [ROOT]
     while position < len(response):
-        if not candidates and position:
-            candidates = index.reentry(response[:position])
-        draft = index.propose(candidates, k) if position else []  # the first token is sampled after the prompt
+        if not cursor and position:
+            cursor = history.reentry(response[:position])
+        draft = propose(history, cursor, k, floor) if position else []  # the first token is sampled after the prompt
         kept = 0
         while kept < len(draft) and position + kept < len(response) and draft[kept] == response[position + kept]:
             kept += 1
@@ -158,47 +86,102 @@ def verify_steps(index: HistoryIndex, response, k: int) -> tuple[int, int, int]:
             drafted, accepted, reentries = drafted + len(draft), accepted + kept, reentries + rejected
             rejected = kept < len(draft)
         step = response[position : position + kept + 1]
-        candidates = index.advance(candidates, step)
+        cursor = history.advance(cursor, step)
         position += len(step)
     return accepted, drafted, reentries
 
 
-def majority_path(drafts) -> Draft | None:
-    """The majority path through a prompt's responses: from the start, the next token that most of the responses
-    agreeing with the path so far continue with (ties: the earliest response's), until most of them end. Per-token
-    arrays come from a response that follows the path at that token; None without responses.
+def majority_path(history: History) -> np.ndarray:
+    """[k] int64 nodes of the majority path: from the root, the child that most of the responses through the node
+    continue with (ties: the earliest), while most of them continue. `History.draft_along` makes it a draft.
 
+    >>> from specrl_openrlhf.cache import Draft
     >>> d = lambda *t: Draft(np.array(t), np.zeros(len(t)), "stop")
-    >>> majority_path([d(1, 2, 3), d(1, 2, 4), d(1, 5), d(1, 2, 4, 6)]).token_ids.tolist()
+    >>> history = History.of_drafts([d(1, 2, 3), d(1, 2, 4), d(1, 5), d(1, 2, 4, 6)])
+    >>> history.token_of(majority_path(history)).tolist()
     [1, 2, 4]
     """
-    agreeing = [d for d in drafts if d is not None and len(d)]
-    if not agreeing:
-        return None
-    sources, finish = [], "length"
-    while True:
-        depth = len(sources)
-        going = [d for d in agreeing if len(d) > depth]
-        if 2 * len(going) <= len(agreeing):  # most responses end here
-            ended = [d for d in agreeing if len(d) == depth]
-            finish = "stop" if any(d.finish_reason == "stop" for d in ended) else "length"
+    count, kids, nodes, node = history.count, history.kids, [], ROOT
+    while kids[node]:
+        children = list(kids[node].values())
+        going = sum(count[c] for c in children)
+        through = count[node] if node != ROOT else going  # empty responses take no part
+        if 2 * going <= through:  # most responses end here
             break
-        tokens = [int(d.token_ids[depth]) for d in going]
-        best = Counter(tokens).most_common(1)[0][0]  # ties: the first seen
-        agreeing = [d for d, t in zip(going, tokens) if t == best]
-        sources.append(agreeing[0])
-    depth = np.arange(len(sources))
+        node = max(children, key=count.__getitem__)  # the first of the likeliest: they came in response order
+        nodes.append(node)
+    return np.array(nodes, np.int64)
 
-    def column(name):
-        return np.array([getattr(d, name)[i] for i, d in zip(depth.tolist(), sources)])
 
-    first = sources[0]
-    return Draft(
-        column("token_ids").astype(np.int32),
-        column("logprobs").astype(np.float32),
-        finish,
-        first.visit,
-        first.index,
-        gen_logprobs=column("gen_logprobs").astype(np.float32),
-        ages=column("ages").astype(np.uint16),
-    )
+@dataclass(frozen=True)
+class Walk:
+    """Where a walk through a visit's tree went.
+
+    `nodes` are the kept tokens' nodes (the verified prefix). If the walk left the tree at a node with known children,
+    `excluded` holds their tokens, which the next position must not be, and `excluded_mass` their summed p_curr.
+    """
+
+    nodes: np.ndarray  # [k] int64, node ids of the kept tokens, root excluded
+    excluded: tuple[int, ...]  # tokens the continuation's first step must not sample
+    excluded_mass: float  # sum of p_curr over `excluded`
+    rejected: bool  # left the tree at a node with children (not at a leaf, the budget or a stop)
+    complete: bool  # ended at a node where a response ended by a stop condition: nothing left to generate
+    switches: int  # times the walk left the branch it was on for another child
+    branch: int  # the response whose branch the walk ended on
+
+
+def walk(history: History, logprobs: np.ndarray, uniforms: np.ndarray, own: int | None, max_depth: int) -> Walk:
+    """A sample's exact walk through the tree of `history` with one uniform u_d per position d. At a node whose
+    children C have p_curr known (`logprobs`: [N] log p_curr per node, NaN where unknown):
+
+    - if u_d <= sum of p_curr(c) over C, it takes the child whose interval of the cumulative sum holds u_d, and goes
+      on;
+    - otherwise it leaves the tree: position d is drawn from p_curr with all of C removed (renormalised).
+
+    A child c then comes out with probability p_curr(c), and a token x outside C with (1 - p(C)) p(x) / (1 - p(C)) =
+    p(x): every position follows p_curr exactly, however the tree was built, so also when the policy was trained on
+    its branches. The order of C does not change that; putting the child on the sample's own branch first makes the
+    walk keep, for the same uniforms, at least what the sample's own draft would keep (u_d <= p(own child) is the own
+    draft's rule). A child whose p_curr is unknown is left out of C, which stays exact.
+
+    `uniforms`: [>= min(history.max_depth, max_depth) + 1] float64; `own`: the sample's own previous response (its
+    branch's children come first), or None; `max_depth`: the sample's token budget.
+    """
+    nodes = history.arrays
+    probs = np.exp(logprobs.astype(np.float64))  # [N], NaN where unknown
+    branch = own if own is not None and 0 <= own < len(history.paths) else 0
+    depth, switches = 0, 0
+    while True:
+        path = history.paths[branch]
+        end = min(len(path), max_depth)
+        segment = path[depth:end]
+        stops = np.flatnonzero(nodes.stop[segment])
+        if len(stops):  # a response ended here: nothing follows (the stop node itself can be kept)
+            end = depth + int(stops[0]) + 1
+            segment = path[depth:end]
+        leaves = np.flatnonzero(~(uniforms[depth:end] <= probs[segment]))  # NaN p: not kept on this branch
+        if len(leaves) == 0:
+            depth = end
+            node = int(path[depth - 1]) if depth else ROOT
+            if depth >= max_depth or nodes.stop[node]:
+                complete = bool(nodes.stop[node]) and depth > 0
+                return Walk(path[:depth].copy(), (), 0.0, False, complete, switches, branch)
+            on_branch = None  # past the branch's end: the node's other children, if any
+        else:
+            depth += int(leaves[0])
+            node = int(path[depth - 1]) if depth else ROOT
+            on_branch = int(path[depth])
+        children = history.children(node)
+        known = children[np.isfinite(probs[children])]
+        others = known[known != on_branch]
+        first = probs[on_branch] if on_branch is not None and np.isfinite(probs[on_branch]) else 0.0
+        cumulative = first + np.cumsum(probs[others])  # [c]
+        pick = int(np.searchsorted(cumulative, uniforms[depth], side="left"))  # first with u <= cumulative
+        if pick < len(others):
+            branch = int(nodes.source[others[pick]])
+            depth += 1
+            switches += 1
+            continue
+        mass = float(min(probs[known].sum(), 1.0)) if len(known) else 0.0
+        excluded = tuple(int(t) for t in nodes.token[known])
+        return Walk(path[:depth].copy(), excluded, mass, bool(len(known)), False, switches, branch)

@@ -22,12 +22,13 @@ import numpy as np
 
 from .adaptive import FeedbackCoordinator
 from .cache import Draft
+from .history import ROOT, History, logprob_floor
 from .policies import ReusePolicy
 from .policies.base import checked_cuts, draft_batch
-from .proposal import HistoryIndex, majority_path, verify_steps
+from .proposal import majority_path, verify_steps, walk
+from .sample import entropy_of, uniforms_for
 from .staleness import OLD_AGE
-from .trace import TraceRecords, uniforms_for
-from .tree import ROOT, DraftTree, walk
+from .trace import TraceRecords
 
 
 class ReplayError(ValueError):
@@ -153,18 +154,19 @@ def replay_verified(policy: ReusePolicy, records: TraceRecords) -> Kept:
         )
     tokens, offered, whole = [], [], []
     for rows in _visits(records):
-        index = HistoryIndex(policy.params.min_match, policy.params.min_accept_prob)
+        history = History(policy.params.min_match)
         for r in rows[~records.samples[rows]].tolist():
-            index.add(records.row("tokens", r), records.row("draft_logprobs", r))
+            history.add(records.row("tokens", r), records.row("draft_logprobs", r))
+        floor = logprob_floor(policy.params.min_accept_prob)
         for r in rows[records.samples[rows]].tolist():
             response = records.row("tokens", r).tolist()
             if policy.verifies_in_engine:
-                kept, drafted, _ = verify_steps(index, response, policy.params.num_speculative_tokens)
-            else:
-                kept, candidates = 0, index.starts
-                while kept < len(response) and (candidates := index.advance(candidates, response[kept : kept + 1])):
+                kept, drafted, _ = verify_steps(history, response, policy.params.num_speculative_tokens, floor)
+            else:  # the tree's exact walk keeps the response's longest prefix that is a path of the tree
+                kept, cursor = 0, [ROOT]
+                while kept < len(response) and (cursor := history.advance(cursor, response[kept : kept + 1])):
                     kept += 1
-                drafted = kept + (kept < len(response) and bool(len(index)))
+                drafted = kept + (kept < len(response) and bool(len(history)))
             tokens.append(kept)
             offered.append(drafted)
             whole.append(kept == len(response))
@@ -203,55 +205,52 @@ def _visit_kept(policy: ReusePolicy, records: TraceRecords, rows: np.ndarray):
         )
         for r in sources
     ]
-    tree = DraftTree(drafts)
-    for source, r in enumerate(sources):  # p_curr of every node, from the records through it
-        nodes, scored = tree.paths[source], records.row("scored_logprobs", r)
-        unknown = np.isnan(tree.logprobs[nodes])
-        tree.logprobs[nodes[unknown]] = scored[unknown]
+    history = History.of_drafts(drafts)
+    p_curr = np.full(history.num_nodes, np.nan, np.float32)  # [N], from the records through each node
+    for source, r in enumerate(sources):
+        nodes, scored = history.paths[source], records.row("scored_logprobs", r)
+        unknown = np.isnan(p_curr[nodes])
+        p_curr[nodes[unknown]] = scored[unknown]
     own_of = {r: i for i, r in enumerate(sources[: len(sources) - len(older)])}
     out = []
     for r in samples.tolist():
         budget = int(records.budget[r])
         if policy.draft_choice == "tree":
-            route = walk(tree, uniforms_for(records.entropy[r], tree.max_depth + 1), own_of.get(r), budget)
+            uniforms = uniforms_for(records.entropy[r], history.max_depth + 1)
+            route = walk(history, p_curr, uniforms, own_of.get(r), budget)
             nodes = route.nodes
-            offered = min(len(tree.paths[route.branch]), budget)
+            offered = min(len(history.paths[route.branch]), budget)
             whole = route.complete or len(nodes) >= budget
         else:
-            nodes, offered, whole = _majority_kept(policy, tree, drafts, records, r, budget)
-        source_rows = np.array(sources, np.int64)[tree.source[nodes]]
-        positions = tree.depth[nodes] - 1
+            nodes, offered, whole = _majority_kept(policy, history, p_curr, records, r, budget)
+        source_rows = np.array(sources, np.int64)[history.arrays.source[nodes]]
+        positions = history.arrays.depth[nodes] - 1
         gen = np.array([records.row("gen_logprobs", s)[p] for s, p in zip(source_rows.tolist(), positions.tolist())])
         ages = np.array([records.row("ages", s)[p] for s, p in zip(source_rows.tolist(), positions.tolist())])
-        drift = tree.logprobs[nodes].astype(np.float64) - gen if len(nodes) else np.zeros(0)
+        drift = p_curr[nodes].astype(np.float64) - gen if len(nodes) else np.zeros(0)
         out.append((len(nodes), offered, whole, drift, ages.astype(np.int64)))
     return samples, out
 
 
-def _majority_kept(policy, tree: DraftTree, drafts, records: TraceRecords, r: int, budget: int):
+def _majority_kept(policy, history: History, p_curr: np.ndarray, records: TraceRecords, r: int, budget: int):
     """(kept nodes, path length, kept whole) of the majority path for sample record `r`, cut by the rule with the
     uniforms the run drew for it."""
-    path = majority_path(drafts)
-    tokens = path.token_ids[:budget].tolist()
-    nodes, node = [], ROOT
-    for token in tokens:
-        children = tree.children(node)
-        node = int(children[tree.token[children] == token][0])
-        nodes.append(node)
-    nodes = np.array(nodes, np.int64)
+    path = majority_path(history)
+    nodes = path[:budget]
     seed, key = (int(e) for e in records.entropy[r][:2])
-    slot = int(records.slot[r])
-    entropy = (seed, key, path.visit, slot, len(nodes))
+    visit = history.responses[int(history.arrays.source[path[0]])].visit if len(path) else 0
+    entropy = entropy_of(seed, key, visit, int(records.slot[r]), len(nodes))
     batch = draft_batch(
         [len(nodes)],
         draft_logprobs=[np.zeros(len(nodes))],
         gen_logprobs=[np.zeros(len(nodes))],
         ages=[np.ones(len(nodes), np.int64)],
         uniforms=[uniforms_for(entropy, len(nodes))],
-        scored_logprobs=[tree.logprobs[nodes]],
+        scored_logprobs=[p_curr[nodes]],
     )
     cut = int(checked_cuts(policy, batch, policy.cut(batch))[0]) if len(nodes) else 0
-    whole = cut == len(nodes) and (path.finish_reason == "stop" or len(nodes) >= budget)
+    ended = len(path) and history.arrays.stop[path[-1]]  # the path ends where a response ended by a stop
+    whole = cut == len(nodes) and (bool(ended) or len(nodes) >= budget)
     return nodes[:cut], len(nodes), whole
 
 

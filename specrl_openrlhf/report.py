@@ -28,118 +28,18 @@ import json
 import logging
 import math
 import sys
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .metrics import PER_DRAFT_METRICS, STALENESS_METRICS
+from .metrics import STALENESS_METRICS
+from .plots import plot, plot_frontier, plot_lenience, plot_staleness_gap
 from .references import short_name
+from .run_series import RunSeries, baseline_of, step_row
 
 logger = logging.getLogger(__name__)
 
-CURVES = (  # (key, title) of the per-step plots
-    ("rollout_s", "rollout time per step (s)"),
-    ("decoded_tokens", "decoded tokens per step"),
-    ("full_reuse_ratio", "full-reuse ratio"),
-    ("mean_verified_prefix_len", "mean verified prefix length"),
-    ("kept_share", "share of draft tokens kept"),
-    ("reward", "train reward"),
-    ("lenience", "lenience applied"),
-    ("kl_prev_curr", "staleness: KL(p_prev || p_curr) per token"),
-    ("excess_acceptance", "staleness: excess acceptance"),
-    ("drift_since_decode", "staleness: log p_curr / p_gen"),
-    ("reused_token_age", "staleness: age of reused tokens (visits)"),
-)
-STAGES = {  # OpenRLHF's timing keys -> our stage names
-    "timing/generation": "rollout_s",
-    "timing/make_experience": "make_experience_s",
-    "timing/ppo_train": "train_s",
-    "timing/broadcast": "sync_s",  # the weight sync
-}
-SUMMED = (
-    "decoded_tokens",
-    "reused_tokens",
-    "draft_tokens",
-    "scored_tokens",
-    "drafts_found",
-    "fallbacks",
-    "resampled_tokens",
-    "scoring_requests",
-    "resample_requests",
-    "branch_switches",
-    "reentries",
-)
 # t quantiles for two-sided 95% intervals, by degrees of freedom (1-30); beyond, the normal's
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
 T_975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def step_row(step: int, logs: dict[str, float]) -> dict:
-    """One step's row from OpenRLHF-shaped logs (`rollout/num_samples`, `rollout/reward_mean`, `timing/*`, and the
-    per-sample `reuse/*` metrics averaged over samples): totals per step, and per-draft values as means over the
-    samples that had a draft."""
-    n = float(logs.get("rollout/num_samples", 0.0))
-    row: dict = {"step": step, "samples": n}
-    decoded = logs.get("reuse/decoded_tokens")
-    if decoded is None:  # a stock run decodes every response token
-        decoded = logs.get("rollout/response_length_mean", logs.get("response_length"))
-    if decoded is not None:
-        row["decoded_tokens"] = decoded * n
-    row.update({k: logs[f"reuse/{k}"] * n for k in SUMMED if k != "decoded_tokens" and f"reuse/{k}" in logs})
-    for mean in ("full_reuse_ratio", "accepted_per_step"):  # means over the step's samples
-        if f"reuse/{mean}" in logs:
-            row[mean] = logs[f"reuse/{mean}"]
-    reward = logs.get("rollout/reward_mean", logs.get("reward"))
-    if reward is not None:
-        row["reward"] = reward
-    hit_rate = logs.get("reuse/drafts_found", 0.0)
-    if hit_rate:
-        row.update({k: logs[f"reuse/{k}"] / hit_rate for k in PER_DRAFT_METRICS if f"reuse/{k}" in logs})
-    row.update({ours: logs[tag] for tag, ours in STAGES.items() if tag in logs})
-    phases = [logs.get(f"reuse/time_{p}_s", 0.0) for p in ("scoring", "generation", "assembly")]
-    if sum(phases) and "rollout_s" in row:  # the rollout's share spent scoring, from the samples' latency
-        row["scoring_s"] = row["rollout_s"] * phases[0] / sum(phases)
-    if row.get("draft_tokens"):
-        row["kept_share"] = row.get("reused_tokens", 0.0) / row["draft_tokens"]
-    if row.get("reused_tokens"):  # the price of what was kept: draft tokens scored per token kept
-        row["scored_per_kept"] = row.get("scored_tokens", 0.0) / row["reused_tokens"]
-    return row
-
-
-@dataclass
-class RunSeries:
-    """One training run, normalised: per-step rows and evaluations, whatever wrote them."""
-
-    name: str
-    policy: str
-    lenience: float | None
-    group: str  # runs of one group share a baseline (the group's `off` run)
-    source: str
-    method: str = ""  # the rule as compared across seeds (name and lenience)
-    regime: str = ""
-    seed: int | None = None
-    steps: list[dict] = field(default_factory=list)  # step, rollout_s, decoded_tokens, reward, ... (totals per step)
-    evals: list[dict] = field(default_factory=list)  # step or epoch, and one accuracy per dataset
-    accuracy_before: float | None = None
-
-    def __post_init__(self):
-        self.method = self.method or short_name(self.policy)
-
-    @property
-    def is_baseline(self) -> bool:
-        return self.policy == "off"
-
-    def total(self, key: str) -> float:
-        return sum(float(row.get(key) or 0.0) for row in self.steps)
-
-    def per_draft_mean(self, key: str) -> float | None:
-        """A per-draft value over the whole run: the mean over every draft of every step."""
-        weights = [(row[key], row.get("drafts_found", 0.0)) for row in self.steps if row.get(key) is not None]
-        drafts = sum(w for _, w in weights)
-        return sum(v * w for v, w in weights) / drafts if drafts else None
-
-    def final_accuracy(self) -> dict[str, float]:
-        return {k: v for k, v in self.evals[-1].items() if k not in ("step", "epoch")} if self.evals else {}
 
 
 # ---- readers ---------------------------------------------------------------------------------------------------
@@ -292,16 +192,20 @@ def discover(root: Path) -> list[RunSeries]:
 # ---- tables ----------------------------------------------------------------------------------------------------
 
 
-def baseline_of(run: RunSeries, runs: list[RunSeries]) -> RunSeries | None:
-    return next((r for r in runs if r.group == run.group and r.is_baseline), None)
-
-
 def ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
+# Verified in the engine: (row key, header, the run's value), shown for runs that report them
+ENGINE_COLUMNS = (
+    ("accepted_per_step", "accepted/step", lambda run: run.step_mean("accepted_per_step")),
+    ("reentries_per_sample", "re-entries/sample", lambda run: ratio(run.total("reentries"), run.total("samples"))),
+)
+
+
 def table_rows(runs: list[RunSeries]) -> list[dict]:
-    """One row per run: the paper's Table 3 columns, the staleness meter over the run, and the time breakdown."""
+    """One row per run: the paper's Table 3 columns, the staleness meter over the run, what the engine verified (for
+    `lossless` in the engine), and the time breakdown."""
     rows = []
     for run in runs:
         base = baseline_of(run, runs)
@@ -322,6 +226,8 @@ def table_rows(runs: list[RunSeries]) -> list[dict]:
             value = run.per_draft_mean(key)
             if value is not None:
                 row[key] = value
+        if run.step_mean("accepted_per_step") is not None:
+            row.update({key: value(run) for key, _, value in ENGINE_COLUMNS})
         for stage in sorted({k for r in run.steps for k in r if k.endswith("_s")}):
             row[f"time_{stage}"] = run.total(stage)
         rows.append(row)
@@ -392,7 +298,7 @@ def lenience_label(run: RunSeries) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    """The Table-3 shape with the staleness meter, then the time breakdown by stage."""
+    """The Table-3 shape with the staleness meter, what the engine verified, then the time breakdown by stage."""
     accuracy_keys = sorted({k for r in rows for k in r if k.startswith("acc_")})
     meter = [k for k in STALENESS_METRICS if any(k in r for r in rows)]
     head = ["run", "policy", "ℓ", "Tokens (M)", "Speedup", *[k.removeprefix("acc_") for k in accuracy_keys], *meter]
@@ -402,6 +308,13 @@ def markdown(rows: list[dict]) -> str:
         cells += [_percent(r.get(k)) for k in accuracy_keys]
         cells += [_number(r.get(k)) for k in meter]
         lines.append("| " + " | ".join(cells) + " |")
+    engine = [r for r in rows if ENGINE_COLUMNS[0][0] in r]
+    if engine:
+        lines += ["", "| run (verified in the engine) | " + " | ".join(h for _, h, _ in ENGINE_COLUMNS) + " |"]
+        lines.append("| --- |" + " ---: |" * len(ENGINE_COLUMNS))
+        lines += [
+            f"| {r['run']} | " + " | ".join(_number(r.get(k)) for k, _, _ in ENGINE_COLUMNS) + " |" for r in engine
+        ]
     stages = sorted({k for r in rows for k in r if k.startswith("time_")})
     if stages:
         lines += ["", "| run | " + " | ".join(s.removeprefix("time_") for s in stages) + " |"]
@@ -449,197 +362,6 @@ def _percent(value) -> str:
 
 def _number(value) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
-
-
-# ---- plots -----------------------------------------------------------------------------------------------------
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-# The rules our grids train, each with its colour in every figure; any other rule gets one from its name's hash.
-KNOWN_RULES = (
-    "off",
-    "spec@1.65",
-    "lossless",
-    "residual",
-    "lossless(draft=majority)",
-    "exact",
-    "spec@e^0.5",
-    "anchored@e^0.5",
-    "delayed@e^0.5",
-    "full",
-    "random",
-    "spec@1",
-    "spec@e^0.2",
-    "spec@e^0.8",
-    "spec@e^2",
-)
-PALETTE = [f"tab:{c}" for c in ("blue", "orange", "green", "red", "purple", "brown", "pink", "gray", "olive", "cyan")]
-PALETTE += ["navy", "gold", "teal", "magenta", "lime", "maroon", "slateblue", "darkorange", "turquoise", "crimson"]
-
-
-def rule_colour(method: str) -> str:
-    """The colour of a rule (a run's `method`) in every figure."""
-    if method in KNOWN_RULES:
-        return PALETTE[KNOWN_RULES.index(method) % len(PALETTE)]
-    return PALETTE[zlib.crc32(method.encode()) % len(PALETTE)]
-
-
-def seeds_label(count: int) -> str:
-    return f"{count} seed" if count == 1 else f"{count} seeds"
-
-
-def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
-    """Every run on each panel: the per-step curves and held-out accuracy."""
-    plt = _pyplot()
-    curves = [(k, t) for k, t in CURVES if any(k in r for run in runs for r in run.steps)]
-    colors = {run.name: rule_colour(run.method) for run in runs}  # a rule's colour, whatever the figure
-    panels = len(curves) + 1
-    columns = 3
-    figure, axes = plt.subplots((panels + columns - 1) // columns, columns, figsize=(15, 4 * ((panels + 2) // 3)))
-    axes = list(getattr(axes, "flat", [axes]))
-    for axis, (key, name) in zip(axes, curves):
-        for run in runs:
-            points = [(r["step"], r[key]) for r in run.steps if key in r and r[key] is not None]
-            if points:
-                axis.plot(*zip(*points), label=run.name, color=colors[run.name])
-        axis.set_title(name)
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-    accuracy_axis = axes[len(curves)]
-    for run in runs:
-        datasets = sorted({k for e in run.evals for k in e if k not in ("step", "epoch")})
-        for dataset, style in zip(datasets, ("o-", "s--", "^:", "d-.")):
-            points = [(e["step"], e[dataset]) for e in run.evals if dataset in e]
-            if run.accuracy_before is not None and len(datasets) == 1:
-                points.insert(0, (0, run.accuracy_before))  # the starting policy
-            label = run.name if len(datasets) == 1 else f"{run.name} {dataset}"
-            accuracy_axis.plot(*zip(*points), style, label=label, color=colors[run.name])
-    accuracy_axis.set_xlabel("step")
-    accuracy_axis.set_title("held-out accuracy")
-    accuracy_axis.grid(alpha=0.3)
-    for axis in axes[len(curves) + 1 :]:
-        axis.axis("off")
-    axes[0].legend(fontsize=7)
-    if title:
-        figure.suptitle(title)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
-
-
-def plot_lenience(runs: list[RunSeries], path: Path) -> Path | None:
-    """Decoded tokens and final accuracy against lenience over the spec runs, `full` at ℓ = ∞ on the right, and the
-    baselines' values as flat lines (the lenience ablation)."""
-    spec = sorted((r for r in runs if r.policy == "spec" and r.lenience), key=lambda r: r.lenience)
-    if len(spec) < 2:
-        return None
-    plt = _pyplot()
-    points = [(r.lenience, r) for r in spec]
-    infinity = spec[-1].lenience * 2.5  # where ℓ = ∞ (the policy `full`) is drawn
-    points += [(infinity, r) for r in runs if r.policy == "full"]
-    x = [p for p, _ in points]
-    figure, left = plt.subplots(figsize=(7, 4))
-    left.semilogx(x, [r.total("decoded_tokens") for _, r in points], "o-", color="tab:blue")
-    left.set_xlabel("lenience ℓ")
-    left.set_ylabel("decoded tokens", color="tab:blue")
-    right = left.twinx()
-    first = next(iter(spec[0].final_accuracy()), None)
-    if first is not None:
-        right.semilogx(x, [r.final_accuracy().get(first, math.nan) for _, r in points], "s--", color="tab:red")
-        right.set_ylabel(f"{first} accuracy", color="tab:red")
-    left.set_xticks(x, [f"{p:.3g}" if p != infinity else "∞" for p in x])
-    left.minorticks_off()
-    for base in {id(b): b for _, r in points if (b := baseline_of(r, runs))}.values():
-        left.axhline(base.total("decoded_tokens"), color="tab:blue", alpha=0.3)
-        if first is not None:
-            right.axhline(base.final_accuracy().get(first, math.nan), color="tab:red", alpha=0.3)
-    left.set_title("lenience ablation (flat lines: the baselines)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
-
-
-def _gap_point(axis, x: float, row: dict, marker: str, label: str) -> None:
-    """One paired row's accuracy difference (points) at x, with its 95% interval when there is one."""
-    low = 0.0 if math.isnan(row["acc_diff_lo"]) else 100 * (row["acc_diff"] - row["acc_diff_lo"])
-    high = 0.0 if math.isnan(row["acc_diff_hi"]) else 100 * (row["acc_diff_hi"] - row["acc_diff"])
-    axis.errorbar(
-        x,
-        100 * row["acc_diff"],
-        yerr=[[low], [high]],
-        fmt=marker,
-        color=rule_colour(row["method"]),
-        capsize=3,
-        label=label,
-    )
-
-
-def plot_staleness_gap(paired: list[dict], path: Path) -> Path | None:
-    """The paired accuracy gap against the measured staleness, one point per rule and regime, with its 95% interval
-    over seeds: against the KL per visit, the excess acceptance and the drift since decoding."""
-    points = [r for r in paired if not math.isnan(r["acc_diff"]) and not math.isnan(r["kl_prev_curr"])]
-    if len(points) < 2:
-        return None
-    plt = _pyplot()
-    panels = (
-        ("kl_prev_curr", "KL(p_prev || p_curr) per scored token"),
-        ("excess_acceptance", "excess acceptance (kept only by lenience)"),
-        ("drift_since_decode", "mean log p_curr / p_gen since decoding"),
-    )
-    regimes = sorted({r["regime"] for r in points})
-    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), sharey=True)
-    for axis, (key, title) in zip(axes, panels):
-        for r in points:
-            marker = "os^dvP"[regimes.index(r["regime"]) % 6]
-            _gap_point(axis, r[key], r, marker, f"{r['method']}, {r['regime']}")
-        axis.axhline(0.0, color="black", alpha=0.4)
-        axis.set_xlabel(title)
-        axis.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out acc. − off (points, 95% CI)")
-    axes[-1].legend(fontsize=7)
-    figure.suptitle("accuracy gap against staleness (marker: regime, colour: rule)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
-
-
-def plot_frontier(paired: list[dict], path: Path) -> Path | None:
-    """Decoded tokens against held-out accuracy, one panel per regime: each rule's token ratio against its baseline
-    and its paired accuracy difference, with the 95% interval over seeds. The baseline sits at (1, 0)."""
-    points = [r for r in paired if not math.isnan(r["acc_diff"]) and not math.isnan(r["token_ratio"])]
-    if not points:
-        return None
-    plt = _pyplot()
-    regimes = sorted({r["regime"] for r in points})
-    figure, axes = plt.subplots(1, len(regimes), figsize=(6 * len(regimes), 4.5), sharey=True, squeeze=False)
-    for axis, regime in zip(axes[0], regimes):
-        axis.plot([1.0], [0.0], "ks", label="off")
-        for r in (r for r in points if r["regime"] == regime):
-            _gap_point(axis, r["token_ratio"], r, "o", f"{r['method']} ({seeds_label(r['seeds'])})")
-        axis.axhline(0.0, color="black", alpha=0.4)
-        axis.axvline(2.0, color="grey", alpha=0.3, linestyle="--")
-        axis.set_xlabel("decoded tokens: baseline / rule (higher decodes less)")
-        axis.set_title(regime or "runs")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
-    axes[0][0].set_ylabel("held-out acc. − off (points, 95% CI)")
-    figure.suptitle("the frontier: tokens saved against accuracy kept")
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
 
 
 def write_report(runs: list[RunSeries], out: Path) -> dict[str, Path]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .trace import uniforms_for
+from .sample import uniforms_for
 
 RESIDUAL_STREAM = 1  # entropy suffix of the uniform that draws a rejected position from the residual
 

@@ -2,14 +2,16 @@
 
 Terminology:
 - *draft*: what a sample proposes (`proposal`): its own previous response, the majority path, or a walk through the
-  tree of its prompt's previous responses; truncated to what the engine can take.
+  tree of its prompt's previous responses (`history.History`); truncated to what the engine can take.
 - *verified prefix*: draft[:cut], the tokens the rule keeps (the *cut*); a rule that reads p_curr gets it from
   scoring requests (`scoring.DraftScorer`).
 - *continuation*: what the engine generates after the verified prefix (and a redrawn token, for rules that redraw).
 - *assembly*: verified prefix + continuation, and the draft for the next visit (`assembly.Assembler`).
 
-`SpeculativePlanner` sequences these for each sample: the driver (`integration.vllm_rollout`) sends the requests it
-asks for and hands the answers back. `lossless` verified in the engine skips all of it (`integration.vllm_proposer`).
+`SpeculativePlanner` sequences these for each sample. The driver (`integration.request_path`) talks to it through its
+methods only: `open_visit`, the requests of a visit and of each sample (`visit_rounds`, `next_request`), their answers
+(`take_visit_answer`, `take_answer`, `recover`, `rescoring`), `assemble` and `take_feedback`. `lossless` verified in
+the engine needs none of it (`integration.engine_path`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,137 +27,32 @@ import torch
 from .adaptive import FeedbackBuffer
 from .assembly import Assembler
 from .cache import Draft
-from .metrics import ReuseStats
+from .config import REUSED_LOGPROBS, SCORING_MODES
+from .history import History
 from .policies import ReusePolicy
 from .policies.base import checked_cuts
-from .proposal import majority_path
+from .proposal import majority_path, walk
 from .residual import redraw
-from .scoring import DraftScorer, ScoringRequest, batch_of
-from .trace import TraceWriter, record_cut, uniforms_for
-from .tree import DraftTree, walk
+from .sample import NO_OWN_DRAFT, Sample, VisitTree, entropy_of, uniforms_for
+from .scoring import DraftScorer, ScoringAnswer, ScoringRequest, batch_of
+from .trace import TraceWriter, record_cut
 
 logger = logging.getLogger(__name__)
-
-REUSED_LOGPROBS = ("auto", "scored", "draft")
-SCORING_MODES = ("chunked", "full")
-NO_OWN_DRAFT = 1 << 32  # the length field of a tree sample's entropy when it has no previous response of its own
-
-
-PENALTIES = {"repetition_penalty": (1.0, None), "presence_penalty": (0.0, None), "frequency_penalty": (0.0, None)}
-
-
-class UnsupportedSamplingError(ValueError):
-    """Sampling settings under which p_prev and p_curr would describe different distributions."""
-
-
-def check_sampling(
-    policy: ReusePolicy, *, min_tokens: int = 0, processed_logprobs: bool = False, **settings
-) -> list[str]:
-    """Fail unless the scored (always raw) logprobs describe the distribution samples are drawn from; return
-    warnings for what is close but not exact.
-
-    vLLM's prompt logprobs, which scoring uses, are raw: temperature 1, no top-p/top-k/min-p, no penalties. A
-    lenient ratio between a raw p_curr and a tempered or truncated p_prev is meaningless, so policies that score
-    drafts need plain sampling. Policies that do not score (random, full, off) accept any settings. With
-    `min_tokens` > 0 the engine masks EOS at the first positions; when the engine reports processed logprobs (as
-    OpenRLHF sets it for the IS correction), a draft's p_prev there is renormalised without EOS while the scored
-    p_curr is not: their ratio is off by 1 - p(EOS) at those positions, which the warning says.
-    Keyword arguments are SamplingParams fields (temperature, top_p, top_k, min_p and the penalties).
-    """
-    if policy.verifies_in_engine:  # vLLM verifies under the request's own temperature, top-p and top-k
-        # under speculative decoding vLLM ignores min-p and logit bias; penalties are refused as untested with drafts
-        _refuse(
-            settings,
-            {"min_p": (0.0, None), "logit_bias": (None, {}), **PENALTIES},
-            f"reuse policy {policy.name!r} verifies drafts inside vLLM, which samples with temperature, top-p and "
-            "top-k as asked but ignores min-p and logit bias under speculative decoding (and penalties are not "
-            "tested there); sampling uses {names}. Drop them, or set verify='requests' (--reuse.params "
-            '\'{"verify": "requests"}\'), which needs plain sampling.',
-        )
-        return []
-    if not policy.needs_scores:
-        return []
-    _refuse(
-        settings,
-        {"temperature": (1.0,), "top_p": (1.0, None), "top_k": (0, -1, None), "min_p": (0.0, None), **PENALTIES},
-        f"reuse policy {policy.name!r} scores drafts with vLLM prompt logprobs, which are always raw "
-        "(temperature 1, no top-p/top-k/min-p/penalties), but sampling uses {names}. Sample with "
-        "temperature 1.0, top_p 1.0 and top_k -1 (the paper's setting, --rollout.temperature 1.0 "
-        "--rollout.top_p 1.0), or pick a policy that does not score drafts (random, full, off).",
-    )
-    if min_tokens and processed_logprobs:
-        return [
-            f"the engine masks EOS at the first {min_tokens} position(s) (min_tokens) and reports processed logprobs: "
-            "there a draft's p_prev is renormalised without EOS and p_curr is not, so their ratio is off by "
-            "1 - p(EOS), which is negligible unless responses often end at once"
-        ]
-    return []
-
-
-def _refuse(settings: dict, allowed: dict, message: str) -> None:
-    """Raise `message`, its "{names}" replaced by the offending settings, when one is outside its allowed values."""
-    bad = {k: v for k, v in settings.items() if k in allowed and v not in allowed[k]}
-    if bad:
-        raise UnsupportedSamplingError(message.replace("{names}", ", ".join(f"{k}={v}" for k, v in bad.items())))
-
-
-@dataclass
-class Sample:
-    """State of one sample through the speculative rollout."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    draft: Draft | None = None  # already truncated to what this visit can use
-    draft_ended: bool = False  # the (untruncated) draft ended by a stop condition (EOS or stop string)
-    scored: np.ndarray | None = None  # [L] float32 log p_curr of the draft tokens, NaN where not scored (yet)
-    uniforms: np.ndarray | None = None  # [L] float64
-    entropy: tuple[int, ...] = ()  # what the uniforms were drawn from (traces store it)
-    ages_now: np.ndarray | None = None  # [L] int64, visits since each draft token was decoded, counting this one
-    scored_top: tuple[np.ndarray, np.ndarray] | None = None  # ([L, k] ids, [L, k] logprobs) of p_curr (lossless)
-    cut: int = 0
-    decided: bool = False  # the cut is final
-    continued: bool = False  # its continuation was asked for (`next_request`)
-    resampled: tuple[int, float] | None = None  # the rejected position, redrawn from the residual: (token, log p_curr)
-    excluded: tuple[int, ...] = ()  # tokens the continuation's first step must not sample (`lossless`)
-    excluded_mass: float = 0.0  # their summed p_curr
-    tree: DraftTree | None = None  # the visit's tree of previous responses, shared by its samples (`draft="tree"`)
-    own: int | None = None  # the sample's own previous response among the tree's, None without one
-    forecast: tuple[int, int] | None = None  # (forecast cut, first draft position) at its first scoring request
-    unserved: np.ndarray | None = None  # [k] draft positions a visit's request read from the prefix cache: rescored
-    stats: ReuseStats = field(default_factory=ReuseStats)
-
-    @property
-    def prefix_len(self) -> int:
-        """Tokens the continuation starts after: the verified prefix, and the redrawn token if there is one."""
-        return self.cut + (self.resampled is not None)
-
-    @property
-    def draft_len(self) -> int:
-        return 0 if self.draft is None else len(self.draft)
-
-    @property
-    def walks(self) -> bool:
-        """It proposes from a tree it has not walked yet: its draft is the path the walk takes (`decide`)."""
-        return self.tree is not None and not self.decided
-
-    @property
-    def scored_upto(self) -> int:
-        """How many leading draft tokens have p_curr."""
-        if self.scored is None:
-            return 0
-        unknown = np.flatnonzero(np.isnan(self.scored))
-        return int(unknown[0]) if len(unknown) else len(self.scored)
 
 
 @dataclass(frozen=True)
 class ContinuationRequest:
     """Generate up to `max_tokens` after `token_ids` (prompt + verified prefix [+ a redrawn token]); `verified`: the
-    response tokens before it; `excluded`: tokens the first step must not sample (`lossless`)."""
+    response tokens before it; `excluded`: tokens the first step must not sample (`lossless`); `top_k`: each
+    generated token's top-k to return (rules that redraw); `expected_tokens`: how long it likely runs (the rest of
+    the draft), which orders continuations under priority scheduling."""
 
     token_ids: list[int]
     max_tokens: int
     verified: int
     excluded: tuple[int, ...] = ()
+    top_k: int = 0
+    expected_tokens: int = 1
 
 
 class SpeculativePlanner:
@@ -217,8 +114,9 @@ class SpeculativePlanner:
             top_k=self.top_k,
             lenience=policy.lenience,
         )
+        self.processed_logprobs = bool(processed_logprobs)
         self.trace = trace
-        self.feedback = FeedbackBuffer()  # a stateful rule's reports, until the rollout sends them on
+        self.feedback = FeedbackBuffer()  # a stateful rule's reports, until the driver sends them on
 
     # ---- drafts ----------------------------------------------------------------------------------------------------
 
@@ -228,18 +126,27 @@ class SpeculativePlanner:
         """The `count` samples of one visit (one prompt, one budget), from what the cache gave the visit: a draft per
         slot (None where there is none), then, with `history` 2, the responses of the visit before. Each sample
         proposes its own draft, or, by the rule's `draft_choice`, the majority path through all of the responses
-        (numbered per sample, so that each draws its own uniforms), or their tree (one `DraftTree`, shared)."""
+        (numbered per sample, so that each draws its own uniforms), or their tree (one `VisitTree`, shared)."""
         claimed = list(claimed)
         own = (claimed[:count] + [None] * count)[:count]
         older = claimed[count:]
         choice = self.policy.draft_choice if self.policy.draft_age else "own"
         if choice == "majority":
-            path = majority_path(own + older)
-            if path is not None:
+            responses = [d for d in own + older if d is not None and len(d)]
+            history = History.of_drafts(responses)
+            nodes = majority_path(history)
+            if len(nodes):
+                path = history.draft_along(nodes)
                 own = [path.numbered(path.visit, index) for index in range(count)]
         if choice != "tree":
             return [self.new_sample(prompt_ids, max_tokens, draft, key) for draft in own]
         return self._tree_samples(prompt_ids, max_tokens, own, older, key)
+
+    def open_visit(self, prompt_ids, max_tokens: int, claimed: list, key: bytes = b"", count: int = 1) -> list[Sample]:
+        """A visit's samples (`visit_samples`), with the cuts of rules that read no p_curr already made."""
+        samples = self.visit_samples(prompt_ids, max_tokens, claimed, key, count)
+        self.decide(samples)
+        return samples
 
     def new_sample(self, prompt_ids, max_tokens: int, draft: Draft | None, key: bytes = b"") -> Sample:
         """Wrap a request and its draft, truncating the draft to the budget, the context and the vocabulary."""
@@ -253,7 +160,7 @@ class SpeculativePlanner:
         sample.ages_now = sample.draft.ages.astype(np.int64) + self.policy.draft_age
         sample.stats.drafts_found = 1
         sample.stats.draft_tokens = len(draft)
-        sample.entropy = self._entropy(key, draft.visit, draft.index, len(draft))
+        sample.entropy = entropy_of(self.seed, key, draft.visit, draft.index, len(draft))
         sample.uniforms = uniforms_for(sample.entropy, len(draft))
         if self.scores_drafts:
             sample.scored = np.full(len(draft), np.nan, np.float32)
@@ -263,10 +170,6 @@ class SpeculativePlanner:
                 np.full((len(draft), self.top_k), -np.inf, np.float32),
             )
         return sample
-
-    def _entropy(self, key: bytes, visit: int, index: int, length: int) -> tuple[int, ...]:
-        """What a sample's uniforms are drawn from: the seed, the prompt, and the draft's visit, index and length."""
-        return (self.seed, int.from_bytes(key[:8] or b"\0", "little"), int(visit), int(index), int(length))
 
     def _usable(self, draft: Draft | None, prompt_len: int, max_tokens: int) -> tuple[Draft | None, int]:
         """The part of a draft this visit can use: within the budget and the context (prompt + draft + 1 <=
@@ -292,7 +195,7 @@ class SpeculativePlanner:
         return dataclasses.replace(draft.head(len(tokens)), finish_reason="length"), corrupt
 
     def _tree_samples(self, prompt_ids, max_tokens: int, own: list, older: list, key: bytes) -> list[Sample]:
-        """Samples that share one `DraftTree` of the visit's usable responses (their own ones first, in slot order).
+        """Samples that share one `VisitTree` of the visit's usable responses (their own ones first, in slot order).
         Each draws its uniforms as its own draft would, so that, for the same p_curr, its walk keeps at least what
         that draft alone would keep."""
         samples = [Sample(prompt_ids=list(prompt_ids), max_tokens=int(max_tokens)) for _ in own]
@@ -309,19 +212,19 @@ class SpeculativePlanner:
             samples[0].stats.invalid_drafts = corrupt
         if not usable:
             return samples
-        tree = DraftTree(usable)
-        tree.own_count = sum(slot is not None for slot in slots[: len(own)])
+        tree = VisitTree.of(History.of_drafts(usable), sum(slot is not None for slot in slots[: len(own)]))
         for slot, sample in enumerate(samples):
             sample.tree, sample.own = tree, slots[slot]
             mine = None if sample.own is None else usable[sample.own]
             sample.entropy = (
-                self._entropy(key, mine.visit, mine.index, len(mine))
+                entropy_of(self.seed, key, mine.visit, mine.index, len(mine))
                 if mine is not None
-                else self._entropy(key, usable[0].visit, slot, NO_OWN_DRAFT)
+                else entropy_of(self.seed, key, usable[0].visit, slot, NO_OWN_DRAFT)
             )
-            sample.uniforms = uniforms_for(sample.entropy, tree.max_depth + 1)
+            sample.uniforms = uniforms_for(sample.entropy, tree.history.max_depth + 1)
             sample.stats.drafts_found = 1
-            sample.stats.tree_branches, sample.stats.tree_nodes = len(tree.branches), tree.num_nodes - 1
+            sample.stats.tree_branches = len(tree.history.branches)
+            sample.stats.tree_nodes = tree.history.num_nodes - 1
         return samples
 
     # ---- the policy cuts -----------------------------------------------------------------------------------------
@@ -363,14 +266,14 @@ class SpeculativePlanner:
         """Walk the sample's scored tree (`tree.walk`): its draft becomes the path it kept, its cut that path's length,
         and the children of the node it left the tree at are what the continuation's first step excludes."""
         tree = sample.tree
-        route = walk(tree, sample.uniforms, sample.own, sample.max_tokens)
-        sample.draft = tree.draft_along(route.nodes)
+        route = walk(tree.history, tree.logprobs, sample.uniforms, sample.own, sample.max_tokens)
+        sample.draft = tree.history.draft_along(route.nodes)
         sample.scored = tree.logprobs[route.nodes].copy()
         sample.ages_now = sample.draft.ages.astype(np.int64) + self.policy.draft_age
         sample.cut, sample.decided, sample.draft_ended = len(route.nodes), True, route.complete
         sample.excluded, sample.excluded_mass = route.excluded, route.excluded_mass
         stats = sample.stats
-        stats.draft_tokens = min(len(tree.paths[route.branch]), sample.max_tokens)  # the branch it ended on
+        stats.draft_tokens = min(len(tree.history.paths[route.branch]), sample.max_tokens)  # the branch it ended on
         stats.branch_switches = route.switches
         stats.rejected_drafts = int(route.rejected)
         stats.resampled_tokens = int(len(route.excluded) > 0)
@@ -415,7 +318,37 @@ class SpeculativePlanner:
         sample.continued = True
         if (continuation := self.continuation(sample)) is None:
             return None
-        return ContinuationRequest(*continuation, sample.prefix_len, sample.excluded)
+        expected = max(sample.draft_len - sample.cut, 1) if sample.draft is not None else continuation[1]
+        return ContinuationRequest(*continuation, sample.prefix_len, sample.excluded, self.top_k, expected)
+
+    def visit_rounds(self, samples: list[Sample]):
+        """The requests a visit sends for all of its samples, round by round (`DraftScorer.visit_rounds`): each
+        round's answers go to `take_visit_answer` before the next round is asked for."""
+        return self.scorer.visit_rounds(samples)
+
+    def take_visit_answer(self, samples: list[Sample], request: ScoringRequest, answer: ScoringAnswer) -> None:
+        self.scorer.take_visit_scores(samples, request, answer)
+
+    def take_answer(self, sample: Sample, request: ScoringRequest, answer: ScoringAnswer, siblings=()) -> np.ndarray:
+        """The answer to one of the sample's own scoring requests. Returns the draft positions still unknown, [k]
+        int64: those the prefix cache served that no sibling (a sample of the same visit) has scored yet. The driver
+        may wait for siblings' requests in flight and `recover` them, then score the rest (`rescoring`)."""
+        missing = self.scorer.take_scores(sample, request, answer)
+        return self.recover(sample, missing, siblings) if len(missing) else missing
+
+    def recover(self, sample: Sample, missing: np.ndarray, siblings) -> np.ndarray:
+        """Positions `missing` filled from siblings that scored the same tokens; returns those still missing."""
+        return self.scorer.recover_scores(sample, missing, siblings)
+
+    def rescoring(self, sample: Sample, missing: np.ndarray) -> list[ScoringRequest]:
+        """Requests for positions that neither a request nor a sibling gave."""
+        return self.scorer.rescoring(sample, missing)
+
+    def take_feedback(self, at_least: int) -> tuple[dict[str, float], int]:
+        """A stateful rule's feedback once `at_least` samples reported (its sums and their count), else ({}, 0)."""
+        if self.feedback.samples < at_least:
+            return {}, 0
+        return self.feedback.take()
 
     # ---- continuation and assembly -------------------------------------------------------------------------------
 

@@ -11,24 +11,21 @@ Terminology:
 - *chunk*: the part of a draft one request scores, for rules whose first rejection decides the cut (`ChunkSchedule`,
   `CutForecast`).
 
-`DraftScorer` holds these decisions; the planner (`rollout.SpeculativePlanner`) asks it for requests and hands it the
-answers. Core module: numpy and torch only.
+`DraftScorer` holds these decisions; the planner (`rollout.SpeculativePlanner`) asks it for requests, and the driver
+hands it the answers through the planner. Core module: numpy and torch only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .history import ROOT
 from .policies import DraftBatch, ReusePolicy
 from .policies.base import checked_cuts, draft_batch
-from .tree import ROOT, DraftTree
-
-if TYPE_CHECKING:
-    from .rollout import Sample
+from .sample import Sample, VisitTree
 
 MAX_NEXT_TOKEN_IDS = 128  # vLLM's cap on `logprob_token_ids`
 MAX_POINT_PROBES = 4  # more positions missing than this: rescore them without reading the prefix cache
@@ -46,8 +43,9 @@ class ScoringRequest:
     end: int
     read_cache: bool
     next_token_ids: tuple[int, ...] = ()
-    branch: int | None = None  # a tree's request: the draft is that response of the visit's `DraftTree`
+    branch: int | None = None  # a tree's request: the draft is that response of the visit's `VisitTree`
     sample: int | None = None  # a visit's request for one of its samples: the draft is that sample's (its index)
+    top_k: int = 0  # p_curr's top-k at each scored position, for rules that redraw rejected positions
 
 
 @dataclass(frozen=True)
@@ -189,7 +187,9 @@ class DraftScorer:
         if len(needy) < 2:
             return None
         first_tokens = tuple(sorted({int(s.draft.token_ids[0]) for s in needy}))
-        return ScoringRequest(list(needy[0].prompt_ids), 0, 0, True, first_tokens[:MAX_NEXT_TOKEN_IDS])
+        return ScoringRequest(
+            list(needy[0].prompt_ids), 0, 0, True, first_tokens[:MAX_NEXT_TOKEN_IDS], top_k=self.top_k
+        )
 
     @staticmethod
     def take_probe(samples: list[Sample], request: ScoringRequest, answer: ScoringAnswer) -> None:
@@ -226,14 +226,15 @@ class DraftScorer:
                 ]
                 yield [probe, *firsts]
             return
-        prompt = samples[0].prompt_ids
-        shared = self.read_cache and len(tree.branches) >= 2  # the branches share the prompt: it is computed once
+        prompt, history = samples[0].prompt_ids, tree.history
+        branches = history.branches
+        shared = self.read_cache and len(branches) >= 2  # the branches share the prompt: it is computed once
         requests = []
         if shared:  # positions the cache serves come without log-probs: the root's children come from the probe
-            first_tokens = tuple(int(t) for t in tree.token[tree.children(ROOT)][:MAX_NEXT_TOKEN_IDS])
-            requests.append(ScoringRequest(list(prompt), 0, 0, True, first_tokens, branch=tree.branches[0]))
-        for response in tree.branches:
-            tokens = tree.path_tokens(response)
+            first_tokens = tuple(int(t) for t in history.token_of(history.children(ROOT))[:MAX_NEXT_TOKEN_IDS])
+            requests.append(ScoringRequest(list(prompt), 0, 0, True, first_tokens, branch=branches[0]))
+        for response in branches:
+            tokens = history.path_tokens(response)
             end = len(tokens) - 1 if shared else len(tokens)  # the last token as the one that follows the request
             follows = (int(tokens[end]),) if end < len(tokens) else ()
             requests.append(ScoringRequest(prompt + tokens[:end].tolist(), 0, end, shared, follows, branch=response))
@@ -244,27 +245,29 @@ class DraftScorer:
         tree.scored = True
 
     @staticmethod
-    def _tree_rescoring(prompt: list[int], tree: DraftTree, missing: np.ndarray) -> list[ScoringRequest]:
+    def _tree_rescoring(prompt: list[int], tree: VisitTree, missing: np.ndarray) -> list[ScoringRequest]:
         """Requests for tree nodes that no request gave (the prefix cache served them): a point probe per parent
         (its path, scoring the missing children as the tokens that follow), or, when many parents are missing, the
         branches through them without reading the cache."""
-        parents = sorted(set(tree.parent[missing].tolist()))
+        history = tree.history
+        nodes = history.arrays
+        parents = sorted(set(nodes.parent[missing].tolist()))
         if len(parents) <= MAX_POINT_PROBES:
             requests = []
             for parent in parents:
-                children = tree.children(parent)
+                children = history.children(parent)
                 wanted = children[np.isnan(tree.logprobs[children])]
-                response, depth = int(tree.source[wanted[0]]), int(tree.depth[parent])
-                tokens = tuple(int(t) for t in tree.token[wanted][:MAX_NEXT_TOKEN_IDS])
-                prefix = prompt + tree.path_tokens(response)[:depth].tolist()
+                response, depth = int(nodes.source[wanted[0]]), int(nodes.depth[parent])
+                tokens = tuple(int(t) for t in nodes.token[wanted][:MAX_NEXT_TOKEN_IDS])
+                prefix = prompt + history.path_tokens(response)[:depth].tolist()
                 requests.append(ScoringRequest(prefix, depth, depth, True, tokens, branch=response))
             return requests
-        unknown = np.zeros(tree.num_nodes, bool)
+        unknown = np.zeros(history.num_nodes, bool)
         unknown[missing] = True
         return [
-            ScoringRequest(prompt + tree.path_tokens(r).tolist(), 0, len(tree.paths[r]), False, (), branch=r)
-            for r in tree.branches
-            if unknown[tree.paths[r]].any()
+            ScoringRequest(prompt + history.path_tokens(r).tolist(), 0, len(history.paths[r]), False, (), branch=r)
+            for r in history.branches
+            if unknown[history.paths[r]].any()
         ]
 
     def take_visit_scores(self, samples: list[Sample], request: ScoringRequest, answer: ScoringAnswer) -> None:
@@ -287,13 +290,14 @@ class DraftScorer:
         known_before = int(np.isfinite(tree.logprobs).sum())
         stats.scoring_requests += 1
         stats.scoring_prefill_tokens += len(request.token_ids) - answer.cached
-        nodes = tree.paths[request.branch][request.start : request.end]
+        path = tree.history.paths[request.branch]
+        nodes = path[request.start : request.end]
         unknown = np.isnan(tree.logprobs[nodes])
         tree.logprobs[nodes[unknown]] = answer.logprobs[unknown]
         if answer.follows:
-            parent = tree.paths[request.branch][request.end - 1] if request.end else ROOT
-            for child in tree.children(parent).tolist():
-                value = answer.follows.get(int(tree.token[child]), np.nan)
+            parent = path[request.end - 1] if request.end else ROOT
+            for child, token in zip(tree.history.children(parent).tolist(), tree.history.kids[parent]):
+                value = answer.follows.get(int(token), np.nan)
                 if np.isnan(tree.logprobs[child]):
                     tree.logprobs[child] = value
         stats.scored_tokens += int(np.isfinite(tree.logprobs).sum()) - known_before
@@ -334,7 +338,7 @@ class DraftScorer:
             end = sample.cut
         tokens = sample.prompt_ids + sample.draft.token_ids[:end].tolist()
         follows = (int(sample.draft.token_ids[end]),) if self.read_cache and end < sample.draft_len else ()
-        return ScoringRequest(tokens, start, end, self.read_cache, follows)
+        return ScoringRequest(tokens, start, end, self.read_cache, follows, top_k=self.top_k)
 
     def forecast_cut(self, sample: Sample) -> int | None:
         """Where the rule would cut the draft if the tokens not scored yet had p_curr = p_prev (the draft's own
@@ -393,11 +397,13 @@ class DraftScorer:
         tokens = sample.draft.token_ids
         if len(missing) <= MAX_POINT_PROBES:
             return [
-                ScoringRequest(sample.prompt_ids + tokens[:p].tolist(), p, p, True, (int(tokens[p]),))
+                ScoringRequest(
+                    sample.prompt_ids + tokens[:p].tolist(), p, p, True, (int(tokens[p]),), top_k=self.top_k
+                )
                 for p in missing.tolist()
             ]
         start, end = int(missing.min()), int(missing.max()) + 1
-        return [ScoringRequest(sample.prompt_ids + tokens[:end].tolist(), start, end, False)]
+        return [ScoringRequest(sample.prompt_ids + tokens[:end].tolist(), start, end, False, top_k=self.top_k)]
 
     def observe(self, sample: Sample) -> None:
         """A sample's own draft is cut: what it tells the chunk schedule and the forecast (past the first rejection

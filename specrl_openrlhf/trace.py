@@ -30,18 +30,14 @@ from pathlib import Path
 import numpy as np
 
 from .cache import FINISH_REASONS, Draft, write_npz
+from .sample import entropy_of
 
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "specrl-draft-trace"
 FORMAT_VERSION = 3  # 3: token ids, visit groups and slots; 2: p_gen and ages; older traces still load
-ENTROPY_WIDTH = 5  # seed, prompt key, draft visit, draft index, draft length: what `uniforms_for` hashes
+ENTROPY_WIDTH = 5  # seed, prompt key, draft visit, draft index, draft length: `sample.entropy_of`
 HISTORY_SLOT = -1  # the slot of a record that is no sample's own draft: a response of the visit before
-
-
-def uniforms_for(entropy, length: int) -> np.ndarray:
-    """The acceptance uniforms of one draft: fresh per (seed, prompt, draft visit, draft index), reproducible."""
-    return np.random.default_rng([int(e) for e in entropy]).random(length)
 
 
 @dataclass
@@ -264,7 +260,7 @@ def read_traces(directory: str | Path) -> TraceRecords:
 
 
 def record_cut(trace: TraceWriter, sample, draft_age: int, lenience: float | None) -> None:
-    """Record a cut draft (a `rollout.Sample`). A tree sample records its own previous response (empty without one),
+    """Record a cut draft (a `sample.Sample`). A tree sample records its own previous response (empty without one),
     p_curr from the tree, and the tokens its walk kept as its cut; the first of a visit's samples also records the
     responses of the visit before (slot -1): `replay` can then rebuild the visit's tree, or propose from any part of
     it."""
@@ -287,7 +283,8 @@ def record_cut(trace: TraceWriter, sample, draft_age: int, lenience: float | Non
         )
         return
     tree = sample.tree
-    newest = max(r.visit for r in tree.responses)
+    responses = tree.history.responses
+    newest = max(r.visit for r in responses)
     group = visit_group(key, newest)
 
     def record(response: int | None, entropy, cut: int, slot: int) -> None:
@@ -295,7 +292,7 @@ def record_cut(trace: TraceWriter, sample, draft_age: int, lenience: float | Non
             nothing = np.zeros(0, np.float32)
             draft, scored = Draft(np.zeros(0, np.int32), nothing, "length", newest, slot), nothing
         else:
-            draft, scored = tree.responses[response], tree.logprobs[tree.paths[response]]
+            draft, scored = responses[response], tree.logprobs[tree.history.paths[response]]
         ages = draft.ages.astype(np.int64) + draft_age + (newest - draft.visit)
         ended = draft.finish_reason == "stop"
         trace.record(draft, scored, ages, sample.max_tokens, ended, entropy, cut, lenience, group, slot)
@@ -303,6 +300,6 @@ def record_cut(trace: TraceWriter, sample, draft_age: int, lenience: float | Non
     record(sample.own, sample.entropy, sample.cut, int(sample.entropy[3]))
     if not tree.traced:
         tree.traced = True
-        for response in range(tree.own_count, len(tree.responses)):
-            older = tree.responses[response]
-            record(response, (seed, key, older.visit, older.index, len(older)), 0, HISTORY_SLOT)
+        for response in range(tree.own_count, len(responses)):
+            older = responses[response]
+            record(response, entropy_of(seed, key, older.visit, older.index, len(older)), 0, HISTORY_SLOT)

@@ -1,5 +1,6 @@
-"""The proposal component: what a sample proposes from its prompt's history at every step (`HistoryIndex`), and the
-replay of one-hot verification on a recorded response (`verify_steps`)."""
+"""Proposals over a prompt's history (`specrl_openrlhf.proposal`): the greedy path the engine drafts at every step,
+its replay on recorded responses (`verify_steps`), the majority path, and the request path's exact walk through the
+tree. Exactness under a learner that trains on the drafts is tested in tests/policies/test_lossless.py."""
 
 import doctest
 import math
@@ -8,74 +9,154 @@ import numpy as np
 import pytest
 
 from specrl_openrlhf import proposal
-from specrl_openrlhf.proposal import HistoryIndex, verify_steps
+from specrl_openrlhf.history import ROOT, History, logprob_floor
+from specrl_openrlhf.proposal import majority_path, propose, verify_steps, walk
+
+from .helpers import draft
 
 
 def test_doctests():
     assert doctest.testmod(proposal).failed == 0
 
 
-def index_of(*responses, min_match=2, min_accept_prob=0.0, logprobs=None):
-    index = HistoryIndex(min_match, min_accept_prob)
+def history_of(*responses, min_match=2, logprobs=None):
+    history = History(min_match)
     for i, response in enumerate(responses):
-        index.add(response, None if logprobs is None else logprobs[i])
-    return index
+        history.add(response, None if logprobs is None else logprobs[i])
+    return history
+
+
+# ---- the greedy path ----------------------------------------------------------------------------------------------
 
 
 def test_without_history_nothing_is_proposed():
-    index = HistoryIndex()
-    assert len(index) == 0 and index.anchored([]) == [] and index.propose(index.anchored([5]), 4) == []
-    assert index.reentry([1, 2, 3, 4, 5]) == []
+    history = History()
+    assert len(history) == 0 and propose(history, history.anchored([]), 4) == []
+    assert propose(history, history.anchored([5]), 4) == [] and history.reentry([1, 2, 3, 4, 5]) == []
 
 
 def test_inside_the_tree_the_likeliest_child_leads_and_the_path_follows_it():
-    index = index_of(
+    history = history_of(
         [1, 2, 3, 9], [1, 4, 5, 9], [1, 4, 6, 9], logprobs=[[0, -2, 0, 0], [0, -0.5, -1, 0], [0, -0.5, -0.2, 0]]
     )
-    here = index.anchored([1])
-    assert index.propose(here, 8) == [4, 6, 9]  # 4 (p_prev e^-0.5) over 2 (e^-2); then 6 (e^-0.2) over 5
-    assert index.propose(here, 1) == [4]  # at most k
-    assert index.propose(index.anchored([1, 2]), 8) == [3, 9]
-    assert index.anchored([1, 7]) == []  # left the tree
+    here = history.anchored([1])
+    assert propose(history, here, 8) == [4, 6, 9]  # 4 (p_prev e^-0.5) over 2 (e^-2); then 6 (e^-0.2) over 5
+    assert propose(history, here, 1) == [4]  # at most k
+    assert propose(history, history.anchored([1, 2]), 8) == [3, 9]
+
+
+def test_ties_go_to_the_earliest_response():
+    history = history_of([1, 2], [1, 3], [1, 4])
+    assert propose(history, history.anchored([1]), 4) == [2]
 
 
 def test_a_draft_stops_where_the_history_says_it_is_unlikely_accepted():
     logprobs = [[0.0, math.log(0.5), math.log(0.5), math.log(0.5)]]
-    assert index_of([1, 2, 3, 4], logprobs=logprobs).propose([1], 8) == [2, 3, 4]
+    history = history_of([1, 2, 3, 4], logprobs=logprobs)
+    assert propose(history, history.anchored([1]), 8) == [2, 3, 4]
     # cumulative 0.5, 0.25, 0.125: with a floor of 0.2 the third token is not proposed
-    assert index_of([1, 2, 3, 4], min_accept_prob=0.2, logprobs=logprobs).propose([1], 8) == [2, 3]
+    assert propose(history, history.anchored([1]), 8, logprob_floor(0.2)) == [2, 3]
 
 
-def test_finished_siblings_join_the_history():
-    index = index_of([1, 2, 3])
-    assert index.anchored([7, 8]) == []
-    index.add([7, 8, 9, 2])  # a sibling of the visit finished
-    assert index.propose(index.anchored([7, 8]), 4) == [9, 2]
-
-
-def test_a_reentry_takes_the_longest_suffix_match_of_at_least_min_match():
-    index = index_of([5, 6, 7, 8, 1], [9, 6, 7, 3, 1], min_match=2)
-    assert index.propose(index.reentry([0, 5, 6, 7]), 2) == [8, 1]  # [5, 6, 7] matches the first response only
-    both = index.reentry([0, 4, 6, 7])  # only [6, 7] matches: both responses continue from there
-    assert sorted(index.tokens[p] for p in both) == [3, 8]
-    assert index.reentry([0, 4, 7]) == []  # [4, 7] is nowhere: no match of 2 tokens
-    assert index_of([5, 6, 7], min_match=3).reentry([0, 6, 7]) == []  # two tokens are not enough for min_match 3
-
-
-def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="min_match"):
-        HistoryIndex(0)
-    with pytest.raises(ValueError, match="min_accept_prob"):
-        HistoryIndex(4, 1.0)
-    with pytest.raises(ValueError, match="3 tokens came with 2 log-probs"):
-        HistoryIndex().add([1, 2, 3], [0.0, 0.0])
+def test_a_reentry_proposes_what_follows_every_longest_match():
+    history = history_of([5, 6, 7, 8, 1], [9, 6, 7, 3, 1], min_match=2)
+    assert propose(history, history.reentry([0, 5, 6, 7]), 2) == [8, 1]
+    assert propose(history, history.reentry([0, 4, 6, 7]), 2) in ([8, 1], [3, 1])
 
 
 def test_verify_steps_counts_what_one_hot_verification_keeps():
     rng = np.random.default_rng(0)
-    history = [rng.integers(2, 6, 12).tolist() for _ in range(4)]
-    index = index_of(*history, min_match=2)
-    assert verify_steps(index, history[0], k=64) == (11, 11, 0)  # a history response itself: every draft kept
-    accepted, drafted, reentries = verify_steps(index, [history[1][0], 9, *history[2][3:]], k=4)
+    responses = [rng.integers(2, 6, 12).tolist() for _ in range(4)]
+    history = history_of(*responses)
+    assert verify_steps(history, responses[0], k=64) == (11, 11, 0)  # a history response itself: every draft kept
+    accepted, drafted, reentries = verify_steps(history, [responses[1][0], 9, *responses[2][3:]], k=4)
     assert accepted < drafted and reentries >= 0
-    assert verify_steps(HistoryIndex(), [1, 2, 3], k=4) == (0, 0, 0)
+    assert verify_steps(History(), [1, 2, 3], k=4) == (0, 0, 0)
+
+
+# ---- the majority path --------------------------------------------------------------------------------------------
+
+
+def test_the_majority_path_follows_most_responses_while_most_go_on():
+    history = History.of_drafts([draft(r) for r in ([1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 4, 6])])
+    nodes = majority_path(history)
+    assert history.token_of(nodes).tolist() == [1, 2, 4]
+    assert history.draft_along(nodes).finish_reason == "stop"  # a response ended there by a stop
+    assert len(majority_path(History.of_drafts([draft([1]), draft([2]), draft([3])]))) == 1  # ties: the first
+    assert len(majority_path(History())) == 0
+
+
+# ---- the exact walk through the tree ------------------------------------------------------------------------------
+
+
+def scored(responses, logprob=-0.1):
+    history = History.of_drafts([draft(t, finish=f) for t, f in responses])
+    p_curr = np.full(history.num_nodes, logprob, np.float32)
+    p_curr[ROOT] = np.nan
+    return history, p_curr
+
+
+def own_cut(tokens_logprobs, uniforms) -> int:
+    """What `lossless` keeps of the own draft alone: up to the first u_i > p_curr(y_i)."""
+    rejected = np.flatnonzero(uniforms[: len(tokens_logprobs)] > np.exp(tokens_logprobs))
+    return int(rejected[0]) if len(rejected) else len(tokens_logprobs)
+
+
+def test_a_walk_keeps_at_least_what_its_own_draft_keeps_for_the_same_uniforms():
+    rng = np.random.default_rng(0)
+    switched = 0
+    for _ in range(300):
+        responses = [rng.integers(1, 4, rng.integers(1, 9)).tolist() for _ in range(rng.integers(1, 6))]
+        history = History.of_drafts([draft(r, finish="length") for r in responses])
+        p_curr = np.log(rng.uniform(0.05, 0.6, history.num_nodes)).astype(np.float32)
+        own = int(rng.integers(len(responses)))
+        uniforms = rng.random(history.max_depth + 1)
+        route = walk(history, p_curr, uniforms, own, max_depth=64)
+        alone = own_cut(p_curr[history.paths[own]], uniforms)
+        assert len(route.nodes) >= alone
+        assert np.array_equal(route.nodes[:alone], history.paths[own][:alone])
+        switched += route.switches > 0
+        # the kept path is a path of the tree: each node the child of the one before
+        parents = history.arrays.parent[route.nodes]
+        assert np.array_equal(parents, np.concatenate([[ROOT], route.nodes])[:-1])
+    assert switched > 30  # the tree keeps more than the own draft often enough to matter
+
+
+def test_leaving_the_tree_excludes_every_child_of_the_node_with_their_mass():
+    history, p_curr = scored([([1, 2], "length"), ([3, 2], "length"), ([4], "length")])
+    p_curr[history.children(ROOT)] = np.log([0.2, 0.3, 0.1])
+    route = walk(history, p_curr, np.array([0.9, 0.0, 0.0]), own=0, max_depth=10)
+    assert len(route.nodes) == 0 and route.rejected
+    assert route.excluded == (1, 3, 4) and route.excluded_mass == pytest.approx(0.6)
+    # u in (0.2, 0.5]: the interval of the second child, after the own branch's
+    route = walk(history, p_curr, np.array([0.45, 0.0, 0.0]), own=0, max_depth=10)
+    assert history.token_of(route.nodes).tolist() == [3, 2] and route.switches == 1 and route.branch == 1
+    assert route.excluded == () and not route.rejected  # a leaf without a stop: the continuation goes on freely
+
+
+def test_unscored_children_are_left_out_of_the_proposal():
+    history, p_curr = scored([([1, 2], "length"), ([3, 2], "length")])
+    p_curr[history.paths[0][0]] = np.nan  # the own branch's first token: its scoring failed
+    route = walk(history, p_curr, np.array([0.01, 0.0, 0.0]), own=0, max_depth=10)
+    assert history.token_of(route.nodes).tolist() == [3, 2]  # u <= p(3): the known child
+    route = walk(history, p_curr, np.array([0.99, 0.0, 0.0]), own=0, max_depth=10)
+    assert route.excluded == (3,) and len(route.nodes) == 0  # 1 may come out of the continuation: exact
+
+
+def test_a_walk_ends_at_a_stop_or_the_budget():
+    history, p_curr = scored([([1, 2, 0], "stop"), ([1, 5, 6, 7], "length")], logprob=0.0)
+    route = walk(history, p_curr, np.zeros(5), own=0, max_depth=10)
+    assert route.complete and history.token_of(route.nodes).tolist() == [1, 2, 0] and route.excluded == ()
+    route = walk(history, p_curr, np.zeros(5), own=1, max_depth=2)
+    assert not route.complete and history.token_of(route.nodes).tolist() == [1, 5]
+
+
+def test_a_walk_follows_p_curr_at_a_node():
+    """At one node: children with p = 0.5, 0.3 and the rest 0.2 outside the tree; 20k walks."""
+    history, p_curr = scored([([1], "length"), ([2], "length")])
+    p_curr[history.children(ROOT)] = np.log([0.5, 0.3])
+    rng = np.random.default_rng(1)
+    outcomes = [walk(history, p_curr, rng.random(2), own=1, max_depth=4) for _ in range(20_000)]
+    kept = np.array([history.token_of(o.nodes[:1])[0] if len(o.nodes) else 0 for o in outcomes])
+    assert abs((kept == 1).mean() - 0.5) < 0.015 and abs((kept == 2).mean() - 0.3) < 0.015
+    assert all(o.excluded == (1, 2) for o in outcomes if not len(o.nodes))

@@ -109,8 +109,8 @@ def visit_traces(tmp_path, params: dict, visits: int = 25, seed: int = 0):
         for sample in samples:
             if sample.tree is not None:
                 tree = sample.tree
-                for r, path in enumerate(tree.paths):
-                    tokens = tree.path_tokens(r).tolist()
+                for r, path in enumerate(tree.history.paths):
+                    tokens = tree.history.path_tokens(r).tolist()
                     tree.logprobs[path] = [logprob(tokens[:i], t) for i, t in enumerate(tokens)]
                 tree.scored = True
             elif sample.scored is not None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specrl_openrlhf import report
+from specrl_openrlhf import plots, report
+from specrl_openrlhf.run_series import RunSeries, step_row
 
 DATA = Path(__file__).parent / "data" / "lenience_grid_metrics.json.gz"
 
@@ -96,11 +97,11 @@ def test_step_rows_from_openrlhfs_logs():
         "reuse/time_generation_s": 3.0,
         "timing/generation": 2.0,
     }
-    row = report.step_row(3, logs)
+    row = step_row(3, logs)
     assert row["decoded_tokens"] == 80 and row["reused_tokens"] == 32 and row["drafts_found"] == 4
     assert row["kl_prev_curr"] == pytest.approx(0.02) and row["excess_acceptance"] == pytest.approx(0.004)
     assert row["kept_share"] == 0.5 and row["scoring_s"] == pytest.approx(0.5) and row["reward"] == 0.25
-    stock = report.step_row(3, {"rollout/num_samples": 8.0, "rollout/response_length_mean": 30.0})
+    stock = step_row(3, {"rollout/num_samples": 8.0, "rollout/response_length_mean": 30.0})
     assert stock["decoded_tokens"] == 240 and "kl_prev_curr" not in stock
 
 
@@ -116,7 +117,7 @@ def run_series(name, policy, seed, accuracy, decoded, kl=None, regime="r"):
     steps = [{"step": 0, "decoded_tokens": decoded, "rollout_s": decoded / 100, "drafts_found": 8.0}]
     if kl is not None:
         steps[0].update(kl_prev_curr=kl, excess_acceptance=kl / 10, drift_since_decode=-kl)
-    return report.RunSeries(
+    return RunSeries(
         name=name,
         policy=policy,
         lenience=None,
@@ -144,12 +145,25 @@ def test_paired_rows_pair_each_seed_with_its_own_baseline(tmp_path):
     assert spec["acc_diff_lo"] < spec["acc_diff"] < spec["acc_diff_hi"] < 0
     assert spec["kl_prev_curr"] == pytest.approx(0.02)
     assert exact["seeds"] == 1 and exact["acc_diff"] == 0.0 and math.isnan(exact["acc_diff_lo"])
-    gap = report.plot_staleness_gap([spec, exact], tmp_path / "gap.png")
+    gap = plots.plot_staleness_gap([spec, exact], tmp_path / "gap.png")
     assert gap is not None and a_real_picture(gap)
-    frontier = report.plot_frontier([spec, exact], tmp_path / "frontier.png")
+    frontier = plots.plot_frontier([spec, exact], tmp_path / "frontier.png")
     assert frontier is not None and a_real_picture(frontier)
-    assert report.plot_frontier([dict(spec, acc_diff=math.nan)], tmp_path / "none.png") is None
+    assert plots.plot_frontier([dict(spec, acc_diff=math.nan)], tmp_path / "none.png") is None
     assert "| r | spec | 3 | 3.00× |" in report.paired_markdown([spec, exact])
+
+
+def test_what_the_engine_verified_has_a_table_of_its_own():
+    logs = {"rollout/num_samples": 8.0, "reuse/decoded_tokens": 10.0, "reuse/accepted_per_step": 2.5}
+    engine_steps = [step_row(step, {**logs, "reuse/reentries": 0.5 * step}) for step in (1, 2)]
+    engine = RunSeries("lossless", "lossless", None, "g", "test", steps=engine_steps)
+    stock = RunSeries("off", "off", None, "g", "test", steps=[step_row(1, {"rollout/num_samples": 8.0})])
+    rows = report.table_rows([stock, engine])
+    assert "accepted_per_step" not in rows[0]
+    assert rows[1]["accepted_per_step"] == 2.5 and rows[1]["reentries_per_sample"] == pytest.approx(0.75)
+    table = report.markdown(rows)
+    assert "| run (verified in the engine) | accepted/step | re-entries/sample |" in table
+    assert "| lossless | 2.5 | 0.75 |" in table
 
 
 def test_command_line(grid_run, tmp_path):
@@ -185,7 +199,7 @@ def test_per_draft_values_in_tensorboard_logs_are_means_over_drafts(tmp_path):
 
 
 def test_a_rule_has_one_colour_in_every_figure():
-    known = report.KNOWN_RULES
-    assert len({report.rule_colour(m) for m in known}) == len(known)  # the grids' rules never share a colour
-    assert report.rule_colour("my_rule.py:Mine") == report.rule_colour("my_rule.py:Mine")
-    assert (report.seeds_label(1), report.seeds_label(5)) == ("1 seed", "5 seeds")
+    known = plots.KNOWN_RULES
+    assert len({plots.rule_colour(m) for m in known}) == len(known)  # the grids' rules never share a colour
+    assert plots.rule_colour("my_rule.py:Mine") == plots.rule_colour("my_rule.py:Mine")
+    assert (plots.seeds_label(1), plots.seeds_label(5)) == ("1 seed", "5 seeds")

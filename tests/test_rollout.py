@@ -549,8 +549,11 @@ def test_a_samples_requests_come_one_after_another_the_same_for_every_rule():
     sample.scored[:] = [-0.5, -9.0, -0.5]  # as take_scores stores them
     sample.uniforms[:] = 0.5
     continuation = planner.next_request(sample)  # the rule cuts at the rejection: then the continuation
-    assert continuation == ContinuationRequest([1, 2, 5], 9, 1)
+    assert continuation == ContinuationRequest([1, 2, 5], 9, 1, expected_tokens=2)  # the two draft tokens left
     assert planner.next_request(sample) is None  # then assemble
     off = SpeculativePlanner(make("off"))
     fresh = off.new_sample([1, 2], 4, None)
-    assert off.next_request(fresh) == ContinuationRequest([1, 2], 4, 0) and off.next_request(fresh) is None
+    assert (
+        off.next_request(fresh) == ContinuationRequest([1, 2], 4, 0, expected_tokens=4)
+        and off.next_request(fresh) is None
+    )

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.trace import TraceWriter, read_traces, uniforms_for
+from specrl_openrlhf.sample import uniforms_for
+from specrl_openrlhf.trace import TraceWriter, read_traces
 
 from .helpers import cut_drafts
 

@@ -51,7 +51,8 @@ COMMIT_DELAY_S = 0.1
 def packed(drafts) -> bytes:
     """Drafts (in any picklable structure) as one in-band pickle for a Ray call. Ray serialises each numpy array as
     a buffer of its own, 4-6 per draft: in the quickstart's profile, sending commits took 1.15 s of the rollout
-    actor's CPU per 100 s (docs/benchmarks.md, section 7); one pickle of the batch is one buffer."""
+    actor's CPU per 100 s (docs/benchmarks.md, 'Draft cache at the paper's scale'); one pickle of the batch is one
+    buffer."""
     return pickle.dumps(drafts, protocol=pickle.HIGHEST_PROTOCOL)
 
 

@@ -20,10 +20,12 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from ..assembly import SampleOutput
 from ..config import ReuseConfig
 from ..metrics import ReuseStats, sample_metric_names
-from ..rollout import SpeculativePlanner, UnsupportedSamplingError
+from ..rollout import SpeculativePlanner
+from ..sampling import UnsupportedSamplingError
 from ..trace import TraceWriter
 from .openrlhf_eval import is_evaluation
-from .vllm_rollout import AsyncSpeculativeGenerator, engine_generate
+from .vllm_edge import engine_generate, engine_limits, processed_logprobs, stop_token_ids
+from .vllm_rollout import AsyncSpeculativeGenerator
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +116,6 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
     async def _setup(self, llm_engine) -> None:
         """Build the user's executor first (rewards must work whatever happens), then the reuse path."""
         from .draft_store import RayDraftStore, current_run, run_actor
-        from .vllm_rollout import engine_limits, stop_token_ids
 
         settings = await run_actor().settings.remote()
         inner_path = settings.get("inner_agent_func_path")
@@ -126,35 +127,44 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
         policy = config.build_policy()
         model_config, tokenizer = llm_engine.llm.model_config, llm_engine.llm.tokenizer
         max_token_id, max_model_len = engine_limits(model_config, tokenizer)
-        planner = SpeculativePlanner(
-            policy,
-            seed=config.seed,
-            reused_logprobs=config.reused_logprobs,
-            max_token_id=max_token_id,
-            max_model_len=max_model_len,
-            trace=(
-                TraceWriter(
-                    config.trace_dir,
-                    policy.describe(),
-                    proposal="engine" if policy.verifies_in_engine else policy.draft_choice,
-                )
-                if config.trace_dir
-                else None
-            ),
-            scoring=config.scoring,
-            stop_token_ids=stop_token_ids(model_config, tokenizer),
-            processed_logprobs=str(getattr(model_config, "logprobs_mode", "")).endswith("processed_logprobs"),
-        )
+        trace = None
+        if config.trace_dir:
+            proposal = "engine" if policy.verifies_in_engine else policy.draft_choice
+            trace = TraceWriter(config.trace_dir, policy.describe(), proposal=proposal)
+        planner = None
+        if not policy.verifies_in_engine:
+            planner = SpeculativePlanner(
+                policy,
+                seed=config.seed,
+                reused_logprobs=config.reused_logprobs,
+                max_token_id=max_token_id,
+                max_model_len=max_model_len,
+                trace=trace,
+                scoring=config.scoring,
+                stop_token_ids=stop_token_ids(model_config, tokenizer),
+                processed_logprobs=processed_logprobs(model_config),
+            )
         store = RayDraftStore(settings["num_shards"], current_run())
         self._generator = AsyncSpeculativeGenerator(
-            None, policy, store, samples_per_visit=settings["samples_per_visit"], planner=planner
+            None,
+            policy,
+            store,
+            samples_per_visit=settings["samples_per_visit"],
+            planner=planner,
+            trace=trace,
+            seed=config.seed,
         )
         logger.info("speculative rollouts on: %s", policy.describe())
 
+    @property
+    def generator(self) -> AsyncSpeculativeGenerator | None:
+        """The speculative rollout this executor runs (None until its first call set it up)."""
+        return self._generator
+
     def flush_traces(self) -> None:
         """Write out the draft traces recorded so far (also done every few seconds and at exit)."""
-        if self._generator is not None and self._generator.planner.trace is not None:
-            self._generator.planner.trace.flush()
+        if self._generator is not None and self._generator.trace is not None:
+            self._generator.trace.flush()
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
         if self._generator is None and not self._unavailable:
@@ -172,11 +182,14 @@ class SpeculativeAgentExecutor(AgentExecutorBase):
             return await self._inner.execute(
                 prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images
             )
-        self._generator.generate_fn = llm_engine.generate
-        if self._generator.histories is not None:  # the engine's proposer gets the histories (`vllm_proposer`)
-            self._generator.histories.rpc = llm_engine.llm.collective_rpc
-            if llm_engine.llm.vllm_config.scheduler_config.policy == "priority":  # a visit's samples in slot order
-                self._generator.generate_fn, self._generator.prioritize = engine_generate(llm_engine.llm), True
+        if self._generator.policy.verifies_in_engine:  # the engine's proposer gets the histories (`vllm_proposer`)
+            llm = llm_engine.llm
+            if llm.vllm_config.scheduler_config.policy == "priority":  # a visit's samples in slot order
+                self._generator.bind(engine_generate(llm), rpc=llm.collective_rpc, prioritize=True)
+            else:
+                self._generator.bind(llm_engine.generate, rpc=llm.collective_rpc)
+        else:
+            self._generator.bind(llm_engine.generate)
         names = self._metric_names = self._metric_names or sample_metric_names(self._generator.policy)
         proxy = SpeculativeEngineProxy(llm_engine, self._generator, hf_tokenizer, self._training_signature, names)
         result = await self._inner.execute(prompt, label, sampling_params, max_length, hf_tokenizer, proxy, images)

@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import config as reuse_config
 from ..config import ReuseConfig
 from ..policies import PluginError, UnknownPolicyError
-from ..rollout import UnsupportedSamplingError, check_sampling
+from ..sampling import UnsupportedSamplingError, check_sampling
 from .openrlhf_eval import WORKER_SETUP_HOOK
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ vocabulary size, where top-k log-probs would miss the tail.
 vLLM loads the plugin in every engine of an environment where this package is installed (entry-point group
 `vllm.logits_processors`, pyproject.toml). It acts only on requests whose `SamplingParams.extra_args` list tokens
 under `EXCLUDE_FIRST_TOKEN`. vLLM skips plugins when speculative decoding is configured, and an engine may run without
-them: the rollout then sees an excluded token come back and draws the position again (`vllm_rollout`), so results
+them: the rollout then sees an excluded token come back and draws the position again (`request_path`), so results
 stay exact either way, only slower.
 """
 

@@ -3,18 +3,18 @@
 vLLM's rejection sampler, given a draft without draft probabilities (a model-free proposer), keeps draft token y with
 probability p(y) under the request's own sampling settings and otherwise samples p without y: the fixed-proposal rule,
 exact whatever produced the draft. `HistoryProposer` is such a proposer (`speculative_config={"method":
-"custom_class", "model": PROPOSER, ...}`, `engine_kwargs`). At every step it proposes, for each batch row, the path
-below the row's place in the prompt's history (`proposal.HistoryIndex`), and after a rejection it re-enters on the
-longest suffix match.
+"custom_class", "model": PROPOSER, ...}`, `engine_kwargs`). At every step it proposes, for each batch row, the greedy
+path below the row's cursor in the prompt's history (`history.History`, `proposal.propose`), and after a rejection it
+re-enters on the longest suffix match.
 
 How a history reaches it. The proposer runs in the engine-core process and sees token ids per batch row, not request
-ids. The rollout registers each prompt's history there with `collective_rpc` (`update_histories`, run in every worker
-with the worker as its first argument), keyed by the prompt's digest (`cache.prompt_key`); the proposer finds a row's
-prompt by the digest of its leading tokens (a new row has sampled one token after its prompt; a resumed one is looked
-up at every prompt length registered). vLLM builds no logits processors under speculative decoding, so the
-logits-processor registry cannot carry it (docs/design.md). A row whose prompt is unknown gets no draft and decodes as
-usual; a proposal never depends on the row's own randomness to come, so a late, missing or wrong history costs speed,
-never exactness.
+ids. The rollout (`engine_path.HistoryChannel`) registers each prompt's history there with `collective_rpc`
+(`update_histories`, run in every worker with the worker as its first argument), keyed by the prompt's digest
+(`cache.prompt_key`); the proposer finds a row's prompt by the digest of its leading tokens (a new row has sampled one
+token after its prompt; a resumed one is looked up at every prompt length registered). vLLM builds no logits
+processors under speculative decoding, so the logits-processor registry cannot carry it (docs/design.md). A row whose
+prompt is unknown gets no draft and decodes as usual; a proposal never depends on the row's own randomness to come, so
+a late, missing or wrong history costs speed, never exactness.
 
 A proposer that fails never stops the engine: its constructor and `propose` catch everything, log it once and propose
 nothing, and `update_histories` then answers 0, which the rollout reads as "no proposer" and says so.
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cache import prompt_key
-from ..proposal import DEFAULT_MIN_MATCH, HistoryIndex
+from ..history import History, logprob_floor
+from ..proposal import propose
 
 logger = logging.getLogger(__name__)
 
@@ -38,50 +39,53 @@ MAX_HISTORY_TOKENS = 1 << 21  # history tokens an engine keeps (least recently r
 
 
 class HistoryBoard:
-    """The histories registered in this process, by prompt digest, least recently registered evicted first."""
+    """The histories registered in this process, by prompt digest, least recently registered evicted first, and the
+    proposal's settings (the run's rule sends them with every update)."""
 
     def __init__(self, max_tokens: int = MAX_HISTORY_TOKENS):
         self.max_tokens = max_tokens
-        self.histories: OrderedDict[bytes, HistoryIndex] = OrderedDict()
+        self.histories: OrderedDict[bytes, History] = OrderedDict()
         self.lengths: Counter[int] = Counter()  # prompt lengths registered, for rows found after a preemption
         self.prompt_len: dict[bytes, int] = {}
         self.tokens = 0
         self.version = 0  # bumped by every update: rows without a history look again
         self.proposers = 0  # proposers built in this process
+        self.floor = float("-inf")  # log of the rule's `min_accept_prob`
 
     def update(self, key: bytes, prompt_len: int, reset: bool, settings, responses, logprobs) -> None:
         """A prompt's history: `reset` starts it afresh (a new visit), else the responses are added to it;
-        `settings`: the `HistoryIndex`'s (min_match, min_accept_prob)."""
-        index = self.histories.pop(key, None)
-        if index is None or reset:
-            if index is not None:
-                self.tokens -= len(index.tokens)
+        `settings`: the rule's (min_match, min_accept_prob)."""
+        history = self.histories.pop(key, None)
+        if history is None or reset:
+            if history is not None:
+                self.tokens -= history.num_nodes
                 self.lengths[self.prompt_len[key]] -= 1
-            index = HistoryIndex(int(settings[0]), float(settings[1]))
+            history = History(int(settings[0]))
             self.prompt_len[key] = int(prompt_len)
             self.lengths[int(prompt_len)] += 1
-        before = len(index.tokens)
+        self.floor = logprob_floor(float(settings[1]))
+        before = history.num_nodes
         for tokens, lps in zip(responses, logprobs):
             if len(tokens):
-                index.add(tokens, lps)
-        self.tokens += len(index.tokens) - before
-        self.histories[key] = index
+                history.add(tokens, lps)
+        self.tokens += history.num_nodes - before
+        self.histories[key] = history
         self.version += 1
         while self.tokens > self.max_tokens and len(self.histories) > 1:
             old_key, old = self.histories.popitem(last=False)
-            self.tokens -= len(old.tokens)
+            self.tokens -= old.num_nodes
             self.lengths[self.prompt_len.pop(old_key)] -= 1
 
-    def find(self, tokens: np.ndarray, num_tokens: int, new: int) -> tuple[HistoryIndex | None, int]:
+    def find(self, tokens: np.ndarray, num_tokens: int, new: int) -> tuple[History | None, int]:
         """The history of the row holding `tokens[:num_tokens]`, which just sampled `new` tokens, and its prompt's
         length: first the length a fresh row has (everything before its first sampled token), then every length
         registered (a row resumed after a preemption)."""
         guess = num_tokens - new
         for length in [guess, *sorted((n for n, c in self.lengths.items() if c > 0 and n != guess), reverse=True)]:
             if 0 < length < num_tokens:
-                index = self.histories.get(prompt_key(tokens[:length]))
-                if index is not None:
-                    return index, length
+                history = self.histories.get(prompt_key(tokens[:length]))
+                if history is not None:
+                    return history, length
         return None, 0
 
 
@@ -105,9 +109,9 @@ class Row:
     last: int  # its last token when seen: a different request in the row shows up in either or in the length
     seen: int  # tokens of the row seen (prompt + response so far)
     prompt_len: int = 0
-    index: HistoryIndex | None = None
+    history: History | None = None
     version: int = -1  # the board's version when the row last looked for its history
-    candidates: list[int] = field(default_factory=list)
+    cursor: list[int] = field(default_factory=list)  # where the row stands in its history ([]: it left it)
 
 
 class HistoryProposer:
@@ -118,7 +122,7 @@ class HistoryProposer:
         self.k = 0
         self.max_model_len = 0
         self.rows: dict[int, Row] = {}
-        self.fixed = False
+        self.cpu_fix_installed = False
         self.failed = False
         try:
             self.k = int(vllm_config.speculative_config.num_speculative_tokens)
@@ -142,11 +146,11 @@ class HistoryProposer:
         if self.failed:
             return [[] for _ in sampled_token_ids]
         try:
-            if not self.fixed:  # after every start-up override of vLLM's (see vllm_cpu_fix)
+            if not self.cpu_fix_installed:  # after every start-up override of vLLM's (see vllm_cpu_fix)
                 from .vllm_cpu_fix import install
 
                 install()
-                self.fixed = True
+                self.cpu_fix_installed = True
             drafts = []
             for row, sampled in enumerate(sampled_token_ids):
                 drafts.append(self._draft(row, sampled, int(num_tokens_no_spec[row]), token_ids_cpu[row]))
@@ -169,20 +173,20 @@ class HistoryProposer:
             or int(tokens[state.seen - 1]) != state.last
         ):  # a request new to this row
             state = self.rows[row] = Row(int(tokens[0]), -1, 0)
-        elif state.index is not None:
-            state.candidates = state.index.advance(state.candidates, tokens[state.seen : num_tokens].tolist())
-        if state.index is None and state.version != BOARD.version:
+        elif state.history is not None:
+            state.cursor = state.history.advance(state.cursor, tokens[state.seen : num_tokens].tolist())
+        if state.history is None and state.version != BOARD.version:
             state.version = BOARD.version
-            state.index, state.prompt_len = BOARD.find(tokens, num_tokens, new)
-            if state.index is not None:
-                state.candidates = state.index.anchored(tokens[state.prompt_len : num_tokens].tolist())
+            state.history, state.prompt_len = BOARD.find(tokens, num_tokens, new)
+            if state.history is not None:
+                state.cursor = state.history.anchored(tokens[state.prompt_len : num_tokens].tolist())
         state.seen, state.last = num_tokens, int(tokens[num_tokens - 1])
-        index = state.index
-        if index is None or num_tokens >= self.max_model_len:
+        history = state.history
+        if history is None or num_tokens >= self.max_model_len:
             return []
-        if not state.candidates:  # left the history (or entered it late): the longest suffix match
-            state.candidates = index.reentry(tokens[state.prompt_len : num_tokens].tolist())
-        return index.propose(state.candidates, min(self.k, self.max_model_len - num_tokens))
+        if not state.cursor:  # left the history (or entered it late): the longest suffix match
+            state.cursor = history.reentry(tokens[state.prompt_len : num_tokens].tolist())
+        return propose(history, state.cursor, min(self.k, self.max_model_len - num_tokens), BOARD.floor)
 
 
 def engine_kwargs(policy) -> dict:
@@ -200,59 +204,6 @@ def engine_kwargs(policy) -> dict:
         },
         "per_request_spec_decode_metrics": "detailed",
         # a visit's samples are served in slot order: where the engine has more samples than slots, later ones start
-        # after earlier ones finished, and draft from them too (`AsyncSpeculativeGenerator._verified_in_engine`)
+        # after earlier ones finished, and draft from them too (`engine_path.EnginePathDriver`)
         "scheduling_policy": "priority",
     }
-
-
-class HistoryChannel:
-    """The rollout's side: histories to the engine's proposers, the updates of a few milliseconds in one
-    `collective_rpc`. Never awaited by a sample: a history that arrives late only drafts later.
-
-    `rpc(method, args=...)` is the engine's `collective_rpc` (vLLM's `AsyncLLM`, or `RolloutRayActor.llm`), which runs
-    `update_histories` in each worker with the worker first. A function reaches vLLM's engine core pickled (by
-    reference), which vLLM allows with `VLLM_ALLOW_INSECURE_SERIALIZATION=1`: OpenRLHF's rollout actors set it, and so
-    does `integration.miniature.engine.CPU_ENGINE_ENV`. `available` is None until the engine answers, then whether
-    every worker runs a proposer."""
-
-    WINDOW_S = 0.002
-
-    def __init__(self, rpc, min_match: int = DEFAULT_MIN_MATCH, min_accept_prob: float = 0.0):
-        self.rpc = rpc
-        self.settings = (int(min_match), float(min_accept_prob))  # each prompt's `HistoryIndex`'s
-        self.pending: list[tuple] = []
-        self.flushing = None
-        self.available: bool | None = None
-        self.sent = 0
-
-    def send(self, key: bytes, prompt_len: int, reset: bool, responses, logprobs) -> None:
-        """Queue an update (`update_histories`); lists of token ids and of their log-probs, one per response."""
-        import asyncio
-
-        if self.available is False:
-            return
-        self.pending.append((key, int(prompt_len), bool(reset), self.settings, responses, logprobs))
-        if self.flushing is None:
-            self.flushing = asyncio.ensure_future(self._flush())
-
-    async def _flush(self) -> None:
-        import asyncio
-
-        await asyncio.sleep(self.WINDOW_S)
-        updates, self.pending, self.flushing = self.pending, [], None
-        try:
-            answers = await self.rpc(update_histories, args=(updates,))
-            running = bool(answers) and all(int(a) > 0 for a in answers)
-            error = None if running else RuntimeError("no history proposer runs in this engine")
-        except Exception as failure:
-            running, error = False, failure
-        self.sent += len(updates)
-        if not running and self.available is not False:
-            logger.warning(
-                "lossless verifies in the engine, but the engine has no history proposer (%s: %s): samples are "
-                "generated normally. Start the engine with specrl_openrlhf.integration.vllm_proposer.engine_kwargs() "
-                "(the quickstart and `--rollout_reuse lossless` do), or set verify='requests'",
-                type(error).__name__,
-                error,
-            )
-        self.available = running

@@ -15,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from ..lenience import check_lenience  # noqa: F401  (re-exported)
 from ..references import short_name
 
 
@@ -178,20 +179,6 @@ def lenient_cut(batch: DraftBatch, lenience: float) -> torch.Tensor:
     )
     accepted = torch.log(batch.uniforms) <= accept_logprob  # [B, T]; log(0) = -inf is always accepted
     return first_rejection(accepted, batch.lengths)
-
-
-def check_lenience(owner: str, value) -> None:
-    """Validate a lenience value, naming the owner, the value and the fix."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{owner}: lenience must be a number, got {value!r} ({type(value).__name__}); "
-            f"pass a positive float such as --lenience 1.6487 (e^0.5)"
-        )
-    if math.isnan(value) or value <= 0:
-        raise ValueError(
-            f"{owner}: lenience must be > 0, got {value!r}; use 1.0 for exact speculative acceptance, "
-            f"e^0.5 = 1.6487 for the paper's GRPO default, or the policy 'full' for unlimited reuse"
-        )
 
 
 def checked_cuts(policy: ReusePolicy, batch: DraftBatch, cuts) -> torch.Tensor:

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..lenience import DEFAULT_LENIENCE
 from .base import DraftBatch, ReusePolicy, check_lenience, first_rejection, lenient_acceptance_logprob, lenient_cut
 from .registry import register
-
-DEFAULT_LENIENCE = math.exp(0.5)  # the paper's GRPO default
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,11 +17,8 @@ from vllm import SamplingParams  # noqa: E402
 from specrl_openrlhf.integration.draft_store import RayDraftStore, start_reuse  # noqa: E402
 from specrl_openrlhf.integration.miniature.tiny_model import EOS_ID  # noqa: E402
 from specrl_openrlhf.integration.miniature.weights import perturbed_state_dict, write_weights  # noqa: E402
-from specrl_openrlhf.integration.vllm_rollout import (  # noqa: E402
-    AsyncSpeculativeGenerator,
-    engine_limits,
-    gather_samples,
-)
+from specrl_openrlhf.integration.vllm_edge import engine_limits  # noqa: E402
+from specrl_openrlhf.integration.vllm_rollout import AsyncSpeculativeGenerator, gather_samples  # noqa: E402
 
 PROMPTS = [[3 + p, 40, 41, 42, 43] * 7 for p in range(3)]  # revisited every visit
 N, MAX_TOKENS, VISITS, SHARD_BYTES = 4, 48, 40, 20_000  # a shard holds the revisited prompts and a few one-offs

@@ -26,7 +26,7 @@ from specrl_openrlhf.integration.miniature.weights import (  # noqa: E402
 )
 from specrl_openrlhf.integration.openrlhf_cli import AGENT_ENTRY  # noqa: E402
 from specrl_openrlhf.integration.openrlhf_eval import install_in_worker  # noqa: E402
-from specrl_openrlhf.integration.vllm_rollout import engine_generate  # noqa: E402
+from specrl_openrlhf.integration.vllm_edge import engine_generate  # noqa: E402
 from tests import helpers  # noqa: E402
 
 N_SAMPLES = 4
@@ -363,7 +363,8 @@ def test_two_turn_agent_stays_bounded_and_reuses_its_first_turns(async_engine, t
     from vllm import SamplingParams
 
     from specrl_openrlhf.integration.openrlhf_agent import SpeculativeAgentExecutor
-    from specrl_openrlhf.integration.vllm_rollout import AsyncSpeculativeGenerator, LocalDraftStore, engine_limits
+    from specrl_openrlhf.integration.vllm_edge import engine_limits
+    from specrl_openrlhf.integration.vllm_rollout import AsyncSpeculativeGenerator, LocalDraftStore
 
     engine, runner = async_engine
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))

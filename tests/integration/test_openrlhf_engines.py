@@ -117,7 +117,7 @@ def test_without_a_proposer_lossless_generates_normally(ray_cluster, tiny_model_
     reuse = start_reuse(settings(reward_file), LOSSLESS)
     try:
         (visit,) = generate([actor], AutoTokenizer.from_pretrained(str(tiny_model_dir)), visits=1)
-        available = ray.get(actor.__ray_call__.remote(lambda self: self.executor._generator.histories.available))
+        available = ray.get(actor.__ray_call__.remote(lambda self: self.executor.generator.verifies_in_engine))
     finally:
         for handle in [actor, *reuse.handles]:
             ray.kill(handle, no_restart=True)

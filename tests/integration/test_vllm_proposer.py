@@ -13,6 +13,7 @@ import pytest
 import specrl_openrlhf as sr
 from specrl_openrlhf.cache import prompt_key
 from specrl_openrlhf.integration import vllm_proposer
+from specrl_openrlhf.integration.engine_path import HistoryChannel
 from specrl_openrlhf.integration.vllm_proposer import HistoryBoard, HistoryProposer
 from tests.helpers import chi2_passes
 
@@ -144,7 +145,7 @@ def test_the_rollout_learns_that_an_engine_has_no_proposer_and_says_so(answer, c
         return answer
 
     async def send_twice():
-        channel = vllm_proposer.HistoryChannel(rpc)
+        channel = HistoryChannel(rpc)
         channel.send(b"k" * 16, 3, True, [[5, 6]], [[0.0, 0.0]])
         await channel.flushing
         channel.send(b"k" * 16, 3, False, [[7]], [[0.0]])  # dropped: there is nobody to send it to
@@ -163,7 +164,7 @@ vllm = pytest.importorskip("vllm")
 
 def probs(verifying_engine, prompt, temperature) -> np.ndarray:
     """The model's next-token law at `temperature` after `prompt` (processed log-probs: after temperature)."""
-    from specrl_openrlhf.integration.vllm_rollout import engine_generate
+    from specrl_openrlhf.integration.vllm_edge import engine_generate
 
     engine, runner = verifying_engine
     params = vllm.SamplingParams(max_tokens=1, logprobs=128, temperature=temperature)
@@ -181,7 +182,7 @@ def send_history(verifying_engine, prompt, responses, logprobs, min_match=1):
 
 
 def sample(verifying_engine, prompt, n, temperature, max_tokens=3):
-    from specrl_openrlhf.integration.vllm_rollout import engine_generate
+    from specrl_openrlhf.integration.vllm_edge import engine_generate
 
     engine, runner = verifying_engine
     params = vllm.SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=None)

@@ -20,16 +20,19 @@ vllm = pytest.importorskip("vllm")
 SamplingParams = vllm.SamplingParams
 RequestOutputKind = vllm.sampling_params.RequestOutputKind
 
-from specrl_openrlhf.integration.vllm_rollout import (  # noqa: E402
-    AsyncSpeculativeGenerator,
-    LocalDraftStore,
+from specrl_openrlhf.integration.vllm_edge import (  # noqa: E402
     continuation_params,
     engine_generate,
     engine_limits,
-    gather_samples,
     next_logprobs,
+    scoring_answer,
     scoring_params,
     stop_token_ids,
+)
+from specrl_openrlhf.integration.vllm_rollout import (  # noqa: E402
+    AsyncSpeculativeGenerator,
+    LocalDraftStore,
+    gather_samples,
 )
 from specrl_openrlhf.scoring import ScoringRequest  # noqa: E402
 
@@ -174,7 +177,7 @@ def test_every_cut_zero_and_broken_policy_fall_back(async_engine, caplog):
         def cut(self, batch):
             raise RuntimeError("plugin bug")
 
-    gen.policy = gen.planner.policy = Broken()
+    gen = generator(async_engine[0], Broken(), store=gen.store, samples_per_visit=2)
     batch = rollout(async_engine, gen, PROMPTS[:2], params(n=2))
     assert batch.stats.fallbacks == 4 and [len(row) for row in batch.outputs] == [2, 2]
     assert all(len(o.token_ids) for row in batch.outputs for o in row) and "generating normally" in caplog.text
@@ -322,7 +325,7 @@ def test_nan_logprobs_from_the_engine_fall_back(async_engine, set_weights, where
     gen = generator(engine, sr.make("exact"))
     rollout(async_engine, gen, PROMPTS[:3], params())
     set_weights(0.3, 3)
-    gen.generate_fn = nan_scores(engine, where)
+    gen.bind(nan_scores(engine, where))
     batch = rollout(async_engine, gen, PROMPTS[:3], params())
     assert [len(row) for row in batch.outputs] == [4, 4, 4]
     for out in (o for row in batch.outputs for o in row):
@@ -379,18 +382,16 @@ def test_the_edge_never_reads_what_vllm_left_in_positions_the_cache_served():
     no entry for. The tokens asked to follow come by id; the top-k rows (rules that redraw) rank 1 first."""
     from types import SimpleNamespace
 
-    from specrl_openrlhf.integration.vllm_rollout import scoring_answer
-
     lp = lambda value, rank=1: SimpleNamespace(logprob=value, rank=rank)  # noqa: E731
     garbage = {987654321: lp(1e-38)}
-    request = ScoringRequest([1, 2, 3, 4, 5, 6, 7, 8, 9], 0, 5, True, (10,))  # prompt [1, 2, 3, 4] + draft [5..9]
+    request = ScoringRequest([1, 2, 3, 4, 5, 6, 7, 8, 9], 0, 5, True, (10,), top_k=2)  # prompt 1-4 + draft 5-9
     entries = [None] + [garbage] * 6 + [{8: lp(-0.25), 3: lp(-0.1)}, {}]  # 6 cached; no entry for the last token
     output = SimpleNamespace(
         prompt_logprobs=entries,
         num_cached_tokens=6,
         outputs=[SimpleNamespace(logprobs=[{10: lp(-2.0), 11: lp(-1.0)}])],
     )
-    answer = scoring_answer(request, output, top_k=2)
+    answer = scoring_answer(request, output)
     assert answer.cached == 6 and answer.computed_from == 3 and answer.follows == {10: -2.0}
     assert np.isnan(answer.logprobs[:3]).all() and answer.logprobs[3] == np.float32(-0.25)
     assert np.isnan(answer.logprobs[4])
@@ -642,35 +643,35 @@ def test_lossless_redraws_when_an_engine_without_the_plugin_samples_the_banned_t
 
     calls = []
 
-    async def generate(prompt, sampling, priority=0):
-        calls.append((list(prompt), sampling.max_tokens, dict(sampling.logit_bias or {}), sampling.extra_args))
-        if sampling.logit_bias:
-            tokens = [8]
-        elif prompt[-1] == 8:
-            tokens = [7, EOS_ID]
-        else:
-            tokens = [6, 7]  # ignores the ban
-        entries = [{t: SimpleNamespace(logprob=-1.0, rank=1)} for t in tokens]
+    def answer(tokens, entries=None, prompt_logprobs=None):
+        entries = entries or [{t: SimpleNamespace(logprob=-1.0, rank=1)} for t in tokens]
         finish = "stop" if tokens[-1] == EOS_ID else "length"
-        return SimpleNamespace(
-            outputs=[SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason=finish)], num_cached_tokens=0
-        )
+        completion = SimpleNamespace(token_ids=tokens, logprobs=entries, finish_reason=finish)
+        return SimpleNamespace(outputs=[completion], prompt_logprobs=prompt_logprobs, num_cached_tokens=0)
 
-    policy = sr.make("lossless", draft="own", verify="requests")
-    planner = sr.SpeculativePlanner(policy, stop_token_ids=[EOS_ID])
-    gen = AsyncSpeculativeGenerator(generate, policy, LocalDraftStore(), samples_per_visit=1, planner=planner)
-    for round_ in range(2):
+    async def generate(prompt, sampling, priority=0):
+        if sampling.prompt_logprobs is not None:  # scoring: the draft's first token certain, any other all but never
+            lp = lambda t: SimpleNamespace(logprob=0.0 if t == 5 else math.log(1e-9), rank=1)  # noqa: E731
+            follows = [{t: lp(t) for t in sampling.logprob_token_ids or ()}]
+            return answer([0], follows, [None] + [{t: lp(t)} for t in prompt[1:]])
+        calls.append((list(prompt), sampling.max_tokens, dict(sampling.logit_bias or {})))
+        if sampling.logit_bias:  # the redraw: a token the bias leaves
+            return answer([min({3, 4} - set(sampling.logit_bias))])
+        if prompt[-1] in (3, 4):
+            return answer([7, EOS_ID])
+        return answer([6, 7] if prompt[-1] == 5 else [5, 6])  # ignores the ban
+
+    policy, store = sr.make("lossless", draft="own", verify="requests"), LocalDraftStore()
+    store.cache.claim(prompt_key([1, 2]), "before", 1)  # a visit before, which drafted 5 6
+    store.cache.commit(prompt_key([1, 2]), "before", Draft(np.array([5, 6]), np.log([0.5, 0.5]), "stop"))
+    gen = AsyncSpeculativeGenerator(generate, policy, store, samples_per_visit=1, seed=1)
+    for round_, banned in enumerate((6, 3)):  # the second visit drafts the first's response, 5 3 7 EOS
         calls.clear()
-        sample = planner.new_sample([1, 2], 8, Draft(np.array([5, 6]), np.log([0.5, 0.5]), "stop"), b"k" * 16)
-        sample.scored = np.log(np.array([1.0, 1e-9], np.float32))
-        planner.decide([sample])
-        assert sample.excluded == (6,)
-        request = planner.next_request(sample)
-        assert (request.token_ids, request.max_tokens, request.excluded) == ([1, 2, 5], 7, (6,))
-        ids, logprobs, finish, _, _ = asyncio.run(gen._continue(sample, request, params(n=1, max_tokens=8)))
-        assert (ids, finish) == ([8, 7, EOS_ID], "stop") and len(logprobs) == 3
-        assert calls[-2][2] == {6: -100.0} and calls[-1][0] == [1, 2, 5, 8] and calls[-1][1] == 6
-        assert sample.stats.resample_requests == (2 if round_ == 0 else 1) and gen.exclusion_applies is False
+        out = asyncio.run(gen.generate([1, 2], params(n=1, max_tokens=8)))
+        redrawn = 3 if round_ == 0 else 4
+        assert out.token_ids == [5, redrawn, 7, EOS_ID] and out.verified_prefix_len == 1 and len(out.logprobs) == 4
+        assert calls[-2][2] == {banned: -100.0} and calls[-1][0] == [1, 2, 5, redrawn] and calls[-1][1] == 6
+        assert out.stats.resample_requests == (2 if round_ == 0 else 1) and gen.driver.exclusion_applies is False
 
 
 def test_a_sample_with_nothing_to_reuse_does_not_wait_for_the_claim():
@@ -716,7 +717,7 @@ def test_a_sample_with_nothing_to_reuse_does_not_wait_for_the_claim():
     assert first.stats.drafts_found == 0 and first.stats.decoded_tokens == 16
     events.clear()  # the next visit of a prompt drafted here waits for its claim, though no visit found drafts yet
     later = asyncio.run(gather_samples(gen, [[1, 2, 3]], params(n=2, max_tokens=8)))
-    assert gen.reusable < 0.5 and later.stats.drafts_found == 2 and later.stats.fallbacks == 0
+    assert gen.driver.reusable < 0.5 and later.stats.drafts_found == 2 and later.stats.fallbacks == 0
     assert "generate" not in events and later.stats.decoded_tokens == 0  # kept whole at p = 1
 
     async def other_engine():  # the prompt's drafts came from another engine: this one generates, then drops it

@@ -134,3 +134,23 @@ def test_anchored_judges_each_token_on_its_drift_since_decoding():
     assert make("anchored", lenience=1.0).cut(drafts).tolist() == [0, 0]
     without_p_gen = DraftBatch(**{**drafts.__dict__, "gen_logprobs": None, "ages": None})
     assert make("anchored").cut(without_p_gen).tolist() == make("spec").cut(without_p_gen).tolist()
+
+
+def test_lossless_params_are_validated():
+    with pytest.raises(ValueError, match="draft must be one of"):
+        make("lossless", draft="forest")
+    with pytest.raises(ValueError, match="history must be 1 or 2"):
+        make("lossless", history=3)
+    with pytest.raises(ValueError, match="history applies"):
+        make("lossless", draft="own", history=2, verify="requests")
+    with pytest.raises(ValueError, match="add verify='requests'"):
+        make("lossless", draft="own")
+    with pytest.raises(ValueError, match="verify must be one of"):
+        make("lossless", verify="gpu")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        make("lossless", num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="min_accept_prob"):
+        make("lossless", min_accept_prob=1.0)
+    assert (
+        make("lossless").draft_choice == "tree" and make("lossless", draft="own", verify="requests").visits_kept == 1
+    )

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.rollout import checked_cuts
+from specrl_openrlhf.policies.base import checked_cuts
 
 LOGPROB = st.one_of(
     st.floats(min_value=-30.0, max_value=0.0, allow_nan=False),

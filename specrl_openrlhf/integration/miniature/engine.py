@@ -11,9 +11,10 @@ from __future__ import annotations
 DEFAULT_KV_CACHE_BYTES = 256 << 20  # 131k tokens of the 2-layer tiny model, 4k of a 100M one
 # The environment of processes that run vLLM engines on CPU. A synchronous engine (`vllm.LLM`) keeps its core in the
 # engine's own process, saving a process and the queues between them on 2 cores; the async engine OpenRLHF starts
-# always runs its core apart (docs/benchmarks.md, section 7). VLLM_LOGGING_LEVEL: quiet unless something goes wrong.
+# always runs its core apart (docs/benchmarks.md, 'bench_rollout'). VLLM_LOGGING_LEVEL: quiet unless something goes
+# wrong.
 # VLLM_ALLOW_INSECURE_SERIALIZATION: `lossless` sends histories to the engine's proposer as a function over
-# `collective_rpc` (vllm_proposer.HistoryChannel); OpenRLHF's rollout actors set it too.
+# `collective_rpc` (engine_path.HistoryChannel); OpenRLHF's rollout actors set it too.
 CPU_ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_LOGGING_LEVEL": "ERROR",

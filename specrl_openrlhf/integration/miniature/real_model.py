@@ -190,19 +190,23 @@ def engine_args(model_dir: Path, settings: Settings, policy, prompt_len: int) ->
 def new_generator(lane: Lane, settings: Settings, seed: int):
     import specrl_openrlhf as sr
 
-    from ..vllm_rollout import AsyncSpeculativeGenerator, LocalDraftStore, engine_generate, engine_limits
+    from ..vllm_edge import engine_generate, engine_limits
+    from ..vllm_rollout import AsyncSpeculativeGenerator, LocalDraftStore
 
     policy = lane.method.config.build_policy()
     max_token_id, max_model_len = engine_limits(lane.engine.model_config, lane.engine.get_tokenizer())
-    planner = sr.SpeculativePlanner(
-        policy, seed=seed, max_token_id=max_token_id, max_model_len=max_model_len, processed_logprobs=True
-    )
+    planner = None
+    if not policy.verifies_in_engine:
+        planner = sr.SpeculativePlanner(
+            policy, seed=seed, max_token_id=max_token_id, max_model_len=max_model_len, processed_logprobs=True
+        )
     return AsyncSpeculativeGenerator(
         engine_generate(lane.engine),
         policy,
         LocalDraftStore(keep_visits=policy.visits_kept),
         samples_per_visit=settings.samples,
         planner=planner,
+        seed=seed,
         prioritize=policy.verifies_in_engine,
         rpc=lane.engine.collective_rpc,
     )
@@ -254,7 +258,7 @@ async def held_out_accuracy(lane: Lane, prompts, problems, settings: Settings, t
     from vllm import SamplingParams
 
     from ...rewards.math_grader import grade
-    from ..vllm_rollout import engine_generate
+    from ..vllm_edge import engine_generate
 
     if not prompts:
         return math.nan

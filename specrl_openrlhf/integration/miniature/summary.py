@@ -8,7 +8,8 @@ import json
 import math
 from pathlib import Path
 
-from ... import report
+from ... import plots, report
+from ...run_series import RunSeries, baseline_of
 from .plan import Group
 
 EPOCH_COLUMNS = [
@@ -83,17 +84,17 @@ def finish(args, out: Path, groups: list[Group], accuracy_before: dict, wall_s: 
     return 0
 
 
-def later_token_ratio(series: list[report.RunSeries], method: str) -> float:
+def later_token_ratio(series: list[RunSeries], method: str) -> float:
     """Decoded tokens of the baselines over the method's from the second epoch on, when drafts exist."""
 
     def later(run):
         return sum(r.get("decoded_tokens") or 0.0 for r in run.steps if r.get("epoch", 1) > 0)
 
-    pairs = [(r, report.baseline_of(r, series)) for r in series if r.method == method]
+    pairs = [(r, baseline_of(r, series)) for r in series if r.method == method]
     return report.ratio(sum(later(b) for _, b in pairs if b), sum(later(r) for r, _ in pairs))
 
 
-def summary_lines(paired: list[dict], series: list[report.RunSeries], accuracy_before: float | None) -> list[str]:
+def summary_lines(paired: list[dict], series: list[RunSeries], accuracy_before: float | None) -> list[str]:
     """One block per rule (and regime): token ratio, rollout-time ratio, accuracy, and the paired accuracy
     difference against the baseline with its 95% interval over seeds."""
     lines = []
@@ -105,7 +106,7 @@ def summary_lines(paired: list[dict], series: list[report.RunSeries], accuracy_b
             else f"95% CI [{100 * row['acc_diff_lo']:+.1f}, {100 * row['acc_diff_hi']:+.1f}]"
         )
         lines += [
-            f"  {row['method']}{regime}, {report.seeds_label(row['seeds'])}, against off:",
+            f"  {row['method']}{regime}, {plots.seeds_label(row['seeds'])}, against off:",
             f"    decoded tokens  {row['token_ratio']:.2f}x fewer "
             f"({later_token_ratio(series, row['method']):.2f}x from the 2nd epoch on, when drafts exist)",
             f"    rollout time    ratio {row['time_ratio']:.2f}",
@@ -128,7 +129,7 @@ def summary_lines(paired: list[dict], series: list[report.RunSeries], accuracy_b
     return lines
 
 
-PARITY_POINTS = 0.02  # the frontier's goal (docs/benchmarks.md, section 4): |mean paired difference| <= 2 points
+PARITY_POINTS = 0.02  # the frontier's goal (docs/benchmarks.md, 'Frontier'): |mean paired difference| <= 2 points
 SEEDS_TO_RESOLVE = "--seeds 0,1,2,3,4"  # one seed's held-out difference spreads by about +-5 points here
 
 

@@ -4,8 +4,8 @@ after the epochs the regime names.
 
 Each step's logs have the shape OpenRLHF's trainer gives its loggers (per-sample `reuse/*` info as means over
 samples, `rollout/*`, `timing/*`); they go to OpenRLHF's TensorBoard and wandb loggers when asked for, and become the
-step's row through `report.step_row`, the function that reads OpenRLHF's own logs, so a quickstart run and a cluster
-run are reported the same way.
+step's row through `run_series.step_row`, the function that reads OpenRLHF's own logs, so a quickstart run and a
+cluster run are reported the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import time
 from pathlib import Path
 
-from ... import report
+from ...run_series import step_row
 from .plan import Group, Run
 from .rollouts import batches, generate_kwargs, held_out_accuracy, samples_generator, sync_weights
 
@@ -49,7 +49,7 @@ def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) 
     logs = openrlhf_logs(experiences, rollout_s, train_s, time.perf_counter() - start)
     for logger in run.loggers:
         logger.log_train(step, logs)
-    return {"kind": "step", "run": run.label, "epoch": epoch, **report.step_row(step, logs), **losses}
+    return {"kind": "step", "run": run.label, "epoch": epoch, **step_row(step, logs), **losses}
 
 
 def epoch_row(run: Run, epoch: int, steps: list[dict], accuracy: float | None) -> dict:

@@ -60,6 +60,15 @@ class ReuseStats:
     tree_nodes: int = 0  # a tree walk: token nodes of the visit's tree
     verify_steps: int = 0  # verified in the engine: decoding steps that verified a draft
     reentries: int = 0  # verified in the engine: drafts proposed again after a rejection
+    # verified in the engine, the draft budget as the engine's proposers measured it over recent steps (`budget`): a
+    # sample carries one report (`engine_reports` = 1), summed here, so the metrics are means over reports
+    engine_reports: int = 0
+    predicted_acceptance_sum: float = 0.0  # the acceptance the budget predicted for the slots it drafted
+    observed_acceptance_sum: float = 0.0  # and the share of them the engine kept (each given the row's earlier ones)
+    drafted_slots_sum: float = 0.0  # draft tokens a step carried
+    step_base_ms_sum: float = 0.0  # the step cost model: fixed cost per step,
+    step_row_ms_sum: float = 0.0  # per row,
+    step_token_ms_sum: float = 0.0  # per token carried
     resample_requests: int = 0  # requests the redraws cost beyond the continuation (lossless: 0 with the vLLM plugin)
     residual_tail_sum: float = 0.0  # over them: probability mass the top-k lists left out, a bound on the bias
     residual_fallbacks: int = 0  # redrawn from p_curr because the seen residual was empty
@@ -110,6 +119,8 @@ class ReuseStats:
             f"{PREFIX}reused_older_than_2": ratio(self.reused_old_tokens, self.reused_tokens),
             f"{PREFIX}accepted_per_step": ratio(self.reused_tokens, self.verify_steps),
             f"{PREFIX}reentries": float(self.reentries),
+            f"{PREFIX}engine_reports": ratio(self.engine_reports, self.samples),
+            **{f"{PREFIX}{name}": ratio(getattr(self, f"{name}_sum"), self.engine_reports) for name in BUDGET_GAUGES},
             f"{PREFIX}resampled_tokens": float(self.resampled_tokens),
             f"{PREFIX}resample_requests": float(self.resample_requests),
             f"{PREFIX}branch_switches": float(self.branch_switches),
@@ -130,6 +141,34 @@ class ReuseStats:
         }
 
 
+BUDGET_GAUGES = (
+    "predicted_acceptance",
+    "observed_acceptance",
+    "drafted_slots",
+    "step_base_ms",
+    "step_row_ms",
+    "step_token_ms",
+)
+
+
+def budget_gauges(report: dict[str, float]) -> dict[str, float]:
+    """One sample's share of an engine's budget report (`engine_path.HistoryChannel.report`): the `ReuseStats` fields
+    to set, empty before the engine has reported."""
+    reports = report.get("reports", 0.0)
+    if not reports or not report.get("steps"):
+        return {}
+    verdicts = report.get("verdicts", 0.0)
+    return {
+        "engine_reports": 1,
+        "predicted_acceptance_sum": report["predicted"] / verdicts if verdicts else 0.0,
+        "observed_acceptance_sum": report["accepted"] / verdicts if verdicts else 0.0,
+        "drafted_slots_sum": report["slots"] / report["steps"],
+        "step_base_ms_sum": 1e3 * report["cost_base_s"] / reports,
+        "step_row_ms_sum": 1e3 * report["cost_row_s"] / reports,
+        "step_token_ms_sum": 1e3 * report["cost_token_s"] / reports,
+    }
+
+
 # What a rule's samples report to OpenRLHF, which turns each per-sample value into a tensor of its own: the metrics
 # that can be non-zero for the rule, the same set for every sample of a run.
 SCORING_METRICS = ("scored_tokens", "scoring_prefill_tokens", "scoring_requests", "accepted_token_rate")
@@ -139,7 +178,7 @@ LENIENT_METRICS = ("lenience", "acceptance_rate")
 REDRAW_METRICS = ("resampled_tokens", "resample_requests")
 RESIDUAL_METRICS = ("residual_tail_mass", "residual_fallbacks", "resample_unavailable")
 TREE_METRICS = ("branch_switches", "tree_branches", "tree_nodes")
-ENGINE_METRICS = ("accepted_per_step", "reentries")
+ENGINE_METRICS = ("accepted_per_step", "reentries", "engine_reports", *BUDGET_GAUGES)
 
 
 def sample_metric_names(policy) -> frozenset[str]:

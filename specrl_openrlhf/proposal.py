@@ -19,43 +19,65 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from .history import ROOT, History
 
 
-def propose(history: History, cursor: list[int], k: int, floor: float = -math.inf) -> list[int]:
-    """The greedy path below `cursor`, up to `k` tokens: at each step the child likeliest under the history's p_prev
-    (ties: the earliest response's), then the cursor's children with that token, until none continues or the chance
-    that the draft is accepted up to the token, by the history's p_prev, falls below e^`floor` (a token the engine
-    would likely reject costs a verification and saves nothing).
+class Proposed(NamedTuple):
+    """A greedy path: its tokens, and for each the share of the responses through the cursor (those that ended there
+    included) that continue with it: its *support*, which the budget reads (`budget.features`)."""
+
+    tokens: list[int]
+    support: list[float]
+
+
+def propose(history: History, cursor: list[int], k: int, floor: float = -math.inf) -> Proposed:
+    """The greedy path below `cursor`, up to `k` tokens: at each step the child likeliest under the history's p_prev,
+    then the one most responses take (the choice when p_prev is unknown), then the earliest response's; then the
+    cursor's children with that token, until none continues or the chance that the draft is accepted up to the token,
+    by the history's p_prev, falls below e^`floor` (`static` budgets: `LosslessParams.min_accept_prob`).
 
     >>> history = History(min_match=2)
     >>> history.add([5, 6, 7, 2], [-0.1, -0.2, -0.3, -0.1])
     0
     >>> history.add([5, 6, 8, 9, 2], [-0.1, -0.2, -1.0, -0.5, -0.1])
     1
-    >>> propose(history, history.anchored([5, 6]), 4), propose(history, history.anchored([5, 6, 8]), 4)
-    ([7, 2], [9, 2])
+    >>> propose(history, history.anchored([5, 6]), 4)  # 7 (p_prev e^-0.3) over 8, taken by one of the two responses
+    Proposed(tokens=[7, 2], support=[0.5, 1.0])
+    >>> propose(history, history.anchored([5, 6, 8]), 4).tokens
+    [9, 2]
     """
-    kids, logprob, source = history.kids, history.logprob, history.source
-    out, reach = [], 0.0
-    while cursor and len(out) < k:
-        best, best_lp, best_source = None, -math.inf, math.inf
+    kids, logprob, count, source = history.kids, history.logprob, history.count, history.source
+    tokens, support, reach = [], [], 0.0
+    while cursor and len(tokens) < k:
+        if len(cursor) == 1 and len(kids[cursor[0]]) == 1:  # one path on (most steps deep in a tree): no choice
+            [(token, child)] = kids[cursor[0]].items()
+            reach += logprob[child]
+            if reach < floor:
+                break
+            tokens.append(token)
+            support.append(count[child] / count[cursor[0]])
+            cursor = [child]
+            continue
+        best, best_key, taking = None, None, {}
         for node in cursor:
             for token, child in kids[node].items():
-                lp = logprob[child]
-                if best is None or lp > best_lp or (lp == best_lp and source[child] < best_source):
-                    best, best_lp, best_source = token, lp, source[child]
+                taking[token] = taking.get(token, 0) + count[child]
+                key = (logprob[child], count[child], -source[child])
+                if best_key is None or key > best_key:
+                    best, best_key = token, key
         if best is None:
             break
-        reach += best_lp
+        reach += best_key[0]
         if reach < floor:
             break
-        out.append(best)
+        tokens.append(best)
+        support.append(taking[best] / sum(count[node] for node in cursor))
         cursor = [child for node in cursor if (child := kids[node].get(best)) is not None]
-    return out
+    return Proposed(tokens, support)
 
 
 def verify_steps(history: History, response, k: int, floor: float = -math.inf) -> tuple[int, int, int]:
@@ -78,7 +100,7 @@ def verify_steps(history: History, response, k: int, floor: float = -math.inf) -
     while position < len(response):
         if not cursor and position:
             cursor = history.reentry(response[:position])
-        draft = propose(history, cursor, k, floor) if position else []  # the first token is sampled after the prompt
+        draft = propose(history, cursor, k, floor).tokens if position else []  # the first is sampled after the prompt
         kept = 0
         while kept < len(draft) and position + kept < len(response) and draft[kept] == response[position + kept]:
             kept += 1

@@ -200,6 +200,12 @@ def ratio(a: float, b: float) -> float:
 ENGINE_COLUMNS = (
     ("accepted_per_step", "accepted/step", lambda run: run.step_mean("accepted_per_step")),
     ("reentries_per_sample", "re-entries/sample", lambda run: ratio(run.total("reentries"), run.total("samples"))),
+    ("drafted_slots", "drafted/step", lambda run: run.step_mean("drafted_slots")),
+    ("predicted_acceptance", "predicted acc.", lambda run: run.step_mean("predicted_acceptance")),
+    ("observed_acceptance", "observed acc.", lambda run: run.step_mean("observed_acceptance")),
+    ("step_base_ms", "step ms", lambda run: run.step_mean("step_base_ms")),
+    ("step_row_ms", "+ms/row", lambda run: run.step_mean("step_row_ms")),
+    ("step_token_ms", "+ms/token", lambda run: run.step_mean("step_token_ms")),
 )
 
 

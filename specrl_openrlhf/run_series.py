@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .metrics import PER_DRAFT_METRICS
+from .metrics import BUDGET_GAUGES, PER_DRAFT_METRICS
 from .references import short_name
 
 STAGES = {  # OpenRLHF's timing keys -> our stage names
@@ -49,6 +49,9 @@ def step_row(step: int, logs: dict[str, float]) -> dict:
     reward = logs.get("rollout/reward_mean", logs.get("reward"))
     if reward is not None:
         row["reward"] = reward
+    reports = logs.get("reuse/engine_reports", 0.0)  # the budget's gauges: means over samples that carry one
+    if reports:
+        row.update({k: logs[f"reuse/{k}"] / reports for k in BUDGET_GAUGES if f"reuse/{k}" in logs})
     hit_rate = logs.get("reuse/drafts_found", 0.0)
     if hit_rate:
         row.update({k: logs[f"reuse/{k}"] / hit_rate for k in PER_DRAFT_METRICS if f"reuse/{k}" in logs})

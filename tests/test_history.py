@@ -8,18 +8,11 @@ import pytest
 from specrl_openrlhf import history as history_module
 from specrl_openrlhf.history import ROOT, History
 
-from .helpers import draft
+from .helpers import draft, history_of
 
 
 def test_doctests():
     assert doctest.testmod(history_module).failed == 0
-
-
-def history_of(*responses, min_match=2, logprobs=None):
-    history = History(min_match)
-    for i, response in enumerate(responses):
-        history.add(response, None if logprobs is None else logprobs[i])
-    return history
 
 
 def test_shared_prefixes_are_one_path_and_each_leaf_one_branch():

@@ -12,18 +12,11 @@ from specrl_openrlhf import proposal
 from specrl_openrlhf.history import ROOT, History, logprob_floor
 from specrl_openrlhf.proposal import majority_path, propose, verify_steps, walk
 
-from .helpers import draft
+from .helpers import draft, history_of
 
 
 def test_doctests():
     assert doctest.testmod(proposal).failed == 0
-
-
-def history_of(*responses, min_match=2, logprobs=None):
-    history = History(min_match)
-    for i, response in enumerate(responses):
-        history.add(response, None if logprobs is None else logprobs[i])
-    return history
 
 
 # ---- the greedy path ----------------------------------------------------------------------------------------------
@@ -31,8 +24,8 @@ def history_of(*responses, min_match=2, logprobs=None):
 
 def test_without_history_nothing_is_proposed():
     history = History()
-    assert len(history) == 0 and propose(history, history.anchored([]), 4) == []
-    assert propose(history, history.anchored([5]), 4) == [] and history.reentry([1, 2, 3, 4, 5]) == []
+    assert len(history) == 0 and propose(history, history.anchored([]), 4).tokens == []
+    assert propose(history, history.anchored([5]), 4).tokens == [] and history.reentry([1, 2, 3, 4, 5]) == []
 
 
 def test_inside_the_tree_the_likeliest_child_leads_and_the_path_follows_it():
@@ -40,28 +33,30 @@ def test_inside_the_tree_the_likeliest_child_leads_and_the_path_follows_it():
         [1, 2, 3, 9], [1, 4, 5, 9], [1, 4, 6, 9], logprobs=[[0, -2, 0, 0], [0, -0.5, -1, 0], [0, -0.5, -0.2, 0]]
     )
     here = history.anchored([1])
-    assert propose(history, here, 8) == [4, 6, 9]  # 4 (p_prev e^-0.5) over 2 (e^-2); then 6 (e^-0.2) over 5
-    assert propose(history, here, 1) == [4]  # at most k
-    assert propose(history, history.anchored([1, 2]), 8) == [3, 9]
+    assert propose(history, here, 8).tokens == [4, 6, 9]  # 4 (p_prev e^-0.5) over 2 (e^-2); then 6 (e^-0.2) over 5
+    assert propose(history, here, 1).tokens == [4]  # at most k
+    assert propose(history, history.anchored([1, 2]), 8).tokens == [3, 9]
 
 
-def test_ties_go_to_the_earliest_response():
+def test_without_p_prev_most_responses_lead_then_the_earliest():
     history = history_of([1, 2], [1, 3], [1, 4])
-    assert propose(history, history.anchored([1]), 4) == [2]
+    assert propose(history, history.anchored([1]), 4).tokens == [2]  # a tie: the earliest response's
+    history.add([1, 3, 5])
+    assert propose(history, history.anchored([1]), 4) == ([3, 5], [0.5, 0.5])  # 3 is taken by two of four
 
 
 def test_a_draft_stops_where_the_history_says_it_is_unlikely_accepted():
     logprobs = [[0.0, math.log(0.5), math.log(0.5), math.log(0.5)]]
     history = history_of([1, 2, 3, 4], logprobs=logprobs)
-    assert propose(history, history.anchored([1]), 8) == [2, 3, 4]
+    assert propose(history, history.anchored([1]), 8).tokens == [2, 3, 4]
     # cumulative 0.5, 0.25, 0.125: with a floor of 0.2 the third token is not proposed
-    assert propose(history, history.anchored([1]), 8, logprob_floor(0.2)) == [2, 3]
+    assert propose(history, history.anchored([1]), 8, logprob_floor(0.2)).tokens == [2, 3]
 
 
 def test_a_reentry_proposes_what_follows_every_longest_match():
     history = history_of([5, 6, 7, 8, 1], [9, 6, 7, 3, 1], min_match=2)
-    assert propose(history, history.reentry([0, 5, 6, 7]), 2) == [8, 1]
-    assert propose(history, history.reentry([0, 4, 6, 7]), 2) in ([8, 1], [3, 1])
+    assert propose(history, history.reentry([0, 5, 6, 7]), 2).tokens == [8, 1]
+    assert propose(history, history.reentry([0, 4, 6, 7]), 2).tokens in ([8, 1], [3, 1])
 
 
 def test_verify_steps_counts_what_one_hot_verification_keeps():

@@ -9,6 +9,7 @@ accepted comes back with the output (`vllm_edge.Completion`). No planner: nothin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -16,13 +17,12 @@ import numpy as np
 
 from ..assembly import SampleOutput
 from ..cache import Draft, prompt_key
-from ..history import DEFAULT_MIN_MATCH
-from ..metrics import verified_in_engine
+from ..metrics import budget_gauges, verified_in_engine
 from ..sample import entropy_of, prompt_number
 from ..trace import HISTORY_SLOT, TraceWriter, visit_group
 from .driver import Driver
 from .vllm_edge import completion_of, continuation_params
-from .vllm_proposer import update_histories
+from .vllm_proposer import ProposalSettings, update_histories
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,10 @@ class HistoryChannel:
 
     WINDOW_S = 0.002
 
-    def __init__(self, rpc, min_match: int = DEFAULT_MIN_MATCH, min_accept_prob: float = 0.0):
+    def __init__(self, rpc, settings: ProposalSettings | None = None):
         self.rpc = rpc
-        self.settings = (int(min_match), float(min_accept_prob))  # each prompt's history and proposal settings
+        self.settings = dataclasses.astuple(settings or ProposalSettings())  # sent with every update
+        self.report: dict[str, float] = {}  # what the engine's proposers measured, summed over its workers
         self.pending: list[tuple] = []
         self.flushing = None
         self.available: bool | None = None
@@ -60,8 +61,10 @@ class HistoryChannel:
         updates, self.pending, self.flushing = self.pending, [], None
         try:
             answers = await self.rpc(update_histories, args=(updates,))
-            running = bool(answers) and all(int(a) > 0 for a in answers)
+            running = bool(answers) and all(int(a.get("proposers", 0)) > 0 for a in answers)
             error = None if running else RuntimeError("no history proposer runs in this engine")
+            if running:
+                self.report = {k: sum(float(a.get(k, 0.0)) for a in answers) for k in answers[0]}
         except Exception as failure:
             running, error = False, failure
         self.sent += len(updates)
@@ -86,7 +89,8 @@ class EnginePathDriver(Driver):
         self, generate, policy, store, *, rpc=None, trace: TraceWriter | None = None, seed: int = 0, **driver_args
     ):
         super().__init__(generate, policy, store, **driver_args)
-        self.histories = HistoryChannel(rpc, policy.params.min_match, policy.params.min_accept_prob)
+        params = policy.params
+        self.histories = HistoryChannel(rpc, ProposalSettings(params.min_match, params.min_accept_prob, params.budget))
         self.trace = trace
         self.seed = int(seed)
 
@@ -108,6 +112,8 @@ class EnginePathDriver(Driver):
         stats = verified_in_engine(output.accepted_per_step, output.drafted_per_step, length)
         stats.time_generation_s, stats.cached_prompt_tokens = time.perf_counter() - start, output.cached_tokens
         stats.fallbacks = int(self.histories.available is False)
+        for name, value in budget_gauges(self.histories.report).items():
+            setattr(stats, name, value)
         logprobs = output.logprobs if output.logprobs is not None else [0.0] * length
         self.histories.send(key, len(prompt_ids), False, [output.token_ids], [list(logprobs)])
         try:

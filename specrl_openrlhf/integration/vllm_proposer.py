@@ -4,8 +4,10 @@ vLLM's rejection sampler, given a draft without draft probabilities (a model-fre
 probability p(y) under the request's own sampling settings and otherwise samples p without y: the fixed-proposal rule,
 exact whatever produced the draft. `HistoryProposer` is such a proposer (`speculative_config={"method":
 "custom_class", "model": PROPOSER, ...}`, `engine_kwargs`). At every step it proposes, for each batch row, the greedy
-path below the row's cursor in the prompt's history (`history.History`, `proposal.propose`), and after a rejection it
-re-enters on the longest suffix match.
+path below the row's cursor in the prompt's history (`history.History`, `proposal.propose`), re-entering on the
+longest suffix match after a rejection, and then cuts every row's draft to the step's budget (`budget`): the slots
+whose expected tokens pay for what they add to the step, by the step cost it measures (the time between its calls)
+and the acceptance it learns (what each row then sampled).
 
 How a history reaches it. The proposer runs in the engine-core process and sees token ids per batch row, not request
 ids. The rollout (`engine_path.HistoryChannel`) registers each prompt's history there with `collective_rpc`
@@ -14,20 +16,22 @@ ids. The rollout (`engine_path.HistoryChannel`) registers each prompt's history 
 token after its prompt; a resumed one is looked up at every prompt length registered). vLLM builds no logits
 processors under speculative decoding, so the logits-processor registry cannot carry it (docs/design.md). A row whose
 prompt is unknown gets no draft and decodes as usual; a proposal never depends on the row's own randomness to come, so
-a late, missing or wrong history costs speed, never exactness.
+a late, missing or wrong history costs speed, never exactness, and so does a budget.
 
 A proposer that fails never stops the engine: its constructor and `propose` catch everything, log it once and propose
-nothing, and `update_histories` then answers 0, which the rollout reads as "no proposer" and says so.
+nothing, and `update_histories` then answers 0 proposers, which the rollout reads as "no proposer" and says so.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..budget import ANCHORED, REENTERED, AcceptanceModel, DraftBudget, SlotFeatures, StepCost, features
 from ..cache import prompt_key
 from ..history import History, logprob_floor
 from ..proposal import propose
@@ -35,45 +39,56 @@ from ..proposal import propose
 logger = logging.getLogger(__name__)
 
 PROPOSER = f"{__name__}.HistoryProposer"
-MAX_HISTORY_TOKENS = 1 << 21  # history tokens an engine keeps (least recently registered prompts go first)
+MAX_HISTORY_NODES = 1 << 21  # history nodes (about tokens) an engine keeps; least recently registered prompts go first
+EXPLORE_EVERY = 16  # steps without a drafted slot, after which the likeliest one is drafted anyway: verdicts go on
+
+
+@dataclass(frozen=True)
+class ProposalSettings:
+    """The rule's settings the proposer needs, sent with every history update (`engine_path.HistoryChannel`)."""
+
+    min_match: int = 4
+    min_accept_prob: float = 0.0
+    budget: str = "goodput"  # "goodput": slots that pay for their cost; "static": up to k while p_prev allows
 
 
 class HistoryBoard:
-    """The histories registered in this process, by prompt digest, least recently registered evicted first, and the
-    proposal's settings (the run's rule sends them with every update)."""
+    """The histories registered in this process, by prompt digest, least recently registered evicted first; the
+    rule's settings; and what the proposers of this process report (`report`)."""
 
-    def __init__(self, max_tokens: int = MAX_HISTORY_TOKENS):
-        self.max_tokens = max_tokens
+    def __init__(self, max_nodes: int = MAX_HISTORY_NODES):
+        self.max_nodes = max_nodes
         self.histories: OrderedDict[bytes, History] = OrderedDict()
         self.lengths: Counter[int] = Counter()  # prompt lengths registered, for rows found after a preemption
         self.prompt_len: dict[bytes, int] = {}
-        self.tokens = 0
+        self.nodes = 0
         self.version = 0  # bumped by every update: rows without a history look again
         self.proposers = 0  # proposers built in this process
-        self.floor = float("-inf")  # log of the rule's `min_accept_prob`
+        self.settings = ProposalSettings()
+        self.reports: list = []  # the proposers' `BudgetReport`s
 
     def update(self, key: bytes, prompt_len: int, reset: bool, settings, responses, logprobs) -> None:
         """A prompt's history: `reset` starts it afresh (a new visit), else the responses are added to it;
-        `settings`: the rule's (min_match, min_accept_prob)."""
+        `settings`: the rule's `ProposalSettings` as a tuple."""
+        self.settings = ProposalSettings(*settings)
         history = self.histories.pop(key, None)
         if history is None or reset:
             if history is not None:
-                self.tokens -= history.num_nodes
+                self.nodes -= history.num_nodes
                 self.lengths[self.prompt_len[key]] -= 1
-            history = History(int(settings[0]))
+            history = History(self.settings.min_match)
             self.prompt_len[key] = int(prompt_len)
             self.lengths[int(prompt_len)] += 1
-        self.floor = logprob_floor(float(settings[1]))
         before = history.num_nodes
         for tokens, lps in zip(responses, logprobs):
             if len(tokens):
                 history.add(tokens, lps)
-        self.tokens += history.num_nodes - before
+        self.nodes += history.num_nodes - before
         self.histories[key] = history
         self.version += 1
-        while self.tokens > self.max_tokens and len(self.histories) > 1:
+        while self.nodes > self.max_nodes and len(self.histories) > 1:
             old_key, old = self.histories.popitem(last=False)
-            self.tokens -= old.num_nodes
+            self.nodes -= old.num_nodes
             self.lengths[self.prompt_len.pop(old_key)] -= 1
 
     def find(self, tokens: np.ndarray, num_tokens: int, new: int) -> tuple[History | None, int]:
@@ -88,17 +103,46 @@ class HistoryBoard:
                     return history, length
         return None, 0
 
+    def report(self) -> dict:
+        """How many proposers run here, and what their budgets measured (summed over them)."""
+        out = {"proposers": self.proposers}
+        for report in self.reports:
+            for name, value in report.as_dict().items():
+                out[name] = out.get(name, 0.0) + value
+        return out
+
 
 BOARD = HistoryBoard()
 
 
-def update_histories(worker, updates) -> int:
+def update_histories(worker, updates) -> dict:
     """Run by `collective_rpc` in every worker: `updates` is a list of `HistoryBoard.update`'s arguments (prompt
-    digest, prompt length, reset, settings, responses, their log-probs), responses and log-probs as lists. Returns how
-    many proposers this process runs (0: none, so the histories will not be used)."""
+    digest, prompt length, reset, settings, responses, their log-probs), responses and log-probs as lists. Returns
+    `HistoryBoard.report()`: "proposers" 0 means none runs here, so the histories will not be used."""
     for key, prompt_len, reset, settings, responses, logprobs in updates:
         BOARD.update(bytes(key), int(prompt_len), bool(reset), settings, responses, logprobs)
-    return BOARD.proposers
+    return BOARD.report()
+
+
+class BudgetReport:
+    """What one proposer's budget measured, as decayed sums over recent steps (about the last `half_life`)."""
+
+    def __init__(self, half_life: float = 2048.0):
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.sums = dict.fromkeys(("steps", "slots", "verdicts", "predicted", "accepted"), 0.0)
+        self.cost = np.zeros(3)
+
+    def step(self, slots: int) -> None:
+        self.sums["steps"] = self.sums["steps"] * self.decay + 1.0
+        self.sums["slots"] = self.sums["slots"] * self.decay + slots
+
+    def verdict(self, predicted: float, accepted: bool) -> None:
+        for name, value in (("verdicts", 1.0), ("predicted", predicted), ("accepted", float(accepted))):
+            self.sums[name] = self.sums[name] * self.decay + value
+
+    def as_dict(self) -> dict[str, float]:
+        base, per_row, per_token = (float(x) for x in self.cost)
+        return {**self.sums, "reports": 1.0, "cost_base_s": base, "cost_row_s": per_row, "cost_token_s": per_token}
 
 
 @dataclass
@@ -112,6 +156,21 @@ class Row:
     history: History | None = None
     version: int = -1  # the board's version when the row last looked for its history
     cursor: list[int] = field(default_factory=list)  # where the row stands in its history ([]: it left it)
+    kind: int = ANCHORED  # how the cursor was found: from the root, or REENTERED on a suffix match
+    match: int = 0  # a re-entry's match length, grown by the tokens the row took inside the history since
+    draft: list[int] = field(default_factory=list)  # what the row was given to verify at the last step
+    slots: list[SlotFeatures] = field(default_factory=list)  # each drafted slot's features
+    predicted: list[float] = field(default_factory=list)  # and predicted acceptance
+
+
+@dataclass
+class Candidate:
+    """A row's draft before the budget cuts it."""
+
+    row: Row
+    tokens: list[int]
+    slots: list[SlotFeatures]
+    acceptance: list[float]  # [k] predicted conditional acceptance per slot
 
 
 class HistoryProposer:
@@ -124,10 +183,18 @@ class HistoryProposer:
         self.rows: dict[int, Row] = {}
         self.cpu_fix_installed = False
         self.failed = False
+        self.cost = StepCost()
+        self.acceptance = AcceptanceModel()
+        self.budget = DraftBudget()
+        self.report = BudgetReport()
+        self.clock = time.perf_counter  # what step times are read from
+        self.last_call: float | None = None  # when the previous step's `propose` began
+        self.idle_steps = 0  # steps since a slot was last drafted
         try:
             self.k = int(vllm_config.speculative_config.num_speculative_tokens)
             self.max_model_len = int(vllm_config.model_config.max_model_len)
             BOARD.proposers += 1
+            BOARD.reports.append(self.report)
         except Exception as error:  # the engine must start whatever happens here
             self._fail(error)
 
@@ -146,47 +213,123 @@ class HistoryProposer:
         if self.failed:
             return [[] for _ in sampled_token_ids]
         try:
+            now = self.clock()
             if not self.cpu_fix_installed:  # after every start-up override of vLLM's (see vllm_cpu_fix)
                 from .vllm_cpu_fix import install
 
                 install()
                 self.cpu_fix_installed = True
-            drafts = []
-            for row, sampled in enumerate(sampled_token_ids):
-                drafts.append(self._draft(row, sampled, int(num_tokens_no_spec[row]), token_ids_cpu[row]))
-            for row in [r for r in self.rows if r >= len(sampled_token_ids)]:
+            rows = len(sampled_token_ids)
+            states, carried, clean = [], 0, self.last_call is not None
+            for row, sampled in enumerate(sampled_token_ids):  # the verdicts first: then the predictions are fresh
+                state, drafted = self._follow(row, sampled, int(num_tokens_no_spec[row]), token_ids_cpu[row])
+                clean &= drafted is not None  # a step that started a row ran its prefill too: not a decode's cost
+                carried += 1 + (drafted or 0)
+                states.append(state if sampled else None)
+            candidates = [
+                None if state is None else self._candidate(state, int(num_tokens_no_spec[row]))
+                for row, state in enumerate(states)
+            ]
+            for row in [r for r in self.rows if r >= rows]:
                 del self.rows[row]
-            return drafts
+            if clean:
+                self.cost.observe(rows, carried, now - self.last_call)
+                self.report.cost = self.cost.params
+            self.last_call = now
+            return self._allocate(candidates, rows)
         except Exception as error:
             self._fail(error)
             return [[] for _ in sampled_token_ids]
 
-    def _draft(self, row: int, sampled, num_tokens: int, tokens: np.ndarray) -> list[int]:
+    def _follow(self, row: int, sampled, num_tokens: int, tokens: np.ndarray) -> tuple[Row, int | None]:
+        """The row's state after the step: its verdicts on what it was given, and its cursor moved on. Returns it and
+        the draft tokens the step carried for it, None if the row did not hold the same request at the last step."""
         new = len(sampled)
-        if not new:
-            return []
         state = self.rows.get(row)
-        if (
-            state is None
-            or state.seen + new != num_tokens
-            or int(tokens[0]) != state.first
-            or int(tokens[state.seen - 1]) != state.last
-        ):  # a request new to this row
+        continuing = (
+            state is not None
+            and new > 0
+            and state.seen + new == num_tokens
+            and int(tokens[0]) == state.first
+            and int(tokens[state.seen - 1]) == state.last
+        )
+        drafted = None
+        if not continuing:  # a request new to this row (or still in its prefill)
             state = self.rows[row] = Row(int(tokens[0]), -1, 0)
-        elif state.history is not None:
-            state.cursor = state.history.advance(state.cursor, tokens[state.seen : num_tokens].tolist())
+            if not new:
+                return state, None
+        else:
+            drafted = len(state.draft)
+            taken = tokens[state.seen : num_tokens].tolist()
+            self._verdicts(state, taken)
+            if state.history is not None:
+                state.cursor = state.history.advance(state.cursor, taken)
+                state.match += len(taken)
         if state.history is None and state.version != BOARD.version:
             state.version = BOARD.version
             state.history, state.prompt_len = BOARD.find(tokens, num_tokens, new)
             if state.history is not None:
                 state.cursor = state.history.anchored(tokens[state.prompt_len : num_tokens].tolist())
+                state.kind, state.match = ANCHORED, 0
         state.seen, state.last = num_tokens, int(tokens[num_tokens - 1])
-        history = state.history
-        if history is None or num_tokens >= self.max_model_len:
-            return []
-        if not state.cursor:  # left the history (or entered it late): the longest suffix match
-            state.cursor = history.reentry(tokens[state.prompt_len : num_tokens].tolist())
-        return propose(history, state.cursor, min(self.k, self.max_model_len - num_tokens), BOARD.floor)
+        if state.history is not None and not state.cursor:  # left the history: the longest suffix match
+            response = tokens[state.prompt_len : num_tokens].tolist()
+            state.cursor = state.history.reentry(response)
+            if state.cursor:
+                state.kind, state.match = REENTERED, state.history.match_length(state.cursor[0], response)
+        return state, drafted
+
+    def _verdicts(self, state: Row, taken: list[int]) -> None:
+        """What the engine kept of the row's last draft: one-hot verification accepted its slots up to the first
+        token the row did not take; the slots after that one were not verified."""
+        if not state.draft:
+            return
+        for j, (token, slot, predicted) in enumerate(zip(state.draft, state.slots, state.predicted)):
+            accepted = j < len(taken) and taken[j] == token
+            self.acceptance.observe(slot, accepted, predicted)
+            self.report.verdict(predicted, accepted)
+            if not accepted:
+                break
+        state.draft, state.slots, state.predicted = [], [], []
+
+    def _candidate(self, state: Row, num_tokens: int) -> Candidate | None:
+        """The row's greedy draft (up to k tokens) with each slot's features and predicted acceptance."""
+        if state.history is None or not state.cursor or num_tokens >= self.max_model_len:
+            return None
+        settings = BOARD.settings
+        floor = logprob_floor(settings.min_accept_prob) if settings.budget == "static" else float("-inf")
+        proposed = propose(state.history, state.cursor, min(self.k, self.max_model_len - num_tokens), floor)
+        if not proposed.tokens:
+            return None
+        slots = [features(state.kind, j, support, state.match + j) for j, support in enumerate(proposed.support)]
+        return Candidate(state, proposed.tokens, slots, [self.acceptance.predict(slot) for slot in slots])
+
+    def _allocate(self, candidates: list, rows: int) -> list[list[int]]:
+        """Every row's draft, cut to the step's budget ("static": the whole candidate)."""
+        live = [c for c in candidates if c is not None]
+        if BOARD.settings.budget == "static":
+            counts = [len(c.tokens) for c in live]
+        else:
+            counts = self.budget.allocate([c.acceptance for c in live], rows, self.cost.params)
+            if live and not any(counts):
+                self.idle_steps += 1
+                if self.idle_steps >= EXPLORE_EVERY:  # one slot, the likeliest, so that acceptance is still learned
+                    best = max(range(len(live)), key=lambda i: live[i].acceptance[0])
+                    counts[best], self.idle_steps = 1, 0
+            else:
+                self.idle_steps = 0
+        drafts, given = [], dict(zip(map(id, live), counts))
+        for candidate in candidates:
+            n = 0 if candidate is None else given[id(candidate)]
+            if n:
+                state = candidate.row
+                state.draft, state.slots = candidate.tokens[:n], candidate.slots[:n]
+                state.predicted = candidate.acceptance[:n]
+                drafts.append(state.draft)
+            else:
+                drafts.append([])
+        self.report.step(sum(counts))
+        return drafts
 
 
 def engine_kwargs(policy) -> dict:

@@ -93,6 +93,7 @@ class Full(ReusePolicy):
 
 DRAFT_CHOICES = ("own", "majority", "tree")
 VERIFY_CHOICES = ("engine", "requests")
+BUDGET_CHOICES = ("goodput", "static")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,13 +101,16 @@ class LosslessParams:
     """verify: where drafts are verified. "engine" (the default): inside vLLM, at every decoding step
     (`integration.vllm_proposer`): the engine proposes from the tree of the prompt's previous responses (and of its
     finished siblings) while the sample stays in it, and after a rejection from the longest suffix match of at least
-    `min_match` tokens, up to `num_speculative_tokens` tokens at a time, while the chance that the draft is accepted
-    so far, by the history's own log-probs, stays at least `min_accept_prob`. "requests": on our request path, once per
-    visit up to the first rejection (scoring requests, then a continuation), with `draft` as the proposal: "own" (the
-    sample's own previous response, SPEC-RL's draft), "majority" (the majority path through the prompt's previous
-    responses) or "tree" (their tree, walked by sampling p_curr at each node, `specrl_openrlhf.tree`). history: how
-    many of the prompt's last visits the proposal draws on (1 or 2; not "own"). Acceptance follows p_curr, so the
-    likelier proposal keeps more; every choice is exact."""
+    `min_match` tokens, up to `num_speculative_tokens` tokens at a time. budget: which of those tokens a step carries.
+    "goodput" (the default): the slots whose expected accepted tokens pay for what they add to the step, by the step
+    cost the engine measures and the acceptance it learns (`specrl_openrlhf.budget`); zero is a valid answer.
+    "static": all of them while the chance that the draft is accepted so far, by the history's own log-probs, stays at
+    least `min_accept_prob`. "requests": on our request path, once per visit up to the first rejection (scoring
+    requests, then a continuation), with `draft` as the proposal: "own" (the sample's own previous response, SPEC-RL's
+    draft), "majority" (the majority path through the prompt's previous responses) or "tree" (their tree, walked by
+    sampling p_curr at each node, `specrl_openrlhf.proposal.walk`). history: how many of the prompt's last visits the
+    proposal draws on (1 or 2; not "own"). Acceptance follows p_curr, so the likelier proposal keeps more; every choice
+    is exact."""
 
     draft: str = "tree"
     history: int = 1
@@ -114,6 +118,7 @@ class LosslessParams:
     num_speculative_tokens: int = 8
     min_match: int = 4
     min_accept_prob: float = 0.1
+    budget: str = "goodput"
 
     def __post_init__(self):
         if self.draft not in DRAFT_CHOICES:
@@ -137,6 +142,8 @@ class LosslessParams:
         m = self.min_match
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"min_match must be a positive integer (tokens a re-entry matches on), got {m!r}")
+        if self.budget not in BUDGET_CHOICES:
+            raise ValueError(f"budget must be one of {BUDGET_CHOICES}, got {self.budget!r}")
         if isinstance(self.min_accept_prob, bool) or not 0.0 <= self.min_accept_prob < 1.0:
             raise ValueError(f"min_accept_prob must be in [0, 1), got {self.min_accept_prob!r}")
 

@@ -57,7 +57,7 @@ class Batch:
 
 def step(proposer, batch, sampled):
     """One propose call: `sampled` holds the tokens each row sampled this step (already in the batch)."""
-    proposer.fixed = True  # no vLLM here to fix
+    proposer.cpu_fix_installed = True  # no vLLM here to fix
     return proposer.propose(sampled, batch.count, batch.tokens)
 
 
@@ -67,7 +67,7 @@ def test_rows_draft_from_their_prompts_history_inside_the_tree_and_after_a_rejec
         prompt_key(prompt),
         len(prompt),
         True,
-        (2, 0.0),
+        (2, 0.0, "static"),
         [[10, 11, 12, 13, 14, 2], [10, 11, 20, 21, 2]],
         [[-0.1] * 6, [-0.1, -0.1, -0.05, -0.1, -0.1]],
     )
@@ -86,8 +86,8 @@ def test_rows_draft_from_their_prompts_history_inside_the_tree_and_after_a_rejec
 
 def test_rows_follow_their_request_across_row_moves_and_finished_requests(board):
     first, second = [1, 5, 5, 5], [1, 6, 6, 6, 6]
-    board.update(prompt_key(first), 4, True, (4, 0.0), [[30, 31, 32, 33]], [[0.0] * 4])
-    board.update(prompt_key(second), 5, True, (4, 0.0), [[40, 41, 42, 43]], [[0.0] * 4])
+    board.update(prompt_key(first), 4, True, (4, 0.0, "static"), [[30, 31, 32, 33]], [[0.0] * 4])
+    board.update(prompt_key(second), 5, True, (4, 0.0, "static"), [[40, 41, 42, 43]], [[0.0] * 4])
     proposer, batch = HistoryProposer(Config(k=2)), Batch()
     batch.put(0, first + [30])
     batch.put(1, second + [40])
@@ -108,12 +108,12 @@ def test_a_history_that_arrives_late_drafts_from_where_the_row_is(board):
     batch.put(0, prompt + [50])
     assert step(proposer, batch, [[50]]) == [[]]  # no history yet: decodes as usual
     batch.extend(0, [51])
-    board.update(prompt_key(prompt), 3, True, (4, 0.0), [[50, 51, 52, 53, 54]], [[0.0] * 5])
+    board.update(prompt_key(prompt), 3, True, (4, 0.0, "static"), [[50, 51, 52, 53, 54]], [[0.0] * 5])
     assert step(proposer, batch, [[51]]) == [[52, 53, 54]]
     # a finished sibling joins the history: a row that had left the tree re-enters on it
     batch.put(1, prompt + [60, 61, 62, 63, 64])
     assert step(proposer, batch, [[50], [64]])[1] == []
-    board.update(prompt_key(prompt), 3, False, (4, 0.0), [[60, 61, 62, 63, 64, 65, 2]], [[0.0] * 7])
+    board.update(prompt_key(prompt), 3, False, (4, 0.0, "static"), [[60, 61, 62, 63, 64, 65, 2]], [[0.0] * 7])
     assert step(proposer, batch, [[], [64]])[1] == [65, 2]
 
 
@@ -121,7 +121,7 @@ def test_a_resumed_row_is_found_at_its_prompt_length(board):
     """A request preempted and resumed comes back with its response so far: its prompt is not everything before its
     last sampled token. The proposer looks it up at the registered prompt lengths."""
     prompt = [1, 2, 3, 4, 5, 6]
-    board.update(prompt_key(prompt), 6, True, (4, 0.0), [[70, 71, 72, 73, 74]], [[0.0] * 5])
+    board.update(prompt_key(prompt), 6, True, (4, 0.0, "static"), [[70, 71, 72, 73, 74]], [[0.0] * 5])
     proposer, batch = HistoryProposer(Config(k=2)), Batch()
     batch.put(2, prompt + [70, 71, 72])
     assert step(proposer, batch, [[], [], [72]]) == [[], [], [73, 74]]
@@ -131,11 +131,13 @@ def test_a_broken_proposer_never_stops_the_engine(board, caplog):
     proposer = HistoryProposer(object())  # a config it can't read
     assert proposer.failed and vllm_proposer.BOARD.proposers == 0
     assert proposer.propose([[1], []], np.array([3, 0]), np.zeros((2, 8), np.int32)) == [[], []]
-    assert vllm_proposer.update_histories(None, []) == 0  # the rollout reads this as "no proposer"
+    assert vllm_proposer.update_histories(None, [])["proposers"] == 0  # the rollout reads this as "no proposer"
     assert "history proposer disabled" in caplog.text
 
 
-@pytest.mark.parametrize("answer", [[0], RuntimeError("Worker failed")], ids=["no-proposer", "rpc-fails"])
+@pytest.mark.parametrize(
+    "answer", [[{"proposers": 0}], RuntimeError("Worker failed")], ids=["no-proposer", "rpc-fails"]
+)
 def test_the_rollout_learns_that_an_engine_has_no_proposer_and_says_so(answer, caplog):
     import asyncio
 
@@ -175,10 +177,12 @@ def probs(verifying_engine, prompt, temperature) -> np.ndarray:
     return p / p.sum()
 
 
-def send_history(verifying_engine, prompt, responses, logprobs, min_match=1):
+def send_history(verifying_engine, prompt, responses, logprobs, min_match=1, budget="static"):
+    """Register a history in the engine's proposer; returns how many proposers each worker runs."""
     engine, runner = verifying_engine
-    update = (prompt_key(prompt), len(prompt), True, (min_match, 0.0), responses, logprobs)
-    return runner.run(engine.collective_rpc(vllm_proposer.update_histories, args=([update],)))
+    update = (prompt_key(prompt), len(prompt), True, (min_match, 0.0, budget), responses, logprobs)
+    answers = runner.run(engine.collective_rpc(vllm_proposer.update_histories, args=([update],)))
+    return [a["proposers"] for a in answers]
 
 
 def sample(verifying_engine, prompt, n, temperature, max_tokens=3):
@@ -253,6 +257,24 @@ def test_verified_samples_follow_the_model_for_proposals_chosen_from_it(verifyin
 
 
 @pytest.mark.engine
+def test_verified_samples_follow_the_model_when_the_budget_changes_from_step_to_step(verifying_engine):
+    """The goodput budget cuts each row's draft at every step by what it learned so far and the rows the step serves:
+    with the same adversarial history, 3000 samples of 3 tokens still follow the model's law, and the drafts the
+    steps carried did vary (steps with no draft, with one, with more)."""
+    prompt = PROMPT[:20] + [17]
+    responses, logprobs, first, second, a = adversarial_history(verifying_engine, prompt, 1.0)
+    assert send_history(verifying_engine, prompt, responses, logprobs, budget="goodput") == [1]
+    tokens, metrics = sample(verifying_engine, prompt, 3000, 1.0)
+    assert chi2_passes(np.bincount([t[0] for t in tokens], minlength=128), first)
+    after_a = [t[1:] for t in tokens if t[0] == a]
+    counts, law = joint_after(verifying_engine, prompt + [a], after_a, 1.0)
+    assert chi2_passes(counts, law)
+    drafted = {d for m in metrics for d in m.per_step_drafted}
+    samples_without = sum(not m.per_step_drafted for m in metrics)
+    assert len(drafted) + (samples_without > 0) >= 2, (drafted, samples_without)  # not one fixed length
+
+
+@pytest.mark.engine
 def test_without_the_cpu_fix_verification_keeps_drafts_too_often(verifying_engine):
     """vLLM's CPU expand kernel leaves the draft rows' temperatures uninitialised (vllm_cpu_fix): put it back and the
     second tokens no longer follow the model; the fix restores the law."""
@@ -272,3 +294,43 @@ def test_without_the_cpu_fix_verification_keeps_drafts_too_often(verifying_engin
     assert not chi2_passes(np.bincount([t[1] for t in tokens if t[0] == a], minlength=128), second)
     tokens, _ = sample(verifying_engine, prompt, 3000, 1.0, max_tokens=2)
     assert chi2_passes(np.bincount([t[1] for t in tokens if t[0] == a], minlength=128), second)
+
+
+# ---- the budget in the proposer, without an engine ----------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_proposer_learns_a_steps_cost_and_what_it_keeps_and_drafts_what_pays(board):
+    """Rows that follow a history: at first everything is drafted under the prior (acceptance 0.5 at the first slot);
+    the engine rejects every draft, and steps cost 10 ms + 2 ms per carried token: the budget then stops drafting,
+    except one slot now and then (verdicts keep coming). The step cost is fitted from steps that started no row."""
+    prompt = [1, 4, 4]
+    board.update(prompt_key(prompt), 3, True, (2, 0.0, "goodput"), [list(range(20, 60))], [[0.0] * 40])
+    proposer, batch, clock = HistoryProposer(Config(k=4, max_model_len=MAX_LEN)), Batch(rows=2), Clock()
+    proposer.clock = proposer.clock = clock
+    batch.put(0, prompt + [20])
+    batch.put(1, prompt + [20])
+    drafts = step(proposer, batch, [[20], [20]])
+    assert drafts[0] and drafts[1]  # the prior: worth drafting
+    drafted_counts = []
+    for _ in range(40):
+        carried = 2 + sum(len(d) for d in drafts)
+        clock.now += 0.010 + 0.002 * carried
+        new = [[99 - len(d)] for d in drafts]  # every draft rejected at its first token: the row took another
+        for row, tokens in enumerate(new):
+            batch.extend(row, tokens)
+        drafts = step(proposer, batch, new)
+        drafted_counts.append(sum(len(d) for d in drafts))
+    report = board.report()
+    assert report["proposers"] == 1 and report["verdicts"] > 0 and report["accepted"] == 0
+    assert proposer.acceptance.total[0] == 0 and proposer.cost.steps > 30
+    assert sum(drafted_counts[-16:]) <= 2  # nothing pays now: an exploring slot at most
+    base, per_row, per_token = proposer.cost.params
+    assert per_token > 0 and base + 2 * per_row + 2 * per_token == pytest.approx(0.014, rel=0.05)

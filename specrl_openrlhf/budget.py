@@ -1,0 +1,226 @@
+"""Draft budgets: which draft slots a verification step carries, from what a step costs and what a slot is worth.
+
+Terminology:
+- *slot*: one draft token of one batch row at one step, at *position* j of the row's draft (0-based).
+- *acceptance*: the chance that the engine keeps a slot's token given it kept the row's earlier slots (one-hot
+  verification keeps y with probability p_curr(y)); *survival*: the chance that it keeps the slot at all, the product
+  of the acceptances up to it: the expected tokens the slot adds to the step.
+- *step cost*: a step's time as a function of the rows it serves and the tokens it carries (`StepCost`).
+- *goodput*: the tokens a step is expected to produce per second: (rows + sum of admitted survivals) / step time.
+
+`DraftBudget.allocate` admits slots by survival, best first, while the next one raises goodput (SmartSpec's rule with a
+linear cost model): a slot pays when its survival exceeds c x goodput, c being a carried token's cost. Zero slots is a
+valid answer; when few rows are left, a step's fixed cost dominates and drafts run long. `AcceptanceModel` learns
+acceptance from the engine's own verdicts, by what predicts it (how the draft was found, where in it the slot is, how
+many of the history's responses take its token). Which slots are drafted depends on the history, the rows' tokens so
+far and past steps, never on a row's randomness to come: verification stays exact.
+
+Core module: numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from typing import NamedTuple
+
+import numpy as np
+
+# ---- step cost ------------------------------------------------------------------------------------------------------
+
+
+class StepCost:
+    """A step's time, t = base + per_row x rows + per_token x tokens (seconds), fitted online by least squares over
+    recent steps (weights decaying with `half_life` steps), with a weak prior that holds until the steps tell the
+    terms apart: a carried token costs `prior_token_share` of a row (rows and tokens move together until drafts vary).
+
+    >>> cost = StepCost()
+    >>> for rows, tokens in [(32, 32), (32, 96), (8, 8), (8, 40), (64, 64), (64, 200)] * 20:
+    ...     cost.observe(rows, tokens, 0.004 + 0.0001 * rows + 0.00005 * tokens)
+    >>> [round(float(x) * 1e3, 2) for x in cost.params]  # ms: base, per row, per token
+    [4.0, 0.1, 0.05]
+    """
+
+    def __init__(self, half_life: float = 512.0, prior_token_share: float = 0.5, prior_weight: float = 4.0):
+        if not half_life > 0 or not 0 <= prior_token_share <= 1 or not prior_weight > 0:
+            raise ValueError(f"bad step cost settings: {half_life=}, {prior_token_share=}, {prior_weight=}")
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.share, self.prior_weight = float(prior_token_share), float(prior_weight)
+        self.xtx = np.zeros((3, 3))  # decayed sums of x x^T, x = (1, rows, tokens)
+        self.xty = np.zeros(3)
+        self.steps = 0
+        self._params: np.ndarray | None = None
+
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        if not (rows > 0 and tokens >= rows and math.isfinite(seconds) and seconds > 0):
+            return
+        if self.steps >= 16 and seconds > 5 * self.predict(rows, tokens):  # a stall (GC, a weight load): not a step
+            return
+        x = np.array([1.0, rows, tokens])
+        self.xtx = self.decay * self.xtx + np.outer(x, x)
+        self.xty = self.decay * self.xty + x * seconds
+        self.steps += 1
+        self._params = None
+
+    @property
+    def params(self) -> np.ndarray:
+        """[3] float64 (base, per_row, per_token) in seconds, each >= 0."""
+        if self._params is None:
+            self._params = self._fit()
+        return self._params
+
+    def _fit(self) -> np.ndarray:
+        if self.steps == 0:
+            return np.zeros(3)
+        # the prior: per_token = share x (per_row + per_token), a soft linear constraint worth `prior_weight` squared
+        # drafted tokens per step; steps that carry drafts of varying size soon outweigh it
+        a = np.array([0.0, -self.share, 1.0 - self.share])
+        penalty = self.prior_weight * self.xtx[0, 0] * np.outer(a, a)
+        ridge = 1e-9 * np.trace(self.xtx) * np.eye(3)
+        params = np.linalg.solve(self.xtx + penalty + ridge, self.xty)
+        if (params < 0).any():  # refit without the negative terms (their cost is 0)
+            keep = params >= 0
+            params = np.zeros(3)
+            sub = np.ix_(keep, keep)
+            params[keep] = np.linalg.solve((self.xtx + penalty + ridge)[sub], self.xty[keep])
+            params = np.maximum(params, 0.0)
+        return params
+
+    def predict(self, rows: int, tokens: int) -> float:
+        base, per_row, per_token = self.params
+        return base + per_row * rows + per_token * tokens
+
+
+# ---- acceptance -----------------------------------------------------------------------------------------------------
+
+ANCHORED, REENTERED = 0, 1
+POSITION_EDGES = (1, 2, 3, 4, 8)  # positions 0, 1, 2, 3, 4-7, 8+
+SUPPORT_EDGES = (0.25, 0.5, 0.75, 0.999)  # share of the cursor's responses that take the token
+MATCH_EDGES = (8, 16)  # a re-entry's match length: < 8, 8-15, 16+
+
+
+class SlotFeatures(NamedTuple):
+    """What predicts a slot's acceptance, bucketed (`features`); a tuple, so that its hash is cheap."""
+
+    kind: int  # ANCHORED (the row's whole response is a path of the history) or REENTERED (a suffix match)
+    position: int  # bucket of the slot's position in the draft
+    support: int  # bucket of the share of the cursor's responses that continue with the slot's token
+    match: int  # bucket of a re-entry's match length (anchored: the longest)
+
+
+def features(kind: int, position: int, support: float, match_length: int = 0) -> SlotFeatures:
+    """A slot's buckets (the proposer calls this for every slot it drafts: no numpy)."""
+    match = len(MATCH_EDGES) if kind == ANCHORED else bisect_right(MATCH_EDGES, match_length)
+    return SlotFeatures(kind, bisect_right(POSITION_EDGES, position), bisect_right(SUPPORT_EDGES, support), match)
+
+
+class AcceptanceModel:
+    """The chance that a slot is accepted given its row's earlier slots were, learned from verdicts: decayed counts
+    per bucket (`SlotFeatures`), each shrunk towards a coarser bucket (kind and support), that one towards all slots,
+    and that one towards `prior`. Predicted against observed acceptance is kept per predicted decile (`calibration`).
+
+    >>> model = AcceptanceModel()
+    >>> likely, unlikely = features(ANCHORED, 0, 1.0), features(REENTERED, 3, 0.2, 5)
+    >>> for _ in range(200):
+    ...     model.observe(likely, True); model.observe(unlikely, False)
+    >>> round(model.predict(likely), 2), round(model.predict(unlikely), 2)
+    (1.0, 0.0)
+    """
+
+    def __init__(self, prior: float = 0.5, strength: float = 4.0, half_life: float = 20000.0):
+        if not 0 < prior < 1 or not strength > 0 or not half_life > 0:
+            raise ValueError(f"bad acceptance model settings: {prior=}, {strength=}, {half_life=}")
+        self.prior, self.strength = float(prior), float(strength)
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.weight = 1.0  # the current verdict's weight: counts are kept undecayed and rescaled (cheap decay)
+        self.fine: dict[SlotFeatures, list[float]] = {}
+        self.coarse: dict[tuple[int, int], list[float]] = {}
+        self.total = [0.0, 0.0]  # [accepted, seen], weighted
+        self.deciles = [[0.0, 0.0, 0.0] for _ in range(10)]  # per predicted decile: verdicts, predicted, accepted
+        self._cache: dict[SlotFeatures, float] = {}  # predictions since the last verdict
+
+    @property
+    def calibration(self) -> np.ndarray:
+        """[10, 3] per decile of the predicted acceptance: verdicts, sum of predictions, sum of acceptances."""
+        return np.array(self.deciles)
+
+    def predict(self, slot: SlotFeatures) -> float:
+        value = self._cache.get(slot)
+        if value is None:
+            k = self.strength * self.weight
+            overall = (self.total[0] + k * self.prior) / (self.total[1] + k)
+            coarse = self.coarse.get((slot.kind, slot.support), (0.0, 0.0))
+            middle = (coarse[0] + k * overall) / (coarse[1] + k)
+            fine = self.fine.get(slot, (0.0, 0.0))
+            value = self._cache[slot] = (fine[0] + k * middle) / (fine[1] + k)
+        return value
+
+    def observe(self, slot: SlotFeatures, accepted: bool, predicted: float | None = None) -> None:
+        """A verdict on a slot; `predicted`: what `predict` said when it was drafted (for the calibration)."""
+        self.weight /= self.decay
+        if self.weight > 1e6:  # rescale before the weights overflow
+            self._rescale(1.0 / self.weight)
+        w, hit = self.weight, float(accepted)
+        for table, key in ((self.fine, slot), (self.coarse, (slot.kind, slot.support))):
+            counts = table.setdefault(key, [0.0, 0.0])
+            counts[0] += w * hit
+            counts[1] += w
+        self.total[0] += w * hit
+        self.total[1] += w
+        if predicted is not None:
+            row = self.deciles[min(int(predicted * 10), 9)]
+            row[0] += 1.0
+            row[1] += predicted
+            row[2] += hit
+        if self._cache:
+            self._cache.clear()
+
+    def _rescale(self, factor: float) -> None:
+        for table in (self.fine, self.coarse):
+            for counts in table.values():
+                counts[0] *= factor
+                counts[1] *= factor
+        self.total = [self.total[0] * factor, self.total[1] * factor]
+        self.weight *= factor
+
+
+# ---- the budget -----------------------------------------------------------------------------------------------------
+
+
+class DraftBudget:
+    """How many slots each row of a step drafts: the prefix of each row's candidates that the goodput-maximising
+    set of slots holds.
+
+    >>> budget = DraftBudget()
+    >>> cost = np.array([0.004, 0.0001, 0.00005])  # base, per row, per token (s)
+    >>> budget.allocate([np.array([0.9, 0.9, 0.9]), np.array([0.3, 0.3])], rows=2, cost=cost)  # a fixed cost: long
+    [3, 2]
+    >>> budget.allocate([np.array([0.9, 0.9, 0.9]), np.array([0.1, 0.9])], rows=256, cost=cost)  # a busy step
+    [3, 0]
+    """
+
+    def allocate(self, acceptance, rows: int, cost: np.ndarray) -> list[int]:
+        """`acceptance`: per row, the conditional acceptance of its candidate slots (k_r floats); `rows`: the rows
+        the step serves (each produces one token whatever is drafted); `cost`: `StepCost.params`. Returns each row's
+        count. Called at every step for every row: plain Python up to the one sort."""
+        counts = [0] * len(acceptance)
+        survival, owner = [], []
+        for r, row in enumerate(acceptance):
+            alive = 1.0
+            for a in row:
+                alive *= float(a)
+                survival.append(alive)
+                owner.append(r)
+        if not survival:
+            return counts
+        values, owner = np.array(survival), np.array(owner)
+        base, per_row, per_token = (float(x) for x in cost)
+        order = np.argsort(-values, kind="stable")  # a row's slots stay in order: survival never rises along a row
+        gained = np.concatenate([[0.0], np.cumsum(values[order])])  # [n + 1], expected tokens of the best n slots
+        slots = np.arange(len(gained))
+        time = base + per_row * rows + per_token * (rows + slots)
+        goodput = (rows + gained) / np.maximum(time, 1e-12)
+        best = int(np.argmax(goodput))  # the first maximum: no slot that adds nothing
+        for r in owner[order[:best]].tolist():
+            counts[r] += 1
+        return counts

@@ -260,6 +260,24 @@ async def run(args) -> int:
             f"{stats.reused_tokens / max(stats.verify_steps, 1):.2f} per verification step, "
             f"{stats.reentries / stats.samples:.1f} re-entries per sample"
         )
+    report = generator.engine_report
+    if report.get("steps"):
+        verdicts = max(report["verdicts"], 1e-9)
+        print(
+            f"BUDGET step cost {1e3 * report['cost_base_s']:.2f} ms + {1e3 * report['cost_row_s']:.4f} ms/row + "
+            f"{1e3 * report['cost_token_s']:.4f} ms/token (mean relative error {report['cost_error']:.1%}); "
+            f"{report['slots'] / report['steps']:.1f} slots drafted per step; acceptance predicted "
+            f"{report['predicted'] / verdicts:.3f}, observed {report['accepted'] / verdicts:.3f} (recent steps)"
+        )
+        deciles = [(d, report.get(f"decile{d}_verdicts", 0.0)) for d in range(10)]
+        print(
+            "CALIBRATION predicted -> observed (verdicts): "
+            + ", ".join(
+                f"{report[f'decile{d}_predicted'] / n:.2f} -> {report[f'decile{d}_accepted'] / n:.2f} ({n:.0f})"
+                for d, n in deciles
+                if n
+            )
+        )
     scored_per_needed = stats.scored_tokens / needed if needed else 0.0
     print(
         f"\nvisits 1..{args.visits}: off {totals['off']:.2f}s, spec {totals['spec']:.2f}s (makespans); engine steps "

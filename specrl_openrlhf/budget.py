@@ -49,13 +49,25 @@ class StepCost:
         self.xtx = np.zeros((3, 3))  # decayed sums of x x^T, x = (1, rows, tokens)
         self.xty = np.zeros(3)
         self.steps = 0
+        self.error = [0.0, 0.0]  # decayed sums of |predicted - measured| / measured over fitted steps, and weights
         self._params: np.ndarray | None = None
+
+    @property
+    def relative_error(self) -> float:
+        """The fit's mean relative error on the steps it was asked to predict before it saw them (NaN before)."""
+        return self.error[0] / self.error[1] if self.error[1] else math.nan
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
         if not (rows > 0 and tokens >= rows and math.isfinite(seconds) and seconds > 0):
             return
-        if self.steps >= 16 and seconds > 5 * self.predict(rows, tokens):  # a stall (GC, a weight load): not a step
-            return
+        if self.steps >= 16:
+            predicted = self.predict(rows, tokens)
+            if seconds > 5 * predicted:  # a stall (GC, a weight load): not a step
+                return
+            self.error = [
+                self.error[0] * self.decay + abs(predicted - seconds) / seconds,
+                self.error[1] * self.decay + 1,
+            ]
         x = np.array([1.0, rows, tokens])
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds

@@ -16,6 +16,7 @@ their mean log p_curr / p_gen (the drift since they were decoded) and the share 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,7 +158,9 @@ def replay_verified(policy: ReusePolicy, records: TraceRecords) -> Kept:
         history = History(policy.params.min_match)
         for r in rows[~records.samples[rows]].tolist():
             history.add(records.row("tokens", r), records.row("draft_logprobs", r))
-        floor = logprob_floor(policy.params.min_accept_prob)
+        # a static budget stops where p_prev says; the goodput budget depends on the engine's step costs, which a
+        # trace does not hold: replay proposes all it can, what that budget could keep at most
+        floor = logprob_floor(policy.params.min_accept_prob) if policy.params.budget == "static" else -math.inf
         for r in rows[records.samples[rows]].tolist():
             response = records.row("tokens", r).tolist()
             if policy.verifies_in_engine:

@@ -32,3 +32,16 @@ def test_each_rule_reports_the_metrics_that_can_move_for_it():
     assert {f"{PREFIX}accepted_per_step", f"{PREFIX}reentries", f"{PREFIX}draft_tokens"} <= engine
     assert not {f"{PREFIX}scoring_requests", f"{PREFIX}kl_prev_curr", f"{PREFIX}tree_nodes"} & engine
     assert f"{PREFIX}accepted_per_step" not in tree | spec
+    budget = {f"{PREFIX}predicted_acceptance", f"{PREFIX}observed_acceptance", f"{PREFIX}step_token_ms"}
+    assert budget <= engine and not budget & (tree | spec)
+
+
+def test_a_samples_engine_report_becomes_the_budgets_gauges():
+    report = {"reports": 2.0, "steps": 100.0, "slots": 250.0, "verdicts": 200.0, "predicted": 120.0}
+    report.update(accepted=100.0, cost_base_s=0.012, cost_row_s=0.0002, cost_token_s=0.0001)
+    assert sr.metrics.budget_gauges({}) == {}  # before the engine reported
+    first = ReuseStats(samples=1, **sr.metrics.budget_gauges(report))
+    metrics = (first + ReuseStats(samples=1)).as_dict()  # a sample without a report does not dilute the means
+    assert metrics[f"{PREFIX}engine_reports"] == 0.5 and metrics[f"{PREFIX}drafted_slots"] == 2.5
+    assert metrics[f"{PREFIX}predicted_acceptance"] == 0.6 and metrics[f"{PREFIX}observed_acceptance"] == 0.5
+    assert metrics[f"{PREFIX}step_base_ms"] == 6.0 and metrics[f"{PREFIX}step_token_ms"] == 0.05  # two proposers

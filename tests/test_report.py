@@ -155,15 +155,19 @@ def test_paired_rows_pair_each_seed_with_its_own_baseline(tmp_path):
 
 def test_what_the_engine_verified_has_a_table_of_its_own():
     logs = {"rollout/num_samples": 8.0, "reuse/decoded_tokens": 10.0, "reuse/accepted_per_step": 2.5}
+    logs.update({"reuse/engine_reports": 0.5, "reuse/predicted_acceptance": 0.3, "reuse/observed_acceptance": 0.25})
     engine_steps = [step_row(step, {**logs, "reuse/reentries": 0.5 * step}) for step in (1, 2)]
     engine = RunSeries("lossless", "lossless", None, "g", "test", steps=engine_steps)
     stock = RunSeries("off", "off", None, "g", "test", steps=[step_row(1, {"rollout/num_samples": 8.0})])
     rows = report.table_rows([stock, engine])
     assert "accepted_per_step" not in rows[0]
     assert rows[1]["accepted_per_step"] == 2.5 and rows[1]["reentries_per_sample"] == pytest.approx(0.75)
+    assert rows[1]["predicted_acceptance"] == 0.6 and rows[1]["observed_acceptance"] == 0.5  # over reporting samples
     table = report.markdown(rows)
-    assert "| run (verified in the engine) | accepted/step | re-entries/sample |" in table
-    assert "| lossless | 2.5 | 0.75 |" in table
+    assert (
+        "| run (verified in the engine) | accepted/step | re-entries/sample | drafted/step | predicted acc." in table
+    )
+    assert "| lossless | 2.5 | 0.75 | - | 0.6 | 0.5 |" in table
 
 
 def test_command_line(grid_run, tmp_path):

@@ -106,7 +106,9 @@ class EnginePathDriver(Driver):
             count = self.visits.size(follow_up)
             visit.drafts = asyncio.ensure_future(self._send_history(key, prompt_ids, visit.visit_id, count, follow_up))
         start = time.perf_counter()
-        own = continuation_params(params, params.max_tokens, 0)  # logprobs on: the history keeps them
+        # log-probs only if the caller asked: the budget predicts acceptance without p_prev (`budget.features`), and
+        # the history then chooses between branches by how many responses take them
+        own = continuation_params(params, params.max_tokens, 0, logprobs=params.logprobs is not None)
         output = completion_of(await self.send(prompt_ids, own, slot))  # with priorities, a visit's samples in order
         length = len(output.token_ids)
         stats = verified_in_engine(output.accepted_per_step, output.drafted_per_step, length)
@@ -114,8 +116,8 @@ class EnginePathDriver(Driver):
         stats.fallbacks = int(self.histories.available is False)
         for name, value in budget_gauges(self.histories.report).items():
             setattr(stats, name, value)
-        logprobs = output.logprobs if output.logprobs is not None else [0.0] * length
-        self.histories.send(key, len(prompt_ids), False, [output.token_ids], [list(logprobs)])
+        self.histories.send(key, len(prompt_ids), False, [output.token_ids], [output.logprobs])
+        logprobs = output.logprobs if output.logprobs is not None else [0.0] * length  # unknown p_prev: 0
         try:
             stats.drafts_found = int(bool(await asyncio.shield(visit.drafts))) if visit.drafts else 0
         except Exception:

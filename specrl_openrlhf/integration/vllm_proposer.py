@@ -125,12 +125,16 @@ def update_histories(worker, updates) -> dict:
 
 
 class BudgetReport:
-    """What one proposer's budget measured, as decayed sums over recent steps (about the last `half_life`)."""
+    """What one proposer's budget measured: decayed sums over recent steps and verdicts (about the last `half_life`),
+    the step cost's parameters and fit, and acceptance predicted against observed per predicted decile. Sums, so that
+    a process's proposers and an engine's workers add up (`HistoryBoard.report`)."""
 
     def __init__(self, half_life: float = 2048.0):
         self.decay = 0.5 ** (1.0 / half_life)
         self.sums = dict.fromkeys(("steps", "slots", "verdicts", "predicted", "accepted"), 0.0)
         self.cost = np.zeros(3)
+        self.cost_error = 0.0
+        self.deciles: list[list[float]] = []
 
     def step(self, slots: int) -> None:
         self.sums["steps"] = self.sums["steps"] * self.decay + 1.0
@@ -142,7 +146,12 @@ class BudgetReport:
 
     def as_dict(self) -> dict[str, float]:
         base, per_row, per_token = (float(x) for x in self.cost)
-        return {**self.sums, "reports": 1.0, "cost_base_s": base, "cost_row_s": per_row, "cost_token_s": per_token}
+        out = {**self.sums, "reports": 1.0, "cost_base_s": base, "cost_row_s": per_row, "cost_token_s": per_token}
+        out["cost_error"] = self.cost_error
+        for decile, (verdicts, predicted, accepted) in enumerate(self.deciles):
+            out.update({f"decile{decile}_verdicts": verdicts, f"decile{decile}_predicted": predicted})
+            out[f"decile{decile}_accepted"] = accepted
+        return out
 
 
 @dataclass
@@ -234,7 +243,8 @@ class HistoryProposer:
                 del self.rows[row]
             if clean:
                 self.cost.observe(rows, carried, now - self.last_call)
-                self.report.cost = self.cost.params
+                self.report.cost, self.report.cost_error = self.cost.params, self.cost.relative_error
+            self.report.deciles = self.acceptance.deciles
             self.last_call = now
             return self._allocate(candidates, rows)
         except Exception as error:

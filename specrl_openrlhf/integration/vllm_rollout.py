@@ -111,6 +111,13 @@ class AsyncSpeculativeGenerator:
             return None
         return self.driver.histories.available
 
+    @property
+    def engine_report(self) -> dict[str, float]:
+        """On the engine path, what the engine's proposers last reported of their draft budget (`vllm_proposer`:
+        decayed sums of steps, drafted slots, verdicts, predicted and observed acceptance, the step cost's
+        parameters); {} elsewhere, or before the engine answered."""
+        return self.driver.histories.report if isinstance(self.driver, EnginePathDriver) else {}
+
     def bind(self, generate, *, rpc=None, prioritize: bool | None = None) -> None:
         """Point the generator at an engine: its `generate`, its `collective_rpc` (engine path) and whether it
         schedules by priority."""

@@ -149,7 +149,8 @@ async def run(args) -> int:
         )
 
     engine = start()
-    engines = [engine, start(**engine_kwargs(policy))] if policy.verifies_in_engine else [engine]
+    engines = [engine, start(**engine_kwargs(policy, {"max_model_len": args.prompt_len + args.max_tokens + 8}))]
+    engines = engines if policy.verifies_in_engine else [engine]
     generate = engine_generate(engine)
     max_token_id, max_model_len = engine_limits(engine.model_config, engine.get_tokenizer())
     planner = sr.SpeculativePlanner(

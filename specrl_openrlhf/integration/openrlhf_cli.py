@@ -62,8 +62,9 @@ def take_over_names(config: ReuseConfig, module_globals: dict) -> None:
 
     upstream_train = module_globals["train"]
     module_globals["train"] = lambda args: train_with_reuse(args, upstream_train)
-    extra = engine_kwargs(config.build_policy()) if config.enabled else {}
-    if extra and "create_vllm_engines" in module_globals:
+    policy = config.build_policy() if config.enabled else None
+    if policy is not None and engine_kwargs(policy) and "create_vllm_engines" in module_globals:
+        extra = functools.partial(engine_kwargs, policy)  # OpenRLHF's arguments in, ours added
         module_globals["create_vllm_engines"] = with_engine_kwargs(module_globals["create_vllm_engines"], extra)
 
 

@@ -342,19 +342,24 @@ class HistoryProposer:
         return drafts
 
 
-def engine_kwargs(policy) -> dict:
-    """What an engine needs for `policy`: for a rule verified in the engine, the proposer (drafting up to the rule's
-    `num_speculative_tokens` at a step) and per-request acceptance counts (each verification step's drafted and
-    accepted tokens) on every finished output; nothing for any other rule (its engine must run logits-processor
-    plugins, which vLLM does not build under speculative decoding)."""
+def engine_kwargs(policy, base: dict | None = None) -> dict:
+    """The engine arguments `base` (default: none) with what an engine needs for `policy`: for a rule verified in the
+    engine, the proposer (drafting up to the rule's `num_speculative_tokens` k at a step), per-request acceptance
+    counts (each verification step's drafted and accepted tokens) on every finished output, and where `base` sets
+    `max_model_len`, k tokens of room past it. vLLM skips the proposer for a whole step, and has every row of the
+    batch verify k dummy draft tokens (token 0), as soon as one sequence of the batch is within k tokens of
+    `max_model_len` (docs/upstream.md): the room keeps that from happening to responses that stay within the
+    length the caller planned. Nothing for any other rule (its engine must run logits-processor plugins, which vLLM
+    does not build under speculative decoding)."""
+    base = dict(base or {})
     if not policy.verifies_in_engine:
-        return {}
+        return base
+    k = int(policy.params.num_speculative_tokens)
+    if base.get("max_model_len"):
+        base["max_model_len"] = int(base["max_model_len"]) + k
     return {
-        "speculative_config": {
-            "method": "custom_class",
-            "model": PROPOSER,
-            "num_speculative_tokens": int(policy.params.num_speculative_tokens),
-        },
+        **base,
+        "speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k},
         "per_request_spec_decode_metrics": "detailed",
         # a visit's samples are served in slot order: where the engine has more samples than slots, later ones start
         # after earlier ones finished, and draft from them too (`engine_path.EnginePathDriver`)

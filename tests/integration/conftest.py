@@ -67,8 +67,7 @@ def _engine(model_dir, **extra):
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             max_logprobs=128,
-            **ENGINE_KWARGS,
-            **extra,
+            **{**ENGINE_KWARGS, **extra},
         )
         return vllm.AsyncLLMEngine.from_engine_args(args)
 
@@ -92,7 +91,10 @@ def verifying_engine(tiny_model_dir):
     import specrl_openrlhf as sr
     from specrl_openrlhf.integration.vllm_proposer import engine_kwargs
 
-    engine, runner = _engine(tiny_model_dir, **engine_kwargs(sr.make("lossless", num_speculative_tokens=4)))
+    policy = sr.make("lossless", num_speculative_tokens=4)
+    engine, runner = _engine(
+        tiny_model_dir, **engine_kwargs(policy, {"max_model_len": ENGINE_KWARGS["max_model_len"]})
+    )
     yield engine, runner
     engine.shutdown()
 

@@ -69,7 +69,10 @@ def test_openrlhfs_engines_verify_lossless_with_our_proposer(ray_cluster, tiny_m
     from transformers import AutoTokenizer
 
     original = vllm_engine.RolloutRayActor
-    create = with_engine_kwargs(vllm_engine.create_vllm_engines, {**engine_kwargs(LOSSLESS.build_policy()), **CPU})
+    policy = LOSSLESS.build_policy()
+    create = with_engine_kwargs(
+        vllm_engine.create_vllm_engines, lambda kwargs: engine_kwargs(policy, {**kwargs, **CPU})
+    )
     actors = create(
         num_engines=1,
         tensor_parallel_size=1,

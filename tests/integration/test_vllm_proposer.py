@@ -334,3 +334,17 @@ def test_the_proposer_learns_a_steps_cost_and_what_it_keeps_and_drafts_what_pays
     assert sum(drafted_counts[-16:]) <= 2  # nothing pays now: an exploring slot at most
     base, per_row, per_token = proposer.cost.params
     assert per_token > 0 and base + 2 * per_row + 2 * per_token == pytest.approx(0.014, rel=0.05)
+
+
+def test_engines_get_room_for_a_draft_past_the_length_the_caller_planned():
+    """vLLM skips the proposer for a whole step, and verifies k dummy tokens in every row, once a sequence of the
+    batch is within k tokens of max_model_len: `engine_kwargs` adds k tokens of room to the caller's."""
+    lossless, spec = sr.make("lossless", num_speculative_tokens=6), sr.make("spec")
+    args = vllm_proposer.engine_kwargs(lossless, {"max_model_len": 100, "seed": 3})
+    assert (
+        args["max_model_len"] == 106
+        and args["seed"] == 3
+        and args["speculative_config"]["num_speculative_tokens"] == 6
+    )
+    assert vllm_proposer.engine_kwargs(spec, {"max_model_len": 100}) == {"max_model_len": 100}
+    assert "max_model_len" not in vllm_proposer.engine_kwargs(lossless)  # the engine's own default then

@@ -174,15 +174,17 @@ def engine_args(model_dir: Path, settings: Settings, policy, prompt_len: int) ->
         logprobs_mode="processed_logprobs",
         worker_extension_cls=EXTENSION,
         max_logprobs=1,
-        **cpu_engine_kwargs(
-            dtype="bfloat16",
-            kv_cache_bytes=max(
-                concurrent * (prompt_len + settings.max_tokens) * (48 << 10), 256 << 20
-            ),  # 46 KiB/token
-            max_model_len=prompt_len + settings.max_tokens + 8,
-            max_num_seqs=concurrent,
-            max_num_batched_tokens=8192,
-            **engine_kwargs(policy),
+        **engine_kwargs(
+            policy,
+            cpu_engine_kwargs(
+                dtype="bfloat16",
+                kv_cache_bytes=max(
+                    concurrent * (prompt_len + settings.max_tokens) * (48 << 10), 256 << 20
+                ),  # 46 KiB/token
+                max_model_len=prompt_len + settings.max_tokens + 8,
+                max_num_seqs=concurrent,
+                max_num_batched_tokens=8192,
+            ),
         ),
     )
 

@@ -79,6 +79,14 @@ def start_group(group: Group, model_dir: Path, args, progress) -> None:
             run.handles = start_reuse(run_settings(namespace, config), config, run=run_id).handles
             executor = {"agent_func_path": AGENT_ENTRY, "remote_rm_url": None}
             options = {"runtime_env": {"env_vars": {RUN_ENV: run_id}}}
+        engine = cpu_engine_kwargs(
+            kv_cache_bytes=128 << 20,
+            max_model_len=MAX_LEN,
+            max_num_seqs=args.max_num_seqs or max(args.rollout_batch * args.samples // 4, 1),
+            max_num_batched_tokens=8192,
+            seed=run.seed + index,
+            worker_extension_cls=EXTENSION,
+        )
         run.actor = actor_class.options(**options).remote(
             model=str(model_dir),
             num_gpus=0,
@@ -86,15 +94,7 @@ def start_group(group: Group, model_dir: Path, args, progress) -> None:
             logprobs_mode="processed_logprobs",  # as OpenRLHF sets it when the IS correction is on
             max_logprobs=max(1, policy.resample_top_k),
             **executor,
-            **engine_kwargs(policy),  # our proposer, for `lossless` verified in the engine
-            **cpu_engine_kwargs(
-                kv_cache_bytes=128 << 20,
-                max_model_len=MAX_LEN,
-                max_num_seqs=args.max_num_seqs or max(args.rollout_batch * args.samples // 4, 1),
-                max_num_batched_tokens=8192,
-                seed=run.seed + index,
-                worker_extension_cls=EXTENSION,
-            ),
+            **engine_kwargs(policy, engine),  # our proposer, for `lossless` verified in the engine
         )
     for run in group.runs:
         run.trainer = GRPOTrainer(model_dir, GRPOConfig(lr=run.regime.lr, seed=run.seed))

@@ -229,16 +229,14 @@ class HistoryProposer:
                 install()
                 self.cpu_fix_installed = True
             rows = len(sampled_token_ids)
+            lengths = num_tokens_no_spec[:rows].tolist()
             states, carried, clean = [], 0, self.last_call is not None
             for row, sampled in enumerate(sampled_token_ids):  # the verdicts first: then the predictions are fresh
-                state, drafted = self._follow(row, sampled, int(num_tokens_no_spec[row]), token_ids_cpu[row])
+                state, drafted = self._follow(row, sampled, lengths[row], token_ids_cpu[row])
                 clean &= drafted is not None  # a step that started a row ran its prefill too: not a decode's cost
                 carried += 1 + (drafted or 0)
-                states.append(state if sampled else None)
-            candidates = [
-                None if state is None else self._candidate(state, int(num_tokens_no_spec[row]))
-                for row, state in enumerate(states)
-            ]
+                states.append(state if sampled and state.history is not None else None)
+            candidates = [None if state is None else self._candidate(state, n) for state, n in zip(states, lengths)]
             for row in [r for r in self.rows if r >= rows]:
                 del self.rows[row]
             if clean:
@@ -256,22 +254,21 @@ class HistoryProposer:
         the draft tokens the step carried for it, None if the row did not hold the same request at the last step."""
         new = len(sampled)
         state = self.rows.get(row)
-        continuing = (
-            state is not None
-            and new > 0
-            and state.seen + new == num_tokens
-            and int(tokens[0]) == state.first
-            and int(tokens[state.seen - 1]) == state.last
-        )
+        if state is not None and new and state.seen + new == num_tokens and tokens.item(0) == state.first:
+            recent = tokens[state.seen - 1 : num_tokens].tolist()  # the token seen last, then those taken since
+            continuing = recent[0] == state.last
+        else:
+            continuing = False
         drafted = None
         if not continuing:  # a request new to this row (or still in its prefill)
-            state = self.rows[row] = Row(int(tokens[0]), -1, 0)
+            state = self.rows[row] = Row(tokens.item(0), -1, 0)
             if not new:
                 return state, None
         else:
             drafted = len(state.draft)
-            taken = tokens[state.seen : num_tokens].tolist()
-            self._verdicts(state, taken)
+            taken = recent[1:]
+            if state.draft:
+                self._verdicts(state, taken)
             if state.history is not None:
                 state.cursor = state.history.advance(state.cursor, taken)
                 state.match += len(taken)
@@ -281,7 +278,7 @@ class HistoryProposer:
             if state.history is not None:
                 state.cursor = state.history.anchored(tokens[state.prompt_len : num_tokens].tolist())
                 state.kind, state.match = ANCHORED, 0
-        state.seen, state.last = num_tokens, int(tokens[num_tokens - 1])
+        state.seen, state.last = num_tokens, tokens.item(num_tokens - 1)
         if state.history is not None and not state.cursor:  # left the history: the longest suffix match
             response = tokens[state.prompt_len : num_tokens].tolist()
             state.cursor = state.history.reentry(response)

@@ -115,7 +115,7 @@ class LosslessParams:
     draft: str = "tree"
     history: int = 1
     verify: str = "engine"
-    num_speculative_tokens: int = 8
+    num_speculative_tokens: int = 16
     min_match: int = 4
     min_accept_prob: float = 0.1
     budget: str = "goodput"

@@ -84,7 +84,8 @@ async def run(args) -> int:
     print(
         f"RESULT overhead={balanced - 1:+.3f} (geometric mean over both orders; stock first "
         f"{statistics.fmean(first) - 1:+.3f}, verifying first {statistics.fmean(second) - 1:+.3f}; {len(ratios)} "
-        f"rounds) stock_s={statistics.median(times['stock']):.2f} verifying_s={statistics.median(times['verifying']):.2f}"
+        f"rounds) stock_s={statistics.median(times['stock']):.2f} "
+        f"verifying_s={statistics.median(times['verifying']):.2f}"
     )
     return 0
 

@@ -28,6 +28,14 @@ def parse_args(argv=None):
     parser.add_argument("--max-num-seqs", type=int, default=None, help="engine concurrency (default: all requests)")
     parser.add_argument("--rounds", type=int, default=8, help="paired rounds (even: half with each engine first)")
     parser.add_argument("--logprobs", action="store_true", help="ask for the sampled tokens' log-probs")
+    parser.add_argument("--model", default=None, help="a model folder (default: the overhead regime's tiny model)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--stock-async-scheduling",
+        choices=["auto", "off"],
+        default="auto",
+        help="off: the stock engine without async scheduling, which vLLM turns off under a custom proposer",
+    )
     return parser.parse_args(argv)
 
 
@@ -40,12 +48,17 @@ async def run(args) -> int:
     from specrl_openrlhf.integration.vllm_edge import engine_generate
     from specrl_openrlhf.integration.vllm_proposer import engine_kwargs
 
-    model_dir = Path(tempfile.gettempdir()) / "specrl_bench_idle"
-    build_tiny_model(model_dir, hidden_size=128, num_layers=2, intermediate_size=256, eos_logit=0.0)
+    model_dir = Path(args.model) if args.model else Path(tempfile.gettempdir()) / "specrl_bench_idle"
+    if not args.model:
+        build_tiny_model(model_dir, hidden_size=128, num_layers=2, intermediate_size=256, eos_logit=0.0)
     base = cpu_engine_kwargs(
-        kv_cache_bytes=1 << 30, max_model_len=256, max_num_seqs=args.max_num_seqs or args.requests
+        kv_cache_bytes=1 << 30,
+        max_model_len=32 + args.max_tokens + 8,
+        max_num_seqs=args.max_num_seqs or args.requests,
+        dtype=args.dtype,
     )
-    plain = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(model=str(model_dir), **base))
+    stock = dict(base, async_scheduling=False) if args.stock_async_scheduling == "off" else base
+    plain = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(model=str(model_dir), **stock))
     verifying = vllm.AsyncLLMEngine.from_engine_args(
         vllm.AsyncEngineArgs(model=str(model_dir), **engine_kwargs(sr.make("lossless"), base))
     )

@@ -36,3 +36,29 @@ def test_a_recorded_step_is_projected_on_a_saved_curve(tmp_path):
     assert done.returncode == 0, done.stderr
     # verification: 10 + 30 ms for 250 tokens; plain: 10 + 10 ms for 100 tokens: (250 / 40) / (100 / 20) = 1.25
     assert "verification step 40.00 ms, plain 20.00 ms, tokens/s ratio 1.25" in done.stdout
+
+
+def test_the_grouped_attention_gives_transformers_logits():
+    """The benchmark's attention reads the cache once per key-value head; it must compute what transformers' SDPA
+    path computes, for a decoding step and for verification steps, each written after `context` cached positions."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_gpu_step as bench
+
+    context = 16
+    reference, config = bench.build("tiny", "cpu", torch.float32)
+    grouped, grouped_config = bench.build("tiny", "cpu", torch.float32, context)
+    grouped.load_state_dict(reference.state_dict())
+    for tokens in (1, 4, 9):
+        logits = []
+        for model, model_config in ((reference, config), (grouped, grouped_config)):
+            cache = bench.static_cache(model_config, context, 9)
+            torch.manual_seed(tokens)
+            ids, positions, cache_position = bench.step_inputs(model_config, 3, tokens, context, "cpu")
+            with torch.inference_mode():
+                for _ in range(2):  # a repeat is the same step
+                    bench.rewind(cache, context)
+                    step = bench.forward(model, cache, ids, positions, cache_position)
+                logits.append(step.logits)
+        assert torch.allclose(logits[0], logits[1], atol=1e-5), tokens

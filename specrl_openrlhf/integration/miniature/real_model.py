@@ -84,6 +84,7 @@ class Record:
     reused: int
     reentries: int
     reward: float
+    drafted: int = 0  # draft tokens the engine verified (in the engine; the request path counts scored ones)
 
     @property
     def kept(self) -> float:
@@ -239,6 +240,7 @@ async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, nu
         s.reused_tokens,
         s.reentries,
         sum(rewards) / len(rewards),
+        s.draft_tokens,
     )
     if number + 1 < settings.visits:  # the policy-gradient step: the next visit's drafts come from before it
         responses = [list(o.token_ids) for o in outputs]
@@ -323,14 +325,14 @@ async def run(settings: Settings, progress=print) -> dict:
 
 HEADER = (
     f"{'seed':>4} {'visit':>5} {'rule':<26} {'seconds':>8} {'decoded':>8} {'reused':>7} {'kept':>6} {'reentry':>8} "
-    f"{'reward':>7}"
+    f"{'reward':>7} {'drafted':>8}"
 )
 
 
 def format_record(r: Record) -> str:
     return (
         f"{r.seed:>4} {r.visit:>5} {r.rule:<26} {r.seconds:>8.1f} {r.decoded:>8} {r.reused:>7} {r.kept:>6.1%} "
-        f"{r.reentries / max(r.samples, 1):>8.1f} {r.reward:>7.3f}"
+        f"{r.reentries / max(r.samples, 1):>8.1f} {r.reward:>7.3f} {r.drafted:>8}"
     )
 
 

@@ -10,7 +10,6 @@ strings need it). Each setting runs `--repeats` times, alternating, after one wa
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 
@@ -26,10 +25,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from specrl_openrlhf.integration.miniature.engine import CPU_ENGINE_ENV, cpu_engine_kwargs
+    from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs, use_cpu_engine_env
 
-    for key, value in CPU_ENGINE_ENV.items():
-        os.environ.setdefault(key, value)
+    use_cpu_engine_env()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

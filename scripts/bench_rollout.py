@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import sys
 import tempfile
@@ -301,15 +300,7 @@ async def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    from specrl_openrlhf.integration.miniature.engine import CPU_ENGINE_ENV
-
-    # As the quickstart's engines, and OpenRLHF's with one GPU each: the model runs in the engine core's process (on
-    # CPU vLLM would otherwise run it in a process of its own); histories reach the proposer (vllm_proposer).
-    for key, value in CPU_ENGINE_ENV.items():
-        os.environ.setdefault(key, value)
-    return asyncio.run(run(parse_args(argv)))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from specrl_openrlhf.integration.miniature.engine import run_on_cpu_engines
+
+    sys.exit(run_on_cpu_engines(lambda: run(parse_args())))

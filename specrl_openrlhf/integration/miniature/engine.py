@@ -22,6 +22,24 @@ CPU_ENGINE_ENV = {
 }
 
 
+def use_cpu_engine_env() -> None:
+    """Set `CPU_ENGINE_ENV` where the caller has not, before vLLM is imported. As the quickstart's engines, and
+    OpenRLHF's with one GPU each: the model runs in the engine core's process (on CPU vLLM would otherwise run it in
+    a process of its own); histories reach the proposer (`vllm_proposer`)."""
+    import os
+
+    for key, value in CPU_ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def run_on_cpu_engines(main) -> int:
+    """A benchmark's `main()` coroutine, run under `CPU_ENGINE_ENV`: its exit status."""
+    import asyncio
+
+    use_cpu_engine_env()
+    return asyncio.run(main())
+
+
 def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrides) -> dict:
     """Engine arguments for `vllm.LLM`, `AsyncEngineArgs` or OpenRLHF's `RolloutRayActor` on a CPU machine.
 

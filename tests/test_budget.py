@@ -53,6 +53,19 @@ def test_it_drafts_long_when_few_rows_are_left():
     assert max(busy) <= 1 and min(tail) >= 6  # in the tail a step's fixed cost dominates: slots of survival 5% pay
 
 
+def test_on_a_gpus_step_curve_drafts_pay_at_small_batches_only():
+    """The H200's fitted forward of a Qwen3-1.7B shape (docs/benchmarks.md, "The step on a GPU"): a slot pays when its
+    survival exceeds per_token x goodput, which is about 7% at 32 rows and 37% at 512, and rises as drafts raise the
+    goodput: at 512 rows even drafts of 90% a token pay only to their fourth slot."""
+    h200 = np.array([0.00462, 0.000012, 0.0000122])
+    acceptance = np.full(8, 0.3)  # survival 0.3, 0.09, 0.027, ...
+    assert DraftBudget().allocate([acceptance] * 32, 32, h200) == [2] * 32
+    assert DraftBudget().allocate([acceptance] * 512, 512, h200) == [0] * 512
+    likely = np.full(8, 0.9)  # survival 0.9, 0.81, 0.73, 0.66, 0.59, ...
+    assert DraftBudget().allocate([likely] * 512, 512, h200) == [4] * 512
+    assert DraftBudget().allocate([likely] * 32, 32, h200) == [8] * 32
+
+
 def test_the_cost_fit_recovers_a_linear_step_cost_from_noisy_steps():
     rng = np.random.default_rng(1)
     cost = StepCost()

@@ -74,6 +74,7 @@ def test_runs_not_trained_yet_are_left_out(grid_run):
     assert "planned-later" not in names and len(names) == len(metrics["runs"])
 
 
+@pytest.mark.slow  # the tutorial's test checks the quickstart's plots on every run
 def test_plots_per_run_per_grid_and_against_lenience(grid_run, tmp_path):
     files = report.write_report(report.load_cpu_metrics(grid_run / "metrics.json"), tmp_path / "out")
     assert sorted(files) == ["csv", "frontier", "lenience", "markdown", "paired", "paired_csv", "plot"]

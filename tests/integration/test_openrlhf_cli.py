@@ -151,6 +151,7 @@ def test_help_lists_openrlhfs_and_our_flags():
 BASE = ["--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.remote_url", "r.py"]
 
 
+@pytest.mark.slow  # a longer variant: the module's other error tests run the same parser in-process
 def test_the_console_script_names_itself_in_errors():
     script = Path(sys.executable).parent / "specrl-train-ppo-ray"
     if not script.is_file():
@@ -196,6 +197,7 @@ def test_bad_input_fails_before_ray_with_one_usage_line_and_the_fix(args, messag
     assert "Started a local Ray instance" not in result.stderr
 
 
+@pytest.mark.slow  # a longer variant: a whole OpenRLHF launch to read one traceback
 def test_tracebacks_name_openrlhfs_own_lines(agent_file):
     """An error raised by OpenRLHF's validation shows OpenRLHF's file and the very line that raised it."""
     args = BASE + ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1"] + OURS
@@ -279,7 +281,10 @@ def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(monkeypa
     assert train == ("train", openrlhf_cli.AGENT_ENTRY, ["r.py"])
 
 
-@pytest.mark.parametrize("reuse, policy", [("spec", "spec(lenience=1.6487212707)"), ("exact", "exact()")])
+@pytest.mark.parametrize(
+    "reuse, policy",
+    [("spec", "spec(lenience=1.6487212707)"), pytest.param("exact", "exact()", marks=pytest.mark.slow)],
+)
 def test_a_paper_preset_launches_with_its_lenience_for_lenient_rules_only(reuse, policy):
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     result = subprocess.run(

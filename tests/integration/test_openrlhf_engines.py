@@ -101,6 +101,7 @@ def test_openrlhfs_engines_verify_lossless_with_our_proposer(ray_cluster, tiny_m
     assert sum(e.info["reuse/drafts_found"].item() for e in first) == 0  # no history yet
 
 
+@pytest.mark.slow  # a longer variant of test_vllm_proposer's fallback test, through OpenRLHF's engines
 def test_without_a_proposer_lossless_generates_normally(ray_cluster, tiny_model_dir, reward_file):
     """An engine started without our proposer (its engine arguments lost on the way): samples are generated normally
     and counted as fallbacks once the engine has answered that it has none (the warning: test_vllm_proposer)."""

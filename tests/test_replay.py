@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -60,13 +61,17 @@ def test_scoring_rules_need_scored_traces(tmp_path):
     assert len(replay(sr.make("full"), records)) == 5
 
 
-def test_command_line_reports_bad_rules_and_folders(traces, tmp_path):
-    def run(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "specrl_openrlhf", "replay", *args], capture_output=True, text=True
-        )
+def test_command_line_reports_bad_rules_and_folders(traces, tmp_path, capsys):
+    """`python -m specrl_openrlhf replay` once as a process, then its `main` in-process for each bad input."""
+    from specrl_openrlhf.__main__ import main
 
-    ok = run(str(traces[0]), "--rollout_reuse", "spec@1.65", "exact", "--csv", str(tmp_path / "t.csv"))
+    def run(*args):
+        returncode = main(["replay", *args])
+        out = capsys.readouterr()
+        return types.SimpleNamespace(returncode=returncode, stdout=out.out, stderr=out.err)
+
+    command = [sys.executable, "-m", "specrl_openrlhf", "replay", str(traces[0]), "--rollout_reuse", "spec@1.65"]
+    ok = subprocess.run([*command, "exact", "--csv", str(tmp_path / "t.csv")], capture_output=True, text=True)
     assert ok.returncode == 0 and "| spec(lenience=1.65) |" in ok.stdout
     assert (tmp_path / "t.csv").read_text().startswith("rule,drafts,draft_tokens")
     assert "Did you mean 'spec'" in run(str(traces[0]), "--rollout_reuse", "specc").stderr

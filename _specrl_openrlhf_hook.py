@@ -5,7 +5,7 @@ argument group (docs/upstream.md proposes one). So `pip install specrl-openrlhf`
 into site-packages: Python reads it at the start of every process, and it imports this module only in a process
 whose command line names `openrlhf.cli.train_ppo_ray`. Here `install` steps in only when that module is run with
 `-m` and one of our flags (`--rollout_reuse`, `--lenience`, `--reuse.*`) or `--help` is on the command line. Then
-it calls `specrl_openrlhf.integration.openrlhf_seams.install`, which takes the one `parse_args` call that OpenRLHF's
+it calls `specrl_openrlhf.integration.openrlhf.seams.install`, which takes the one `parse_args` call that OpenRLHF's
 module makes: OpenRLHF's module itself runs as Python runs it, from its own file. The dependency runs one way: the
 seams module knows nothing of this one.
 
@@ -52,7 +52,7 @@ def install() -> bool:
     global _installed
     if not _installed:  # site may read the .pth twice
         _installed = True
-        from specrl_openrlhf.integration import openrlhf_seams  # cheap: the command's code loads when it runs
+        from specrl_openrlhf.integration.openrlhf import seams  # cheap: the command's code loads when it runs
 
-        openrlhf_seams.install()
+        seams.install()
     return True

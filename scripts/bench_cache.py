@@ -38,12 +38,13 @@ def make_engine_class():
         """Drives the draft store like `AsyncSpeculativeGenerator`: a claim per visit, a commit per sample."""
 
         def __init__(self, num_shards: int, run: str):
-            from specrl_openrlhf.integration.draft_store import RayDraftStore
+            from specrl_openrlhf.integration.openrlhf.draft_store import RayDraftStore
 
             self.store = RayDraftStore(num_shards, run)
 
         async def visit(self, prompts: list[int], n: int, max_tokens: int, visit: int, seed: int):
-            from specrl_openrlhf.cache import Draft, prompt_key
+            from specrl_openrlhf.cache import prompt_key
+            from specrl_openrlhf.draft import Draft
 
             rng = np.random.default_rng(seed)
             claims, commits = [], []
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     import ray
 
     from specrl_openrlhf.config import ReuseConfig
-    from specrl_openrlhf.integration.draft_store import start_reuse
+    from specrl_openrlhf.integration.openrlhf.draft_store import start_reuse
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     engine_class = make_engine_class()

@@ -43,10 +43,10 @@ async def run(args) -> int:
     import vllm
 
     import specrl_openrlhf as sr
-    from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs
-    from specrl_openrlhf.integration.miniature.tiny_model import build_tiny_model
-    from specrl_openrlhf.integration.vllm_edge import engine_generate
-    from specrl_openrlhf.integration.vllm_proposer import engine_kwargs
+    from specrl_openrlhf.integration.vllm.edge import engine_generate
+    from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs
+    from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
+    from specrl_openrlhf.miniature.tiny_model import build_tiny_model
 
     model_dir = Path(args.model) if args.model else Path(tempfile.gettempdir()) / "specrl_bench_idle"
     if not args.model:
@@ -106,6 +106,6 @@ async def run(args) -> int:
 
 
 if __name__ == "__main__":
-    from specrl_openrlhf.integration.miniature.engine import run_on_cpu_engines
+    from specrl_openrlhf.miniature.engine import run_on_cpu_engines
 
     sys.exit(run_on_cpu_engines(lambda: run(parse_args())))

@@ -25,13 +25,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs, use_cpu_engine_env
+    from specrl_openrlhf.miniature.engine import cpu_engine_kwargs, use_cpu_engine_env
 
     use_cpu_engine_env()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from specrl_openrlhf.integration.miniature.tiny_model import build_tiny_model
+    from specrl_openrlhf.miniature.tiny_model import build_tiny_model
 
     model = build_tiny_model(tempfile.mkdtemp(prefix="bench_logprobs-"), hidden_size=192, eos_logit=-5.0)
     llm = LLM(model=str(model), **cpu_engine_kwargs(max_model_len=256))

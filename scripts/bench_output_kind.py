@@ -34,9 +34,9 @@ async def run(args) -> None:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs
-    from specrl_openrlhf.integration.miniature.tiny_model import build_tiny_model
-    from specrl_openrlhf.integration.vllm_edge import engine_generate
+    from specrl_openrlhf.integration.vllm.edge import engine_generate
+    from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
+    from specrl_openrlhf.miniature.tiny_model import build_tiny_model
 
     model = build_tiny_model(tempfile.mkdtemp(prefix="bench_output_kind-"), hidden_size=128, eos_logit=0.0)
     engine = vllm.AsyncLLMEngine.from_engine_args(

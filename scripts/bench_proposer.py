@@ -27,10 +27,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from specrl_openrlhf.cache import prompt_key
-    from specrl_openrlhf.integration import vllm_proposer
+    from specrl_openrlhf.integration.vllm.histories import BOARD, params_message
+    from specrl_openrlhf.integration.vllm.proposer import HistoryProposer
+    from specrl_openrlhf.policies.builtin import LosslessParams
 
     rng = np.random.default_rng(0)
-    board = vllm_proposer.BOARD
+    board = BOARD
     prompts = [[1, *rng.integers(3, 100, 31).tolist()] for _ in range(args.prompts)]
     stems = {}
     for prompt in prompts:
@@ -43,7 +45,7 @@ def main(argv=None) -> int:
             prompt_key(prompt),
             len(prompt),
             True,
-            (4, 0.1, args.budget),
+            params_message(LosslessParams(budget=args.budget)),
             responses,
             [[-0.5] * args.length] * args.responses,
         )
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     config = type("C", (), {})()
     config.speculative_config = type("S", (), {"num_speculative_tokens": args.k})()
     config.model_config = type("M", (), {"max_model_len": width + 64})()
-    proposer = vllm_proposer.HistoryProposer(config)
+    proposer = HistoryProposer(config)
     proposer.cpu_fix_installed = True
     tokens = np.zeros((args.rows, width + 64), np.int32)
     counts = np.zeros(args.rows, np.int64)

@@ -3,12 +3,12 @@
     python scripts/bench_real_model.py                       # 3 seeds x 3 visits x 4 rules, about 20 minutes
     python scripts/bench_real_model.py --help                # every setting
 
-See specrl_openrlhf/integration/miniature/real_model.py; results in docs/benchmarks.md.
+See specrl_openrlhf/miniature/real_model.py; results in docs/benchmarks.md.
 """
 
 import sys
 
-from specrl_openrlhf.integration.miniature.real_model import main
+from specrl_openrlhf.miniature.real_model import main
 
 if __name__ == "__main__":
     sys.exit(main())

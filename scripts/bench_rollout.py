@@ -112,18 +112,23 @@ async def run(args) -> int:
     import specrl_openrlhf as sr
     from specrl_openrlhf.cache import prompt_key
     from specrl_openrlhf.config import ReuseConfig
-    from specrl_openrlhf.integration.miniature.engine import cpu_engine_kwargs
-    from specrl_openrlhf.integration.miniature.tiny_model import build_tiny_model
-    from specrl_openrlhf.integration.miniature.weights import (
+    from specrl_openrlhf.integration.rollout.generator import (
+        AsyncSpeculativeGenerator,
+        LocalDraftStore,
+        gather_samples,
+    )
+    from specrl_openrlhf.integration.vllm.edge import engine_generate, engine_limits
+    from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs
+    from specrl_openrlhf.integration.vllm.histories import budget_details
+    from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
+    from specrl_openrlhf.miniature.tiny_model import build_tiny_model
+    from specrl_openrlhf.miniature.weights import (
         EXTENSION,
         perturbed_state_dict,
         reload_async_engine,
         write_weights,
     )
-    from specrl_openrlhf.integration.vllm_edge import engine_generate, engine_limits
-    from specrl_openrlhf.integration.vllm_proposer import engine_kwargs
-    from specrl_openrlhf.integration.vllm_rollout import AsyncSpeculativeGenerator, LocalDraftStore, gather_samples
-    from specrl_openrlhf.scoring import ChunkSchedule
+    from specrl_openrlhf.request_path.scoring import ChunkSchedule
 
     regime = REGIMES[args.regime]
     noise = regime["noise"] if args.noise is None else args.noise
@@ -237,6 +242,7 @@ async def run(args) -> int:
         stream = [p for p in prompts for _ in range(args.n)]
         await rate(generate, stream, SamplingParams(max_tokens=1))  # prompts now cached: time decoding only
         decode_rate = await rate(generate, stream, SamplingParams(max_tokens=64, ignore_eos=True))
+        report = (await engines[-1].collective_rpc(budget_details))[0] if policy.verifies_in_engine else {}
     for each in engines:
         each.shutdown()
 
@@ -257,10 +263,9 @@ async def run(args) -> int:
         print(
             f"ENGINE drafted {stats.draft_tokens} tokens, accepted {stats.reused_tokens} "
             f"({stats.reused_tokens / max(stats.draft_tokens, 1):.2f}), "
-            f"{stats.reused_tokens / max(stats.verify_steps, 1):.2f} per verification step, "
+            f"{stats.reused_tokens / max(stats.drafted_steps, 1):.2f} per verification step, "
             f"{stats.reentries / stats.samples:.1f} re-entries per sample"
         )
-    report = generator.engine_report
     if report.get("steps"):
         verdicts = max(report["verdicts"], 1e-9)
         print(
@@ -301,6 +306,6 @@ async def run(args) -> int:
 
 
 if __name__ == "__main__":
-    from specrl_openrlhf.integration.miniature.engine import run_on_cpu_engines
+    from specrl_openrlhf.miniature.engine import run_on_cpu_engines
 
     sys.exit(run_on_cpu_engines(lambda: run(parse_args())))

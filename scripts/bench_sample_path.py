@@ -33,8 +33,12 @@ def main(argv=None) -> None:
     from vllm import SamplingParams
 
     import specrl_openrlhf as sr
-    from specrl_openrlhf.integration.openrlhf_agent import request_output
-    from specrl_openrlhf.integration.vllm_rollout import AsyncSpeculativeGenerator, LocalDraftStore, gather_samples
+    from specrl_openrlhf.integration.openrlhf.agent import request_output
+    from specrl_openrlhf.integration.rollout.generator import (
+        AsyncSpeculativeGenerator,
+        LocalDraftStore,
+        gather_samples,
+    )
     from specrl_openrlhf.metrics import sample_metric_names
 
     tokens = list(range(10, 10 + args.max_tokens))

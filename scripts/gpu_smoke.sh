@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR} TOKENIZERS_PARALLELISM=false
-exec python -m specrl_openrlhf.integration.miniature.gpu_smoke "$@"
+exec python -m specrl_openrlhf.miniature.gpu_smoke "$@"

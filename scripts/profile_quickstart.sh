@@ -10,7 +10,7 @@ source .venv/bin/activate
 OUT=${1:?usage: profile_quickstart.sh OUT_DIR}
 SECONDS_RECORDED=${SECONDS_RECORDED:-100}
 mkdir -p "$OUT"
-python -m specrl_openrlhf.integration.miniature.quickstart --epochs 2 --train-size 256 --held-out-size 32 \
+python -m specrl_openrlhf.miniature.quickstart --epochs 2 --train-size 256 --held-out-size 32 \
   --out "$OUT/qs" > "$OUT/qs.log" 2>&1 &
 QS=$!
 until grep -q "engines up" "$OUT/qs.log" 2>/dev/null; do sleep 2; kill -0 $QS 2>/dev/null || exit 1; done

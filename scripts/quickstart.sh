@@ -9,4 +9,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/install.sh
 # TQDM_DISABLE: OpenRLHF's per-batch bars (the quickstart shows its own); read when tqdm is imported
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR} TOKENIZERS_PARALLELISM=false TQDM_DISABLE=${TQDM_DISABLE:-1}
-python -m specrl_openrlhf.integration.miniature.quickstart "$@"
+python -m specrl_openrlhf.miniature.quickstart "$@"

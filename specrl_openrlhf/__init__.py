@@ -1,7 +1,9 @@
 """SPEC-RL for OpenRLHF: speculative rollouts that reuse the previous epoch's responses as drafts.
 
-The core (this package, minus `integration`) imports only torch and numpy, and only when used: the names below load
-their module on first access, so `import specrl_openrlhf.grid` or `.report` costs no torch import.
+The package's top level and `policies/` are the engine-free core (torch and numpy only); `request_path/` is the
+engine-free request path, `analysis/` the offline tools, `integration/` what touches vLLM, Ray and OpenRLHF, and
+`miniature/` the paper's experiments on CPU (docs/design.md, "Layers"). The names below load their module on first
+access, so `python -m specrl_openrlhf.grid` or `.report` costs no torch import.
 """
 
 import importlib
@@ -9,7 +11,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Draft": "cache",
+    "Draft": "draft",
     "DraftCache": "cache",
     "prompt_key": "cache",
     "ReuseConfig": "config",
@@ -25,10 +27,10 @@ _EXPORTS = {
     "make": "policies",
     "register": "policies",
     "registered": "policies",
-    "SampleOutput": "assembly",
-    "SpeculativePlanner": "rollout",
-    "UnsupportedSamplingError": "sampling",
-    "check_sampling": "sampling",
+    "SampleOutput": "request_path.assembly",
+    "SpeculativePlanner": "request_path.planner",
+    "UnsupportedSamplingError": "policies.sampling",
+    "check_sampling": "policies.sampling",
 }
 __all__ = sorted(_EXPORTS)
 

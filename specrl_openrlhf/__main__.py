@@ -64,7 +64,7 @@ def replay_command(args) -> int:
     import time
     from pathlib import Path
 
-    from .replay import ReplayError, format_table, replay_kept, tally
+    from .analysis.replay import ReplayError, format_table, replay_kept, tally
     from .trace import read_traces
 
     if args.trace_dir is None:  # the folder may also come last, after the rules
@@ -95,7 +95,7 @@ def replay_command(args) -> int:
     if args.csv:
         import csv
 
-        from .replay import csv_rows
+        from .analysis.replay import csv_rows
 
         rows = csv_rows(results)
         with open(args.csv, "w", newline="") as f:

@@ -10,10 +10,12 @@ Terminology:
 
 `DraftBudget.allocate` admits slots by survival, best first, while the next one raises goodput (SmartSpec's rule with a
 linear cost model): a slot pays when its survival exceeds c x goodput, c being a carried token's cost. Zero slots is a
-valid answer; when few rows are left, a step's fixed cost dominates and drafts run long. `AcceptanceModel` learns
-acceptance from the engine's own verdicts, by what predicts it (how the draft was found, where in it the slot is, how
-many of the history's responses take its token). Which slots are drafted depends on the history, the rows' tokens so
-far and past steps, never on a row's randomness to come: verification stays exact.
+valid answer; when few rows are left, a step's fixed cost dominates and drafts run long. After `EXPLORE_EVERY` steps
+without a slot the likeliest one is drafted anyway, so that acceptance is still learned; the `static` mode (the
+ablation without a budget) drafts every candidate slot. `BudgetReport` sums what a proposer's budget measured.
+`AcceptanceModel` learns acceptance from the engine's own verdicts, by what predicts it (how the draft was found, where
+in it the slot is, how many of the history's responses take its token). Which slots are drafted depends on the history,
+the rows' tokens so far and past steps, never on a row's randomness to come: verification stays exact.
 
 Core module: numpy only.
 """
@@ -26,13 +28,20 @@ from typing import NamedTuple
 
 import numpy as np
 
+# Half-lives of what the budget learns, each in the unit it counts: the policy moves at every training step, so old
+# observations fade. A step here is one engine step (one `propose` call); a verdict is one slot's accepted-or-not.
+COST_HALF_LIFE_STEPS = 512.0  # the step-cost fit
+ACCEPTANCE_HALF_LIFE_VERDICTS = 20_000.0  # the acceptance counts
+REPORT_HALF_LIFE_STEPS = 2048.0  # the sums reported to the rollout (`BudgetReport`)
+
 # ---- step cost ------------------------------------------------------------------------------------------------------
 
 
 class StepCost:
     """A step's time, t = base + per_row x rows + per_token x tokens (seconds), fitted online by least squares over
     recent steps (weights decaying with `half_life` steps), with a weak prior that holds until the steps tell the
-    terms apart: a carried token costs `prior_token_share` of a row (rows and tokens move together until drafts vary).
+    terms apart (rows and tokens move together until drafts vary): per_token = s x (per_row + per_token), s being
+    `prior_token_share`, so a carried token costs s / (1 - s) of a row (as much as a row at the default 0.5).
 
     >>> cost = StepCost()
     >>> for rows, tokens in [(32, 32), (32, 96), (8, 8), (8, 40), (64, 64), (64, 200)] * 20:
@@ -41,7 +50,13 @@ class StepCost:
     [4.0, 0.1, 0.05]
     """
 
-    def __init__(self, half_life: float = 512.0, prior_token_share: float = 0.5, prior_weight: float = 4.0):
+    WARMUP_STEPS = 16  # steps fitted before the fit predicts (its error, the stall filter)
+    STALL_FACTOR = 5.0  # a step this many times slower than predicted is a stall (GC, a weight load), not a step
+    RIDGE = 1e-9  # relative ridge on the normal equations: a fit of steps that never varied stays solvable
+
+    def __init__(
+        self, half_life: float = COST_HALF_LIFE_STEPS, prior_token_share: float = 0.5, prior_weight: float = 4.0
+    ):
         if not half_life > 0 or not 0 <= prior_token_share <= 1 or not prior_weight > 0:
             raise ValueError(f"bad step cost settings: {half_life=}, {prior_token_share=}, {prior_weight=}")
         self.decay = 0.5 ** (1.0 / half_life)
@@ -60,9 +75,9 @@ class StepCost:
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
         if not (rows > 0 and tokens >= rows and math.isfinite(seconds) and seconds > 0):
             return
-        if self.steps >= 16:
+        if self.steps >= self.WARMUP_STEPS:
             predicted = self.predict(rows, tokens)
-            if seconds > 5 * predicted:  # a stall (GC, a weight load): not a step
+            if seconds > self.STALL_FACTOR * predicted:
                 return
             self.error = [
                 self.error[0] * self.decay + abs(predicted - seconds) / seconds,
@@ -88,7 +103,7 @@ class StepCost:
         # drafted tokens per step; steps that carry drafts of varying size soon outweigh it
         a = np.array([0.0, -self.share, 1.0 - self.share])
         penalty = self.prior_weight * self.xtx[0, 0] * np.outer(a, a)
-        ridge = 1e-9 * np.trace(self.xtx) * np.eye(3)
+        ridge = self.RIDGE * np.trace(self.xtx) * np.eye(3)
         params = np.linalg.solve(self.xtx + penalty + ridge, self.xty)
         if (params < 0).any():  # refit without the negative terms (their cost is 0)
             keep = params >= 0
@@ -139,7 +154,9 @@ class AcceptanceModel:
     (1.0, 0.0)
     """
 
-    def __init__(self, prior: float = 0.5, strength: float = 4.0, half_life: float = 20000.0):
+    RESCALE_AT = 1e6  # counts are kept undecayed, the current verdict's weight growing; rescaled before it overflows
+
+    def __init__(self, prior: float = 0.5, strength: float = 4.0, half_life: float = ACCEPTANCE_HALF_LIFE_VERDICTS):
         if not 0 < prior < 1 or not strength > 0 or not half_life > 0:
             raise ValueError(f"bad acceptance model settings: {prior=}, {strength=}, {half_life=}")
         self.prior, self.strength = float(prior), float(strength)
@@ -170,7 +187,7 @@ class AcceptanceModel:
     def observe(self, slot: SlotFeatures, accepted: bool, predicted: float | None = None) -> None:
         """A verdict on a slot; `predicted`: what `predict` said when it was drafted (for the calibration)."""
         self.weight /= self.decay
-        if self.weight > 1e6:  # rescale before the weights overflow
+        if self.weight > self.RESCALE_AT:
             self._rescale(1.0 / self.weight)
         w, hit = self.weight, float(accepted)
         for table, key in ((self.fine, slot), (self.coarse, (slot.kind, slot.support))):
@@ -199,9 +216,14 @@ class AcceptanceModel:
 # ---- the budget -----------------------------------------------------------------------------------------------------
 
 
+EXPLORE_EVERY = 16  # steps without a drafted slot, after which the likeliest one is drafted anyway: verdicts go on
+BUDGET_MODES = ("goodput", "static")
+
+
 class DraftBudget:
-    """How many slots each row of a step drafts: the prefix of each row's candidates that the goodput-maximising
-    set of slots holds.
+    """How many slots each row of a step drafts: in the `goodput` mode, the prefix of each row's candidates that the
+    goodput-maximising set of slots holds, and after `explore_every` steps without a slot the likeliest one; in the
+    `static` mode (the ablation without a budget), every candidate slot.
 
     >>> budget = DraftBudget()
     >>> cost = np.array([0.004, 0.0001, 0.00005])  # base, per row, per token (s)
@@ -211,10 +233,30 @@ class DraftBudget:
     [3, 0]
     """
 
-    def allocate(self, acceptance, rows: int, cost: np.ndarray) -> list[int]:
-        """`acceptance`: per row, the conditional acceptance of its candidate slots (k_r floats); `rows`: the rows
-        the step serves (each produces one token whatever is drafted); `cost`: `StepCost.params`. Returns each row's
-        count. Called at every step for every row: plain Python up to the one sort."""
+    def __init__(self, explore_every: int = EXPLORE_EVERY):
+        self.explore_every = explore_every
+        self.idle_steps = 0  # steps since a slot was last drafted
+
+    def allocate(self, acceptance, rows: int, cost: np.ndarray, mode: str = "goodput") -> list[int]:
+        """`acceptance`: per row that has candidates, the conditional acceptance of its candidate slots (k_r floats);
+        `rows`: the rows the step serves (each produces one token whatever is drafted); `cost`: `StepCost.params`;
+        `mode`: one of `BUDGET_MODES`. Returns each row's count."""
+        if mode == "static":
+            return [len(row) for row in acceptance]
+        counts = self.goodput_counts(acceptance, rows, cost)
+        if acceptance and not any(counts):
+            self.idle_steps += 1
+            if self.idle_steps >= self.explore_every:  # one slot, the likeliest, so that acceptance is still learned
+                best = max(range(len(acceptance)), key=lambda r: acceptance[r][0])
+                counts[best], self.idle_steps = 1, 0
+        else:
+            self.idle_steps = 0
+        return counts
+
+    @staticmethod
+    def goodput_counts(acceptance, rows: int, cost: np.ndarray) -> list[int]:
+        """Each row's count in the goodput-maximising set of slots. Called at every step for every row: plain Python
+        up to the one sort."""
         counts = [0] * len(acceptance)
         survival, owner = [], []
         for r, row in enumerate(acceptance):
@@ -236,3 +278,42 @@ class DraftBudget:
         for r in owner[order[:best]].tolist():
             counts[r] += 1
         return counts
+
+
+# ---- what a proposer reports ---------------------------------------------------------------------------------------
+
+
+class BudgetReport:
+    """What one proposer's budget measured: decayed sums over recent steps and verdicts (about the last `half_life`
+    of each) and the step cost's parameters (`as_dict`, sent with every history update); the cost fit's error and
+    acceptance predicted against observed per predicted decile (`details`, for benchmarks). Sums, so that a
+    process's proposers and an engine's workers add up."""
+
+    def __init__(self, half_life: float = REPORT_HALF_LIFE_STEPS):
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.sums = dict.fromkeys(("steps", "slots", "verdicts", "predicted", "accepted"), 0.0)
+        self.cost = np.zeros(3)
+        self.cost_error = 0.0
+        self.deciles: list[list[float]] = []
+
+    def step(self, slots: int) -> None:
+        self.sums["steps"] = self.sums["steps"] * self.decay + 1.0
+        self.sums["slots"] = self.sums["slots"] * self.decay + slots
+
+    def verdict(self, predicted: float, accepted: bool) -> None:
+        for name, value in (("verdicts", 1.0), ("predicted", predicted), ("accepted", float(accepted))):
+            self.sums[name] = self.sums[name] * self.decay + value
+
+    def as_dict(self) -> dict[str, float]:
+        base, per_row, per_token = (float(x) for x in self.cost)
+        return {**self.sums, "reports": 1.0, "cost_base_s": base, "cost_row_s": per_row, "cost_token_s": per_token}
+
+    def details(self) -> dict[str, float]:
+        """`as_dict`, the cost fit's mean relative error, and per predicted decile the verdicts, the predictions'
+        sum and the acceptances' sum."""
+        out = self.as_dict()
+        out["cost_error"] = self.cost_error
+        for decile, (verdicts, predicted, accepted) in enumerate(self.deciles):
+            out.update({f"decile{decile}_verdicts": verdicts, f"decile{decile}_predicted": predicted})
+            out[f"decile{decile}_accepted"] = accepted
+        return out

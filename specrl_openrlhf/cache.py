@@ -8,7 +8,6 @@ prompt begins (its first `claim` with a new visit id).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
@@ -21,15 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .draft import DRAFT_OVERHEAD_BYTES, FINISH_REASONS, Draft
+
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "specrl-draft-cache"
 FORMAT_VERSION = 2  # 2: p_gen, ages and top-k beside each token; version 1 files still load
 MAX_DRAFT_AGE = 2  # the `delayed` policy reads drafts from two visits back
-FINISH_REASONS = ("stop", "length", "abort")
 _ENTRY_OVERHEAD_BYTES = 256  # dict slots, visit lists, key bytes
-_DRAFT_OVERHEAD_BYTES = 192  # the Draft object and its array headers
-AGE_LIMIT = np.iinfo(np.uint16).max  # ages saturate here
 
 
 def prompt_key(prompt_token_ids) -> bytes:
@@ -41,98 +39,8 @@ def shard_of(key: bytes, num_shards: int) -> int:
     return int.from_bytes(key[:8], "little") % num_shards
 
 
-@dataclass(frozen=True, eq=False)
-class Draft:
-    """One cached response. `visit` is the per-prompt number of the visit that produced it, `index` its position
-    among that visit's responses.
-
-    Besides each token's logprob under the policy that last produced or verified it (p_prev for the next visit), a
-    draft keeps what the staleness meter and the anchored rules need: the token's logprob when it was decoded
-    (p_gen) and its age, and, for rules that resample rejected positions (`lossless`), the top-k distribution at
-    each position.
-    """
-
-    token_ids: np.ndarray  # [L] int32
-    logprobs: np.ndarray  # [L] float32, log p_prev: under the policy that sampled or last verified the token
-    finish_reason: str
-    visit: int = 0
-    index: int = 0
-    gen_logprobs: np.ndarray | None = None  # [L] float32, log p_gen: when the token was decoded (default: logprobs)
-    ages: np.ndarray | None = None  # [L] uint16, visits since decoded, as of the visit that stored it (default: 0)
-    top_ids: np.ndarray | None = None  # [L, k] int32, the k likeliest tokens at each position under p_prev
-    top_logprobs: np.ndarray | None = None  # [L, k] float32, their logprobs (-inf pads rows with fewer than k)
-
-    def __post_init__(self):
-        tokens = np.ascontiguousarray(self.token_ids, dtype=np.int32)
-        object.__setattr__(self, "token_ids", tokens)
-        object.__setattr__(self, "logprobs", np.ascontiguousarray(self.logprobs, dtype=np.float32))
-        gen = self.logprobs if self.gen_logprobs is None else self.gen_logprobs
-        object.__setattr__(self, "gen_logprobs", np.ascontiguousarray(gen, dtype=np.float32))
-        ages = np.zeros(len(tokens), np.uint16) if self.ages is None else np.minimum(self.ages, AGE_LIMIT)
-        object.__setattr__(self, "ages", np.ascontiguousarray(ages, dtype=np.uint16))
-        if tokens.ndim != 1 or not (tokens.shape == self.logprobs.shape == self.gen_logprobs.shape == self.ages.shape):
-            raise ValueError(
-                f"draft arrays differ in shape: token_ids {tokens.shape}, logprobs {self.logprobs.shape}, "
-                f"gen_logprobs {self.gen_logprobs.shape}, ages {self.ages.shape}"
-            )
-        if (self.top_ids is None) != (self.top_logprobs is None):
-            raise ValueError("a draft's top_ids and top_logprobs come together")
-        if self.top_ids is not None:
-            object.__setattr__(self, "top_ids", np.ascontiguousarray(self.top_ids, dtype=np.int32))
-            object.__setattr__(self, "top_logprobs", np.ascontiguousarray(self.top_logprobs, dtype=np.float32))
-            if (
-                self.top_ids.ndim != 2
-                or self.top_ids.shape != self.top_logprobs.shape
-                or len(self.top_ids) != len(tokens)
-            ):
-                raise ValueError(
-                    f"draft top-k arrays {self.top_ids.shape} and {self.top_logprobs.shape} must be [L, k]"
-                )
-        if self.finish_reason not in FINISH_REASONS:
-            object.__setattr__(self, "finish_reason", "abort")
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def top_k(self) -> int:
-        return 0 if self.top_ids is None else self.top_ids.shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        per_token = self.token_ids.nbytes + self.logprobs.nbytes + self.gen_logprobs.nbytes + self.ages.nbytes
-        top = 0 if self.top_ids is None else self.top_ids.nbytes + self.top_logprobs.nbytes
-        return per_token + top + _DRAFT_OVERHEAD_BYTES
-
-    def head(self, length: int) -> Draft:
-        """The first `length` tokens, every per-token array cut alike."""
-        top = (None, None) if self.top_ids is None else (self.top_ids[:length], self.top_logprobs[:length])
-        return Draft(
-            self.token_ids[:length],
-            self.logprobs[:length],
-            self.finish_reason,
-            self.visit,
-            self.index,
-            gen_logprobs=self.gen_logprobs[:length],
-            ages=self.ages[:length],
-            top_ids=top[0],
-            top_logprobs=top[1],
-        )
-
-    def copy(self) -> Draft:
-        """A copy that owns its arrays (a draft received from Ray may view a read-only shared buffer)."""
-        copies = {f: None if getattr(self, f) is None else getattr(self, f).copy() for f in _ARRAY_FIELDS}
-        return dataclasses.replace(self, **copies)
-
-    def numbered(self, visit: int, index: int) -> Draft:
-        return dataclasses.replace(self, visit=visit, index=index)
-
-
-_ARRAY_FIELDS = ("token_ids", "logprobs", "gen_logprobs", "ages", "top_ids", "top_logprobs")
-
-
 @dataclass
-class _Visit:
+class _StoredVisit:
     visit_id: str | None  # None for visits restored from disk
     number: int
     responses: list[Draft] = field(default_factory=list)
@@ -141,7 +49,7 @@ class _Visit:
 
 @dataclass
 class _Entry:
-    visits: list[_Visit] = field(default_factory=list)  # oldest first; the last may be the open one
+    visits: list[_StoredVisit] = field(default_factory=list)  # oldest first; the last may be the open one
     open_visit_id: str | None = None
     nbytes: int = _ENTRY_OVERHEAD_BYTES
 
@@ -179,14 +87,14 @@ class DraftCache:
             self._entries.move_to_end(key)
         return entry
 
-    def _open_visit(self, entry: _Entry, visit_id: str) -> _Visit:
+    def _open_visit(self, entry: _Entry, visit_id: str) -> _StoredVisit:
         if entry.open_visit_id == visit_id:
             return entry.visits[-1]
         for visit in entry.visits:  # a late commit to a visit that has since been completed
             if visit.visit_id == visit_id:
                 return visit
         number = entry.visits[-1].number + 1 if entry.visits else 0
-        visit = _Visit(visit_id=visit_id, number=number)
+        visit = _StoredVisit(visit_id=visit_id, number=number)
         entry.visits.append(visit)
         entry.open_visit_id = visit_id
         self._trim(entry, self.keep_visits + 1)
@@ -199,9 +107,23 @@ class DraftCache:
             entry.nbytes -= freed
             self.nbytes -= freed
 
-    def claim(self, key: bytes, visit_id: str, age: int = 1) -> Draft | None:
-        """A draft for one sample of visit `visit_id`, from the completed visit `age` visits back, distinct from
-        the drafts given to the visit's other samples; None when there is none."""
+    def claim(self, key: bytes, visit_id: str, age: int = 1, count: int = 1, history: int = 1) -> list[Draft | None]:
+        """Drafts for `count` samples of visit `visit_id`, in slot order, from the completed visit `age` visits back,
+        distinct from the drafts given to the visit's other samples (None where there is none); with `history` > 1,
+        followed by every response of the `history - 1` completed visits before that one (newest first), which a
+        proposal over the prompt's history (`lossless`'s tree) draws on too. Every draft store's `claim` answers so."""
+        drafts = [self._claim_one(key, visit_id, age) for _ in range(count)]
+        if history <= 1:
+            return drafts
+        entry = self._touch(key)
+        visit = self._open_visit(entry, visit_id)
+        completed = [v for v in entry.visits if v is not visit and v.number < visit.number]
+        for back in range(age + 1, age + history):
+            if back <= len(completed):
+                drafts.extend(completed[-back].responses)
+        return drafts
+
+    def _claim_one(self, key: bytes, visit_id: str, age: int) -> Draft | None:
         self.claims += 1
         entry = self._touch(key)
         visit = self._open_visit(entry, visit_id)
@@ -215,21 +137,6 @@ class DraftCache:
             return None
         self.hits += 1
         return source.responses[slot]
-
-    def claim_many(self, key: bytes, visit_id: str, age: int, count: int, history: int = 1) -> list[Draft | None]:
-        """`count` claims at once: the drafts of a whole visit's samples, in slot order; with `history` > 1, followed
-        by every response of the `history - 1` completed visits before the one they come from (newest first), which a
-        proposal over the prompt's history (`lossless`'s tree) draws on too."""
-        drafts = [self.claim(key, visit_id, age) for _ in range(count)]
-        if history <= 1:
-            return drafts
-        entry = self._touch(key)
-        visit = self._open_visit(entry, visit_id)
-        completed = [v for v in entry.visits if v is not visit and v.number < visit.number]
-        for back in range(age + 1, age + history):
-            if back <= len(completed):
-                drafts.extend(completed[-back].responses)
-        return drafts
 
     def commit(self, key: bytes, visit_id: str, draft: Draft) -> None:
         """Record a finished sample of visit `visit_id`; it can serve as a draft once that visit is completed."""
@@ -260,7 +167,7 @@ class DraftCache:
     def raw_bytes(self) -> int:
         """The per-token arrays held, without any overhead (walks every draft: for benchmarks)."""
         return sum(
-            d.nbytes - _DRAFT_OVERHEAD_BYTES for e in self._entries.values() for v in e.visits for d in v.responses
+            d.nbytes - DRAFT_OVERHEAD_BYTES for e in self._entries.values() for v in e.visits for d in v.responses
         )
 
     def stats(self) -> dict[str, float]:
@@ -322,7 +229,7 @@ class DraftCache:
                 continue
             entry = self._touch(key)
             for number, drafts in visits:
-                visit = _Visit(visit_id=None, number=number, responses=drafts)
+                visit = _StoredVisit(visit_id=None, number=number, responses=drafts)
                 entry.visits.append(visit)
                 added = sum(d.nbytes for d in drafts)
                 entry.nbytes += added

@@ -11,10 +11,11 @@ Terminology:
   at least `min_match` tokens long, that the history holds.
 - *proposal*: draft tokens read off the history below a cursor (`proposal`).
 
-`History` holds the structure only: p_prev of each node (the likeliest value a response through it reported), counts
+`History` holds the structure only: p_prev of each node (the likeliest value a response through it reported, or
+`UNKNOWN_LOGPROB` where no response reported one: the engine path asks vLLM for none unless its caller does), counts
 and stop marks. What a visit learns about it (p_curr of the nodes, on the request path) is the visit's
-(`sample.VisitTree`). The engine's proposer appends to a history as a visit's samples finish; the planner and replay
-build one per visit from the responses they hold.
+(`request_path.sample.ScoredHistory`). The engine's proposer appends to a history as a visit's samples finish; the
+planner and replay build one per visit from the responses they hold.
 
 Core module: numpy only.
 """
@@ -26,9 +27,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .cache import Draft
+from .draft import Draft
 
 ROOT = 0
+UNKNOWN_LOGPROB = math.nan  # a node's p_prev where no response through it reported one (never read as probability 1)
 DEFAULT_MIN_MATCH = 4  # shortest suffix a re-entry may match on: shorter matches found too many unrelated places
 MAX_MATCH = 256  # a re-entry's match is measured back this far at most (longer ones tie)
 
@@ -42,7 +44,7 @@ class Nodes(NamedTuple):
     source: np.ndarray  # int64, the first response through the node (root: -1)
     stop: np.ndarray  # bool, a response ended here by a stop condition
     count: np.ndarray  # int64, responses through the node (root: all of them)
-    logprob: np.ndarray  # float64, log p_prev of the node's token (0 where no response gave it)
+    logprob: np.ndarray  # float64, log p_prev of the node's token (UNKNOWN_LOGPROB, NaN, where none gave it)
 
 
 class History:
@@ -66,7 +68,7 @@ class History:
             raise ValueError(f"min_match must be a positive integer, got {min_match!r}")
         self.min_match = min_match
         self.token, self.parent, self.depth, self.source = [-1], [-1], [0], [-1]
-        self.stop, self.count, self.logprob = [False], [0], [0.0]
+        self.stop, self.count, self.logprob = [False], [0], [UNKNOWN_LOGPROB]
         self.kids: list[dict[int, int]] = [{}]  # per node: token -> child, in the order the children came
         self.grams: dict[tuple[int, ...], list[int]] = {}  # last `min_match` tokens of a node's path -> its nodes
         self.paths: list[np.ndarray] = []  # [L_r] int64, node ids of each response's tokens
@@ -95,9 +97,9 @@ class History:
         return max((len(p) for p in self.paths), default=0)
 
     def add(self, tokens, logprobs=None, *, stop: bool = False, response: Draft | None = None) -> int:
-        """Append a response: its token ids, each token's log-prob under the policy that produced it (p_prev, if
-        known), whether it ended by a stop condition, and the draft it came as (kept for `draft_along`). Returns its
-        index."""
+        """Append a response: its token ids, each token's log-prob under the policy that produced it (p_prev; None,
+        or NaN entries, where unknown), whether it ended by a stop condition, and the draft it came as (kept for
+        `draft_along`). Returns its index."""
         tokens = [int(t) for t in tokens]
         if logprobs is not None and len(logprobs) != len(tokens):
             raise ValueError(f"a response of {len(tokens)} tokens came with {len(logprobs)} log-probs")
@@ -105,7 +107,7 @@ class History:
         path = np.empty(len(tokens), np.int64)
         self.count[ROOT] += 1
         for i, token in enumerate(tokens):
-            logprob = 0.0 if logprobs is None else float(logprobs[i])
+            logprob = UNKNOWN_LOGPROB if logprobs is None else float(logprobs[i])
             child = self.kids[node].get(token)
             if child is None:
                 child = len(self.token)
@@ -122,7 +124,8 @@ class History:
                     self.grams.setdefault(tuple(tokens[i + 1 - m : i + 1]), []).append(child)
             else:
                 self.count[child] += 1
-                if logprob > self.logprob[child]:
+                old = self.logprob[child]
+                if logprob > old or (math.isnan(old) and not math.isnan(logprob)):  # the likeliest known value
                     self.logprob[child] = logprob
             path[i] = node = child
         if stop and len(tokens):

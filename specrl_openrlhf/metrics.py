@@ -58,7 +58,7 @@ class ReuseStats:
     branch_switches: int = 0  # a tree walk: times it left the branch it was on (first its own) for another response's
     tree_branches: int = 0  # a tree walk: distinct branches (leaves) of the visit's tree
     tree_nodes: int = 0  # a tree walk: token nodes of the visit's tree
-    verify_steps: int = 0  # verified in the engine: decoding steps that verified a draft
+    drafted_steps: int = 0  # verified in the engine: decoding steps that carried a draft
     reentries: int = 0  # verified in the engine: drafts proposed again after a rejection
     # verified in the engine, the draft budget as the engine's proposers measured it over recent steps (`budget`): a
     # sample carries one report (`engine_reports` = 1), summed here, so the metrics are means over reports
@@ -117,7 +117,7 @@ class ReuseStats:
             f"{PREFIX}drift_since_decode": ratio(self.drift_sum, self.metered_tokens),
             f"{PREFIX}reused_token_age": ratio(self.reused_age_sum, self.reused_tokens),
             f"{PREFIX}reused_older_than_2": ratio(self.reused_old_tokens, self.reused_tokens),
-            f"{PREFIX}accepted_per_step": ratio(self.reused_tokens, self.verify_steps),
+            f"{PREFIX}accepted_per_step": ratio(self.reused_tokens, self.drafted_steps),
             f"{PREFIX}reentries": float(self.reentries),
             f"{PREFIX}engine_reports": ratio(self.engine_reports, self.samples),
             **{f"{PREFIX}{name}": ratio(getattr(self, f"{name}_sum"), self.engine_reports) for name in BUDGET_GAUGES},
@@ -218,7 +218,7 @@ def verified_in_engine(per_step_accepted, per_step_drafted, response_len: int) -
         reused_tokens=reused,
         examined_tokens=sum(drafted),
         decoded_tokens=int(response_len) - reused,
-        verify_steps=len(accepted),
+        drafted_steps=len(accepted),
         reentries=sum(rejections[:-1]),
         fully_reused=int(response_len > 0 and reused == response_len),
     )

@@ -8,7 +8,7 @@ Terminology (`history` has the rest):
 - *majority path*: from the root, the child most responses through the node take, while most continue
   (`majority_path`).
 - *greedy path*: below a cursor, the likeliest child by the history's p_prev at each step (`propose`). The engine's
-  proposer drafts it at every decoding step, re-entering after a rejection (`integration.vllm_proposer`); replay
+  proposer drafts it at every decoding step, re-entering after a rejection (`integration.vllm.proposer`); replay
   verifies recorded responses against it (`verify_steps`).
 - *walk*: the request path's exact walk through the whole tree with p_curr of every node (`walk`).
 
@@ -35,10 +35,12 @@ class Proposed(NamedTuple):
 
 
 def propose(history: History, cursor: list[int], k: int, floor: float = -math.inf) -> Proposed:
-    """The greedy path below `cursor`, up to `k` tokens: at each step the child likeliest under the history's p_prev,
-    then the one most responses take (the choice when p_prev is unknown), then the earliest response's; then the
-    cursor's children with that token, until none continues or the chance that the draft is accepted up to the token,
-    by the history's p_prev, falls below e^`floor` (`static` budgets: `LosslessParams.min_accept_prob`).
+    """The greedy path below `cursor`, up to `k` tokens: at each step the child likeliest under the history's p_prev
+    (a known p_prev ranks above an unknown one), then the one most responses take (the choice when p_prev is unknown),
+    then the earliest response's; then the cursor's children with that token, until none continues or the chance that
+    the draft is accepted up to the token, by the history's p_prev, falls below e^`floor` (`static` budgets:
+    `LosslessParams.min_accept_prob`). Where p_prev is unknown, that chance reads the token's support, the share of
+    the responses through the cursor that take it: the history's own estimate of p_prev.
 
     >>> history = History(min_match=2)
     >>> history.add([5, 6, 7, 2], [-0.1, -0.2, -0.3, -0.1])
@@ -55,27 +57,30 @@ def propose(history: History, cursor: list[int], k: int, floor: float = -math.in
     while cursor and len(tokens) < k:
         if len(cursor) == 1 and len(kids[cursor[0]]) == 1:  # one path on (most steps deep in a tree): no choice
             [(token, child)] = kids[cursor[0]].items()
-            reach += logprob[child]
+            share = count[child] / count[cursor[0]]
+            reach += logprob[child] if logprob[child] == logprob[child] else math.log(share)  # NaN: unknown
             if reach < floor:
                 break
             tokens.append(token)
-            support.append(count[child] / count[cursor[0]])
+            support.append(share)
             cursor = [child]
             continue
         best, best_key, taking = None, None, {}
         for node in cursor:
             for token, child in kids[node].items():
                 taking[token] = taking.get(token, 0) + count[child]
-                key = (logprob[child], count[child], -source[child])
+                known = logprob[child] if logprob[child] == logprob[child] else -math.inf  # NaN: unknown
+                key = (known, count[child], -source[child])
                 if best_key is None or key > best_key:
                     best, best_key = token, key
         if best is None:
             break
-        reach += best_key[0]
+        share = taking[best] / sum(count[node] for node in cursor)
+        reach += best_key[0] if best_key[0] > -math.inf else math.log(share)
         if reach < floor:
             break
         tokens.append(best)
-        support.append(taking[best] / sum(count[node] for node in cursor))
+        support.append(share)
         cursor = [child for node in cursor if (child := kids[node].get(best)) is not None]
     return Proposed(tokens, support)
 
@@ -117,7 +122,7 @@ def majority_path(history: History) -> np.ndarray:
     """[k] int64 nodes of the majority path: from the root, the child that most of the responses through the node
     continue with (ties: the earliest), while most of them continue. `History.draft_along` makes it a draft.
 
-    >>> from specrl_openrlhf.cache import Draft
+    >>> from specrl_openrlhf.draft import Draft
     >>> d = lambda *t: Draft(np.array(t), np.zeros(len(t)), "stop")
     >>> history = History.of_drafts([d(1, 2, 3), d(1, 2, 4), d(1, 5), d(1, 2, 4, 6)])
     >>> history.token_of(majority_path(history)).tolist()

@@ -29,14 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import FINISH_REASONS, Draft, write_npz
-from .sample import entropy_of
+from .cache import write_npz
+from .draft import FINISH_REASONS, Draft
+from .seeds import entropy_of
 
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "specrl-draft-trace"
 FORMAT_VERSION = 3  # 3: token ids, visit groups and slots; 2: p_gen and ages; older traces still load
-ENTROPY_WIDTH = 5  # seed, prompt key, draft visit, draft index, draft length: `sample.entropy_of`
+ENTROPY_WIDTH = 5  # seed, prompt key, draft visit, draft index, draft length: `seeds.entropy_of`
 HISTORY_SLOT = -1  # the slot of a record that is no sample's own draft: a response of the visit before
 
 
@@ -260,10 +261,10 @@ def read_traces(directory: str | Path) -> TraceRecords:
 
 
 def record_cut(trace: TraceWriter, sample, draft_age: int, lenience: float | None) -> None:
-    """Record a cut draft (a `sample.Sample`). A tree sample records its own previous response (empty without one),
-    p_curr from the tree, and the tokens its walk kept as its cut; the first of a visit's samples also records the
-    responses of the visit before (slot -1): `replay` can then rebuild the visit's tree, or propose from any part of
-    it."""
+    """Record a cut draft (a `request_path.sample.Sample`). A tree sample records its own previous response (empty
+    without one), p_curr from the tree, and the tokens its walk kept as its cut; the first of a visit's samples also
+    records the responses of the visit before (slot -1): `replay` can then rebuild the visit's tree, or propose from
+    any part of it."""
     seed, key = sample.entropy[:2]
     if sample.tree is None:
         group = visit_group(key, sample.draft.visit)

@@ -69,3 +69,54 @@ def samples_generator(actors, tokenizer, loader, eval_loader=None, *, batch_size
         ),
     )
     return SamplesGenerator(types.SimpleNamespace(args=args), loader, eval_loader, tokenizer, actors)
+
+
+# ---- a speculative rollout on the session's engine (tests/integration/rollout, tests/integration/vllm) -------------
+
+PROMPTS = [[3 + p, 40, 41, 42, 43] * 7 for p in range(6)]  # 35 tokens: more than one 32-token block
+
+
+def params(**overrides):
+    from vllm import SamplingParams
+
+    base = dict(n=4, max_tokens=64, logprobs=0)
+    base.update(overrides)
+    return SamplingParams(**base)
+
+
+def generator(engine, policy, *, seed=0, store=None, scoring="chunked", generate=None, samples_per_visit=4):
+    from specrl_openrlhf.integration.rollout.generator import AsyncSpeculativeGenerator, LocalDraftStore
+    from specrl_openrlhf.integration.vllm.edge import engine_generate, engine_limits, stop_token_ids
+
+    max_token_id, max_model_len = engine_limits(engine.model_config, engine.tokenizer)
+    planner = sr.SpeculativePlanner(
+        policy,
+        seed=seed,
+        max_token_id=max_token_id,
+        max_model_len=max_model_len,
+        scoring=scoring,
+        stop_token_ids=stop_token_ids(engine.model_config, engine.tokenizer),
+        processed_logprobs=str(engine.model_config.logprobs_mode).endswith("processed_logprobs"),
+    )
+    store = store or LocalDraftStore(keep_visits=policy.visits_kept)
+    return AsyncSpeculativeGenerator(
+        generate or engine_generate(engine), policy, store, samples_per_visit=samples_per_visit, planner=planner
+    )
+
+
+def rollout(async_engine, gen, prompts, sampling):
+    from specrl_openrlhf.integration.rollout.generator import gather_samples
+
+    _, runner = async_engine
+    return runner.run(gather_samples(gen, prompts, sampling))
+
+
+def score(async_engine, prompt, response):
+    """Current-policy logprob of each response token (one uncached scoring request)."""
+    from specrl_openrlhf.integration.vllm.edge import engine_generate, scoring_params
+    from specrl_openrlhf.request_path.scoring import ScoringRequest
+
+    engine, runner = async_engine
+    request = ScoringRequest(list(prompt) + list(response), 0, len(response), False)
+    out = runner.run(engine_generate(engine)(request.token_ids, scoring_params(request)))
+    return [out.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(response)]

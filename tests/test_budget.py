@@ -134,3 +134,19 @@ def test_bad_settings_are_refused():
         StepCost(half_life=0)
     with pytest.raises(ValueError, match="acceptance model"):
         AcceptanceModel(prior=1.0)
+
+
+def test_the_static_mode_drafts_every_candidate_slot():
+    budget = DraftBudget()
+    assert budget.allocate([[0.01, 0.01], [0.9]], rows=256, cost=np.array([0.004, 0.0, 0.001]), mode="static") == [
+        2,
+        1,
+    ]
+
+
+def test_after_idle_steps_the_likeliest_slot_is_explored():
+    """Where nothing pays, one slot (the likeliest) every `EXPLORE_EVERY` steps keeps acceptance learned."""
+    budget, cost = DraftBudget(explore_every=4), np.array([0.004, 0.0, 0.001])
+    counts = [budget.allocate([[0.2, 0.1], [0.3]], rows=64, cost=cost) for _ in range(8)]
+    assert counts == [[0, 0]] * 3 + [[0, 1]] + [[0, 0]] * 3 + [[0, 1]]
+    assert budget.allocate([], rows=64, cost=cost) == [] and budget.idle_steps == 0  # nothing to draft: not idle

@@ -3,7 +3,8 @@ import random
 import numpy as np
 import pytest
 
-from specrl_openrlhf.cache import Draft, DraftCache, prompt_key, shard_of
+from specrl_openrlhf.cache import DraftCache, prompt_key, shard_of
+from specrl_openrlhf.draft import Draft
 
 
 def draft(tokens, finish="stop"):
@@ -23,7 +24,7 @@ def run_visit(cache, key, visit_id, n, rng, age=1, tag=0):
                 continue
             pending.remove(event)
             if kind == "claim":
-                claimed[i] = cache.claim(key, visit_id, age)
+                claimed[i] = cache.claim(key, visit_id, age)[0]
             else:
                 cache.commit(key, visit_id, draft([tag, i]))
                 done.add(i)
@@ -58,9 +59,9 @@ def test_delayed_age_two_and_more_samples_than_drafts():
         for i in range(2):
             cache.claim(key, f"v{visit}", 2)
             cache.commit(key, f"v{visit}", draft([visit, i]))
-    claims = [cache.claim(key, "v3", 2) for _ in range(3)]
+    claims = cache.claim(key, "v3", 2, count=3)
     assert [int(c.token_ids[0]) for c in claims[:2]] == [1, 1] and claims[2] is None
-    assert cache.claim(prompt_key([10]), "x", 1) is None
+    assert cache.claim(prompt_key([10]), "x", 1) == [None]
 
 
 def test_memory_cap_evicts_least_recently_used():
@@ -69,8 +70,8 @@ def test_memory_cap_evicts_least_recently_used():
         cache.claim(prompt_key([p]), "v", 1)
         cache.commit(prompt_key([p]), "v", draft(list(range(100))))
     assert cache.nbytes <= 4000 and cache.evicted_prompts > 0
-    assert cache.claim(prompt_key([9]), "w", 1) is not None  # the newest survived
-    assert cache.claim(prompt_key([0]), "w", 1) is None
+    assert cache.claim(prompt_key([9]), "w", 1)[0] is not None  # the newest survived
+    assert cache.claim(prompt_key([0]), "w", 1) == [None]
 
 
 @pytest.mark.parametrize("keep", [1, 2])
@@ -96,11 +97,11 @@ def test_save_load_roundtrip_and_shards(tmp_path):
     path = cache.save(tmp_path / "drafts.npz")
     restored = DraftCache()
     assert restored.load(path)
-    got = restored.claim(keys[3], "next", 1)
+    got = restored.claim(keys[3], "next", 1)[0]
     assert got.token_ids.tolist() == [1, 7, 8] and got.finish_reason == "length" and got.visit == 1
     delayed = DraftCache(keep_visits=2)
     delayed.load(path)
-    assert delayed.claim(keys[3], "next", 2).token_ids.tolist() == [0, 7, 8]
+    assert delayed.claim(keys[3], "next", 2)[0].token_ids.tolist() == [0, 7, 8]
     halves = [DraftCache(), DraftCache()]
     for i, half in enumerate(halves):
         half.load(path, shard=(i, 2))

@@ -9,8 +9,7 @@ import pytest
 
 from specrl_openrlhf import config
 from specrl_openrlhf.config import ReuseConfig
-
-from .helpers import REPO
+from tests.helpers import REPO
 
 
 def test_the_docs_table_is_the_flags_table():

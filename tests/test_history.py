@@ -7,8 +7,7 @@ import pytest
 
 from specrl_openrlhf import history as history_module
 from specrl_openrlhf.history import ROOT, History
-
-from .helpers import draft, history_of
+from tests.helpers import draft, history_of
 
 
 def test_doctests():

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import _specrl_openrlhf_hook as hook
-from specrl_openrlhf.integration import openrlhf_seams as seams
+from specrl_openrlhf.integration.openrlhf import seams
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_the_hook_and_the_seams_depend_one_way():
     no torch, Ray or OpenRLHF to import."""
     assert hook.UPSTREAM_MODULE == seams.UPSTREAM_MODULE
     probe = (
-        "import sys; from specrl_openrlhf.integration import openrlhf_seams; "
+        "import sys; from specrl_openrlhf.integration.openrlhf import seams as openrlhf_seams; "
         "print(sorted(m for m in ('_specrl_openrlhf_hook', 'torch', 'ray', 'openrlhf', 'vllm') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -1,5 +1,10 @@
-"""The package's shape: no import circle, the core free of engine imports, modules of a readable size, config without
-torch, and no file outside the package cited."""
+"""The package's shape: the layers of docs/design.md as folders, each importing only the layers below it; no import
+circle; the core free of engine imports; modules of a readable size; config without torch; no file outside the package
+cited.
+
+Layers, lowest first: the core (the package's top-level modules and `policies/`), `request_path/` (engine-free),
+`analysis/` (offline tools), `integration/` (vLLM, the rollout drivers, OpenRLHF), `miniature/` (the experiments on
+CPU). Entry points (`__main__`, the `grid` and `report` commands, `cli/`, `rewards/`) may import any layer."""
 
 import ast
 import re
@@ -10,6 +15,17 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "specrl_openrlhf"
 ENGINE_PACKAGES = ("vllm", "ray", "openrlhf")
 MAX_LINES = 500
+MAX_TOP_LEVEL_MODULES = 14  # besides __init__ and __main__
+MAX_PROPOSER_LINES = 250
+ENTRY_POINTS = ("specrl_openrlhf.__main__", "specrl_openrlhf.grid", "specrl_openrlhf.report", "specrl_openrlhf.cli")
+# what each layer must not import (the layers above it)
+FORBIDDEN = {
+    "core": ("request_path", "analysis", "integration", "miniature"),
+    "request_path": ("analysis", "integration", "miniature"),
+    "analysis": ("integration", "miniature"),
+    "integration": ("miniature",),
+    "miniature": (),
+}
 
 
 def modules() -> dict[str, Path]:
@@ -61,12 +77,57 @@ def test_no_import_circle_among_the_packages_modules():
             visit(name, [name])
 
 
-def test_the_core_imports_no_engine():
+def layer_of(name: str) -> str | None:
+    """The layer of a module of the package (None for entry points)."""
+    if name == "specrl_openrlhf" or name.startswith(ENTRY_POINTS) or name.startswith("specrl_openrlhf.rewards"):
+        return None
+    part = name.split(".")[1]
+    return part if part in FORBIDDEN else "core"
+
+
+def test_each_layer_imports_only_the_layers_below_it():
     for name, path in modules().items():
-        if ".integration" in name:
+        layer = layer_of(name)
+        if layer is None:
+            continue
+        ours = {m for m in module_imports(name, path) if m.startswith("specrl_openrlhf.")}
+        above = {m for m in ours if layer_of(m) in FORBIDDEN[layer]}
+        assert not above, f"{name} ({layer}) imports {sorted(above)}, a layer above it (docs/design.md, Layers)"
+
+
+def test_engine_free_layers_import_no_engine():
+    for name, path in modules().items():
+        if layer_of(name) not in ("core", "request_path", "analysis"):
             continue
         engines = {m for m in module_imports(name, path) if m.split(".")[0] in ENGINE_PACKAGES}  # typing too
-        assert not engines, f"{name} (core) imports {sorted(engines)}: move that code to integration/"
+        assert not engines, f"{name} imports {sorted(engines)}: move that code to integration/"
+
+
+def test_the_folders_show_the_layers():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}"
+    assert not (PACKAGE / "integration" / "miniature").exists() and (PACKAGE / "miniature").is_dir()
+    for folder in ("request_path", "analysis", "integration/vllm", "integration/rollout", "integration/openrlhf"):
+        assert (PACKAGE / folder / "__init__.py").exists(), folder
+    for stem in ("proposer", "histories", "engine_args"):  # the engine's proposer, split by job
+        lines = (PACKAGE / "integration" / "vllm" / f"{stem}.py").read_text().count("\n")
+        assert lines <= MAX_PROPOSER_LINES, f"integration/vllm/{stem}.py: {lines} lines"
+
+
+def test_tests_mirror_the_modules():
+    tests = PACKAGE.parent / "tests"
+    for module in (
+        "integration/rollout/engine_path",
+        "integration/rollout/request_path",
+        "integration/rollout/driver",
+        "integration/vllm/edge",
+        "integration/vllm/proposer",
+        "request_path/planner",
+        "history",
+        "budget",
+    ):
+        folder, _, stem = module.rpartition("/")
+        assert (tests / folder / f"test_{stem}.py").exists(), f"no tests/{folder}/test_{stem}.py"
 
 
 def test_no_module_is_over_500_lines_unless_it_says_why():
@@ -77,10 +138,11 @@ def test_no_module_is_over_500_lines_unless_it_says_why():
         assert lines <= MAX_LINES or f"over {MAX_LINES} lines" in docstring, f"{name}: {lines} lines"
 
 
-def test_the_package_cites_no_file_outside_it():
+def test_the_package_cites_no_file_outside_it_and_no_module_gone():
     for path in [*PACKAGE.rglob("*.py"), *PACKAGE.parent.glob("docs/*.md"), PACKAGE.parent / "README.md"]:
         text = path.read_text()
         assert not re.search(r"\.\./shared|FACTS\.md", text), f"{path} cites a file users don't have"
+        assert "specrl_openrlhf.tree" not in text, f"{path} cites specrl_openrlhf.tree, which is gone"
 
 
 def test_the_config_loads_without_torch():

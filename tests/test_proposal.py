@@ -11,8 +11,7 @@ import pytest
 from specrl_openrlhf import proposal
 from specrl_openrlhf.history import ROOT, History, logprob_floor
 from specrl_openrlhf.proposal import majority_path, propose, verify_steps, walk
-
-from .helpers import draft, history_of
+from tests.helpers import draft, history_of
 
 
 def test_doctests():
@@ -51,6 +50,26 @@ def test_a_draft_stops_where_the_history_says_it_is_unlikely_accepted():
     assert propose(history, history.anchored([1]), 8).tokens == [2, 3, 4]
     # cumulative 0.5, 0.25, 0.125: with a floor of 0.2 the third token is not proposed
     assert propose(history, history.anchored([1]), 8, logprob_floor(0.2)).tokens == [2, 3]
+
+
+def test_an_unknown_p_prev_is_not_probability_one():
+    """Without log-probs (the engine path asks vLLM for none unless its caller does) p_prev is unknown: the static
+    floor then reads the share of the history's responses that take each token, and binds."""
+    history = history_of([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6, 7], [1, 8, 9, 9])
+    assert np.isnan(history.arrays.logprob[1:]).all()
+    here = history.anchored([1])
+    assert propose(history, here, 8).tokens == [2, 3, 4]  # the majority, then the earliest response
+    # shares 3/4, then 2/3, then 1/2: cumulative 0.75, 0.5, 0.25; a floor of 0.4 keeps two tokens
+    assert propose(history, here, 8, logprob_floor(0.4)).tokens == [2, 3]
+    assert propose(history, here, 8, logprob_floor(0.8)).tokens == []
+
+
+def test_a_known_p_prev_ranks_above_an_unknown_one():
+    history = history_of([1, 2], min_match=2)  # no p_prev
+    history.add([1, 3], [0.0, math.log(0.01)])  # a known but small one
+    assert propose(history, history.anchored([1]), 1).tokens == [3]
+    history.add([1, 2], [0.0, math.log(0.5)])  # the first response's token, now known too, and likelier
+    assert propose(history, history.anchored([1]), 1).tokens == [2]
 
 
 def test_a_reentry_proposes_what_follows_every_longest_match():

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.sample import uniforms_for
+from specrl_openrlhf.seeds import uniforms_for
 from specrl_openrlhf.trace import TraceWriter, read_traces
-
-from .helpers import cut_drafts
+from tests.helpers import cut_drafts
 
 
 def test_planner_records_every_cut_draft(tmp_path):

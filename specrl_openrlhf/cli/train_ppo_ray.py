@@ -8,7 +8,7 @@ CONSOLE_SCRIPT = "specrl-train-ppo-ray"  # pyproject.toml's [project.scripts]
 
 
 def main(argv=None, prog=None) -> None:
-    from specrl_openrlhf.integration.openrlhf_seams import main as run
+    from specrl_openrlhf.integration.openrlhf.seams import main as run
 
     if prog is None and os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT:
         prog = CONSOLE_SCRIPT  # help and errors name the command the user typed

@@ -83,7 +83,7 @@ class ReusePolicy(ABC):
     @property
     def verifies_in_engine(self) -> bool:
         """Whether vLLM verifies the drafts itself, at every decoding step (`lossless` with `verify="engine"`): the
-        engine then needs our proposer (`integration.vllm_proposer.engine_kwargs`) and the rollout sends no scoring
+        engine then needs our proposer (`integration.vllm.engine_args.engine_kwargs`) and the rollout sends no scoring
         requests."""
         return False
 

@@ -99,7 +99,7 @@ BUDGET_CHOICES = ("goodput", "static")
 @dataclass(frozen=True, kw_only=True)
 class LosslessParams:
     """verify: where drafts are verified. "engine" (the default): inside vLLM, at every decoding step
-    (`integration.vllm_proposer`): the engine proposes from the tree of the prompt's previous responses (and of its
+    (`integration.vllm.proposer`): the engine proposes from the tree of the prompt's previous responses (and of its
     finished siblings) while the sample stays in it, and after a rejection from the longest suffix match of at least
     `min_match` tokens, up to `num_speculative_tokens` tokens at a time. budget: which of those tokens a step carries.
     "goodput" (the default): the slots whose expected accepted tokens pay for what they add to the step, by the step
@@ -154,7 +154,7 @@ class Lossless(ReusePolicy):
     p_curr without y_i (renormalised). Each output position then follows p_curr exactly, however the proposal was
     produced: also in RL, where it is what the policy was just trained on. Needs no p_prev. With `draft="tree"` (the
     default) the proposal is the tree of the prompt's previous responses, walked the same way with every child of a
-    node as a candidate (`specrl_openrlhf.tree`); `cut` is the rule on one path (`draft="own"` or "majority").
+    node as a candidate (`specrl_openrlhf.proposal.walk`); `cut` is the rule on one path (`draft="own"` or "majority").
 
     >>> import torch
     >>> p_curr, u = torch.tensor([[0.9, 0.5, 0.9]]), torch.tensor([[0.5, 0.6, 0.1]], dtype=torch.float64)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf import report, wandb_logs
-from specrl_openrlhf.replay import replay_kept
+from specrl_openrlhf.analysis import report, wandb_logs
+from specrl_openrlhf.analysis.replay import replay_kept
 from specrl_openrlhf.trace import read_traces
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.residual import draw, residual
-from specrl_openrlhf.scoring import ScoringAnswer
+from specrl_openrlhf.request_path.residual import draw, residual
+from specrl_openrlhf.request_path.scoring import ScoringAnswer
 
 EOS, VOCAB, LENGTH = 0, 4, 3
 PROMPT = [9]

@@ -18,8 +18,7 @@ from specrl_openrlhf.policies import (
     policy_class,
     registered,
 )
-
-from ..helpers import REPO
+from tests.helpers import REPO
 
 
 def test_builtins_registered():

@@ -1,0 +1,238 @@
+"""`python -m specrl_openrlhf.cli.train_ppo_ray`: OpenRLHF's own `train_ppo_ray`, plus rollout reuse.
+
+OpenRLHF's module runs as it is (see `seams`): its parser, its validation, its `train`. Its parser gains our
+argument group; once it has validated the arguments, `train_with_reuse` starts Ray with our worker setup hook, starts
+the run's reuse actors (its settings, the shared draft cache) and hands the vLLM engines our agent executor through
+OpenRLHF's `--train.agent_func_path`, then calls OpenRLHF's `train`. Without our flags, OpenRLHF runs untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import os
+import sys
+import threading
+import types
+from pathlib import Path
+
+from ... import config as reuse_config
+from ...config import ReuseConfig
+from ...policies import PluginError, UnknownPolicyError
+from ...policies.sampling import UnsupportedSamplingError, check_sampling
+from .eval import WORKER_SETUP_HOOK
+
+logger = logging.getLogger(__name__)
+
+PROG = "python -m specrl_openrlhf.cli.train_ppo_ray"
+AGENT_ENTRY = str(Path(__file__).with_name("agent_entry.py"))
+
+
+def extend_parser(parser: argparse.ArgumentParser) -> None:
+    """Our argument group, and a usage line short enough to read above an error (OpenRLHF's runs 160 lines)."""
+    parser.usage = (
+        f"{parser.prog} [OpenRLHF flags] [--rollout_reuse NAME] [--lenience L] [--reuse.* ...]  (--help: all flags)"
+    )
+    reuse_config.add_arguments(parser)
+
+
+def after_parse(parser: argparse.ArgumentParser, namespace):
+    """Validate our flags with OpenRLHF's (a bad one is a usage error, before Ray starts). Returns what to put in the
+    command module's namespace (our `train`, and for a rule verified in the engine our `create_vllm_engines`), or
+    None to leave it as it is (reuse off, no dry run)."""
+    try:
+        config = reuse_config.from_namespace(namespace)
+        for warning in check_combination(namespace, config):
+            print(f"[specrl-openrlhf] warning: {warning}", file=sys.stderr)
+    except (UnknownPolicyError, PluginError, UnsupportedSamplingError, ValueError, TypeError) as error:
+        flag = "--rollout_reuse" if isinstance(error, (UnknownPolicyError, PluginError)) else ""
+        parser.error(f"{flag + ': ' if flag and not str(error).startswith('--') else ''}{error}")
+    if not (config.enabled or config.dry_run):
+        return None
+    return functools.partial(take_over_names, config)
+
+
+def take_over_names(config: ReuseConfig, module_globals: dict) -> None:
+    """Our `train` (`train_with_reuse`, which calls OpenRLHF's), and the engine arguments the rule needs."""
+    from ..vllm.engine_args import engine_kwargs
+    from .engines import with_engine_kwargs
+
+    upstream_train = module_globals["train"]
+    module_globals["train"] = lambda args: train_with_reuse(args, upstream_train)
+    policy = config.build_policy() if config.enabled else None
+    if policy is not None and engine_kwargs(policy) and "create_vllm_engines" in module_globals:
+        extra = functools.partial(engine_kwargs, policy)  # OpenRLHF's arguments in, ours added
+        module_globals["create_vllm_engines"] = with_engine_kwargs(module_globals["create_vllm_engines"], extra)
+
+
+def lookup(namespace, dotted: str, default=None):
+    """A flag's value from argparse's flat namespace ("rollout.top_p" attributes) or OpenRLHF's hierarchized one."""
+    if hasattr(namespace, dotted):
+        return getattr(namespace, dotted)
+    node = namespace
+    for part in dotted.split("."):
+        node = getattr(node, part, default)
+    return node
+
+
+def check_combination(namespace, config: ReuseConfig) -> list[str]:
+    """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's."""
+    policy = config.build_policy()
+    if policy.draft_age == 0:
+        return []
+    get = lambda name, default=None: lookup(namespace, name, default)  # noqa: E731
+    if not get("vllm.num_engines"):
+        raise ValueError("--rollout_reuse needs vLLM rollout engines: set --vllm.num_engines to 1 or more")
+    # OpenRLHF samples with top_k -1, no penalties and min_tokens 1; temperature and top-p are flags; its engines
+    # report processed logprobs when the IS correction is on.
+    warnings = check_sampling(
+        policy,
+        temperature=get("rollout.temperature", 1.0),
+        top_p=get("rollout.top_p", 1.0),
+        min_tokens=1,
+        processed_logprobs=get("algo.advantage.is_correction_level", "off") != "off",
+    )
+    if get("data.max_images_per_prompt", 0):
+        warnings.append("prompts with images are generated normally: drafts are reused for text-only prompts")
+    agent = get("train.agent_func_path")
+    if agent and not Path(agent).is_file():
+        raise ValueError(f"--train.agent_func_path {agent}: no such file (your agent composes with --rollout_reuse)")
+    if config.cache_dir and not Path(config.cache_dir).is_dir():
+        raise ValueError(f"--reuse.cache_dir {config.cache_dir}: no such directory")
+    if config.trace_dir:
+        reuse_config.check_writable_folder("--reuse.trace_dir", config.trace_dir)
+    return warnings
+
+
+def run_settings(args, config: ReuseConfig) -> dict:
+    """What every executor needs to know, held by the run's `ReuseRun` actor."""
+    return {
+        "reuse_config": config.to_json(),
+        "num_shards": config.cache_shards,
+        "samples_per_visit": args.rollout.n_samples_per_prompt,
+        "training_signature": [args.rollout.temperature, args.rollout.top_p, -1],
+        "remote_url": args.reward.remote_url,
+        "inner_agent_func_path": args.train.agent_func_path,
+        # a stateful rule updates once per training step's samples unless told otherwise
+        "update_every": config.update_every or args.rollout.batch_size * args.rollout.n_samples_per_prompt,
+    }
+
+
+def namespace_to_dict(namespace) -> dict:
+    if isinstance(namespace, (types.SimpleNamespace, argparse.Namespace)):
+        return {k: namespace_to_dict(v) for k, v in vars(namespace).items()}
+    if isinstance(namespace, dict):
+        return {k: namespace_to_dict(v) for k, v in namespace.items()}
+    if isinstance(namespace, (list, tuple)):
+        return [namespace_to_dict(v) for v in namespace]
+    return namespace if isinstance(namespace, (str, int, float, bool, type(None))) else repr(namespace)
+
+
+def print_dry_run(args, config: ReuseConfig) -> None:
+    openrlhf_args = namespace_to_dict(args)
+    for ours in ("reuse", "rollout_reuse", "lenience"):
+        openrlhf_args.pop(ours, None)
+    resolved = {"reuse": dataclasses.asdict(config), "policy": config.build_policy().describe()}
+    if config.enabled:
+        from ..vllm.engine_args import engine_kwargs
+
+        # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path, and for a rule
+        # verified in the engine, our proposer
+        resolved["engines"] = {
+            "agent_func_path": AGENT_ENTRY,
+            "engine_kwargs": engine_kwargs(config.build_policy()),
+            **run_settings(args, config),
+        }
+    resolved["openrlhf_args"] = openrlhf_args
+    print(json.dumps(resolved, indent=2, default=str))
+
+
+def latest_checkpoint_dir(ckpt_path: str) -> Path | None:
+    """The DeepSpeed tag directory that `--ckpt.load_enable` resumes from (`<ckpt.path>/_actor/<latest>`)."""
+    latest = Path(ckpt_path) / "_actor" / "latest"
+    if not latest.is_file():
+        return None
+    tag = latest.read_text().strip()
+    return Path(ckpt_path) / "_actor" / tag if tag else None
+
+
+class CheckpointWatcher(threading.Thread):
+    """Saves the draft cache into each new OpenRLHF checkpoint (`<tag>/specrl_draft_cache/`), so checkpoint
+    rotation removes it along with the checkpoint and a resumed run starts warm."""
+
+    def __init__(self, reuse, ckpt_path: str, poll_s: float):
+        super().__init__(name="specrl-checkpoint-watcher", daemon=True)
+        self.reuse, self.ckpt_path, self.poll_s = reuse, ckpt_path, poll_s
+        self.seen = latest_checkpoint_dir(ckpt_path)
+        self.stopped = threading.Event()
+
+    def run(self):
+        from .draft_store import CACHE_DIRNAME
+
+        while not self.stopped.wait(self.poll_s):
+            try:
+                current = latest_checkpoint_dir(self.ckpt_path)
+                if current is not None and current != self.seen and current.is_dir():
+                    self.reuse.save(current / CACHE_DIRNAME)
+                    logger.info("draft cache saved with checkpoint %s", current)
+                    self.seen = current
+            except Exception as error:  # a failed save must not stop training
+                logger.warning("could not save the draft cache with the checkpoint: %s", error)
+
+
+def openrlhf_runtime_env() -> dict:
+    """The runtime env OpenRLHF's `train` starts Ray with (its env vars, defaults as it reads them), plus our worker
+    setup hook, which marks OpenRLHF's evaluation requests (see `eval`)."""
+    env_vars = {
+        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+    }
+    return {"env_vars": env_vars, "worker_process_setup_hook": WORKER_SETUP_HOOK}
+
+
+def start_ray() -> None:
+    """Start Ray as OpenRLHF's `train` would, with our worker setup hook; OpenRLHF then finds it running."""
+    import ray
+
+    if ray.is_initialized():  # OpenRLHF will not call ray.init either: our workers lack the evaluation mark
+        logger.warning(
+            "Ray was started before OpenRLHF's train(): evaluation requests can't be told from training ones and may "
+            "reuse drafts. Start Ray with runtime_env={'worker_process_setup_hook': %r}",
+            WORKER_SETUP_HOOK,
+        )
+        return
+    ray.init(runtime_env=openrlhf_runtime_env())
+
+
+def train_with_reuse(args, upstream_train) -> None:
+    """Stands in for OpenRLHF's `train(args)` at the end of its `__main__` block (see `seams`)."""
+    config = reuse_config.from_namespace(args)
+    if config.dry_run:
+        print_dry_run(args, config)
+        return
+    if not config.enabled:
+        return upstream_train(args)
+
+    from .draft_store import CACHE_DIRNAME, start_reuse
+
+    load_dir = config.cache_dir
+    if load_dir is None and args.ckpt.load_enable:
+        resumed = latest_checkpoint_dir(args.ckpt.path)
+        if resumed is not None and (resumed / CACHE_DIRNAME).is_dir():
+            load_dir = str(resumed / CACHE_DIRNAME)
+    settings = run_settings(args, config)
+    start_ray()
+    reuse = start_reuse(settings, config, load_dir=load_dir)
+    watcher = CheckpointWatcher(reuse, args.ckpt.path, config.checkpoint_poll_s)
+    watcher.start()
+    # OpenRLHF's agent seam: its engines build our executor, which wraps the run's own (settings above). Set after
+    # OpenRLHF's validation, so `--reward.remote_url` and reward models keep working as the user configured them.
+    args.train.agent_func_path = AGENT_ENTRY
+    try:
+        upstream_train(args)
+    finally:
+        watcher.stopped.set()

@@ -1,0 +1,139 @@
+"""Speculative rollouts over vLLM's async engine, one sample per call, as OpenRLHF's rollout actors run them.
+
+`AsyncSpeculativeGenerator` picks its driver once, by where the rule verifies drafts, and then sees only the driver
+interface (`driver.Driver`):
+- `engine_path.EnginePathDriver`: `lossless` verified inside vLLM, at every decoding step, by our proposer;
+- `request_path.RequestPathDriver`: every other rule, with scoring requests and a continuation
+  (`request_path.planner.SpeculativePlanner`'s steps);
+- `driver.StockDriver` for `off`.
+A sample whose reuse path fails is generated normally. `gather_samples` runs n concurrent calls per prompt and
+collects them, as OpenRLHF does.
+
+A sample on the engine path goes through: this module, `engine_path`, `driver` (the engine call, the commit),
+`vllm.edge` (params and the parsed answer), and in the engine `vllm.proposer` with `proposal` over `history`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from ...metrics import ReuseStats
+from ...policies import ReusePolicy
+from ...request_path.assembly import SampleOutput
+from ...request_path.planner import SpeculativePlanner
+from ...trace import TraceWriter
+from ..vllm.edge import check_sampling_params
+from .driver import Driver, LocalDraftStore, StockDriver, VisitTracker
+from .engine_path import EnginePathDriver
+from .request_path import RequestPathDriver
+
+__all__ = ["AsyncSpeculativeGenerator", "LocalDraftStore", "RolloutBatch", "gather_samples"]
+
+
+@dataclass
+class RolloutBatch:
+    """Outputs of `gather_samples`: `outputs[p][j]` is sample j of prompt p; `stats` sums every sample's."""
+
+    outputs: list[list[SampleOutput]]
+    stats: ReuseStats = field(default_factory=ReuseStats)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self.stats.as_dict()
+
+
+class AsyncSpeculativeGenerator:
+    """Speculative rollout of one sample per call over an async `generate(prompt_token_ids, params)` that returns
+    the final `RequestOutput` (OpenRLHF's `RolloutRayActor.generate`, or `vllm.edge.engine_generate(AsyncLLM)`).
+
+    Args:
+        generate: the engine call (`bind` replaces it).
+        policy: the reuse rule.
+        store: the draft store (`LocalDraftStore`, or `openrlhf.draft_store.RayDraftStore`).
+        samples_per_visit: samples per prompt in a batch (OpenRLHF's `n_samples_per_prompt`).
+        planner: the request path's planner (default: one for `policy` with `seed` and `trace`).
+        trace: where the engine path records visits (the request path's planner has its own).
+        seed: the run's seed, named in the engine path's trace records.
+        update_every: samples per update of a rule that adapts (request path).
+        prioritize: `generate` takes `priority=` (an engine scheduling by priority).
+        rpc: the engine's `collective_rpc`, which carries histories to its proposer (engine path).
+    """
+
+    def __init__(
+        self,
+        generate,
+        policy: ReusePolicy,
+        store,
+        *,
+        samples_per_visit: int,
+        planner: SpeculativePlanner | None = None,
+        trace: TraceWriter | None = None,
+        seed: int = 0,
+        update_every: int | None = None,
+        prioritize: bool = False,
+        rpc=None,
+    ):
+        self.policy = policy
+        self.store = store
+        args = dict(samples_per_visit=samples_per_visit, prioritize=prioritize)
+        if policy.verifies_in_engine:
+            self.driver: Driver = EnginePathDriver(generate, policy, store, rpc=rpc, trace=trace, seed=seed, **args)
+        elif policy.draft_age:
+            planner = planner or SpeculativePlanner(policy, seed=seed, trace=trace)
+            self.driver = RequestPathDriver(
+                generate, policy, store, planner=planner, update_every=update_every, **args
+            )
+        else:
+            self.driver = StockDriver(generate, policy, store, **args)
+
+    @property
+    def planner(self) -> SpeculativePlanner | None:
+        """The request path's planner (None on the engine path and for `off`)."""
+        return self.driver.planner
+
+    @property
+    def trace(self) -> TraceWriter | None:
+        return self.driver.trace
+
+    @property
+    def visits(self) -> VisitTracker:
+        return self.driver.visits
+
+    @property
+    def verifies_in_engine(self) -> bool | None:
+        """On the engine path: None until the engine answers, then whether it runs our proposer."""
+        return self.driver.verifies_in_engine
+
+    @property
+    def engine_report(self) -> dict[str, float]:
+        """On the engine path, what the engine's proposers last reported of their draft budget; {} elsewhere."""
+        return self.driver.engine_report
+
+    def bind(self, generate, *, rpc=None, prioritize: bool | None = None) -> None:
+        """Point the generator at an engine: its `generate`, its `collective_rpc` (engine path) and whether it
+        schedules by priority."""
+        self.driver.bind(generate, rpc=rpc, prioritize=prioritize)
+
+    async def generate(self, prompt_ids: list[int], params, *, follow_up: bool = False) -> SampleOutput:
+        """One sample; errors in the reuse path fall back to normal generation. `follow_up`: a later turn of an
+        agent's sample (its drafts are kept apart, see `LocalDraftStore`)."""
+        check_sampling_params(self.policy, params)
+        driver = self.driver
+        if driver.available:
+            try:
+                return await driver.generate(prompt_ids, params, follow_up)
+            except Exception as error:
+                driver.warn("speculative sample failed; generating normally", error)
+        return await driver.generate_stock(prompt_ids, params, fallback=True)
+
+
+async def gather_samples(generator: AsyncSpeculativeGenerator, prompts, params) -> RolloutBatch:
+    """Run `params.n` concurrent single-sample calls per prompt, as OpenRLHF does, and collect them."""
+    single = params.clone()
+    n, single.n = params.n, 1
+    outputs = await asyncio.gather(*[generator.generate(list(p), single) for p in prompts for _ in range(n)])
+    stats = ReuseStats()
+    for output in outputs:
+        stats = stats + output.stats
+    return RolloutBatch([list(outputs[i * n : (i + 1) * n]) for i in range(len(prompts))], stats)

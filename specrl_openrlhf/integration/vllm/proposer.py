@@ -1,0 +1,211 @@
+"""`lossless` verified inside vLLM: a proposer that drafts from each prompt's history at every decoding step.
+
+vLLM's rejection sampler, given a draft without draft probabilities (a model-free proposer), keeps draft token y with
+probability p(y) under the request's own sampling settings and otherwise samples p without y: the fixed-proposal rule,
+exact whatever produced the draft. `HistoryProposer` is such a proposer (`speculative_config={"method":
+"custom_class", "model": PROPOSER, ...}`, `engine_kwargs`). At every step it proposes, for each batch row, the greedy
+path below the row's cursor in the prompt's history (`history.History`, `proposal.propose`), re-entering on the
+longest suffix match after a rejection, and then cuts every row's draft to the step's budget (`budget`): the slots
+whose expected tokens pay for what they add to the step, by the step cost it measures (the time between its calls)
+and the acceptance it learns (what each row then sampled).
+
+How a history reaches it: `histories` (the rollout registers each prompt's history there over `collective_rpc`; the
+proposer finds a row's prompt by the digest of its leading tokens). vLLM builds no logits processors under speculative
+decoding, so the logits-processor registry cannot carry it (docs/design.md). A row whose prompt is unknown gets no
+draft and decodes as usual; a proposal never depends on the row's own randomness to come, so a late, missing or wrong
+history costs speed, never exactness, and so does a budget.
+
+A proposer that fails never stops the engine: its constructor and `propose` catch everything, log it once and propose
+nothing, and `update_histories` then answers 0 proposers, which the rollout reads as "no proposer" and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...budget import ANCHORED, REENTERED, AcceptanceModel, BudgetReport, DraftBudget, SlotFeatures, StepCost, features
+from ...history import History, logprob_floor
+from ...proposal import propose
+from . import histories
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Row:
+    """What the proposer knows of one batch row between steps."""
+
+    first: int  # the row's first token, and
+    last: int  # its last token when seen: a different request in the row shows up in either or in the length
+    seen: int  # tokens of the row seen (prompt + response so far)
+    prompt_len: int = 0
+    history: History | None = None
+    version: int = -1  # the board's version when the row last looked for its history
+    cursor: list[int] = field(default_factory=list)  # where the row stands in its history ([]: it left it)
+    kind: int = ANCHORED  # how the cursor was found: from the root, or REENTERED on a suffix match
+    match: int = 0  # a re-entry's match length, grown by the tokens the row took inside the history since
+    draft: list[int] = field(default_factory=list)  # what the row was given to verify at the last step
+    slots: list[SlotFeatures] = field(default_factory=list)  # each drafted slot's features
+    predicted: list[float] = field(default_factory=list)  # and predicted acceptance
+
+
+@dataclass
+class Candidate:
+    """A row's draft before the budget cuts it."""
+
+    row: Row
+    tokens: list[int]
+    slots: list[SlotFeatures]
+    acceptance: list[float]  # [k] predicted conditional acceptance per slot
+
+
+class HistoryProposer:
+    """vLLM's `custom_class` proposer: built in the engine-core process with the `VllmConfig`; `propose` returns the
+    draft token ids of every batch row (empty where nothing is proposed)."""
+
+    def __init__(self, vllm_config):
+        self.k = 0
+        self.max_model_len = 0
+        self.rows: dict[int, Row] = {}
+        self.cpu_fix_installed = False
+        self.failed = False
+        self.cost = StepCost()
+        self.acceptance = AcceptanceModel()
+        self.budget = DraftBudget()
+        self.report = BudgetReport()
+        self.clock = time.perf_counter  # what step times are read from
+        self.last_call: float | None = None  # when the previous step's `propose` began
+        try:
+            self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+            self.max_model_len = int(vllm_config.model_config.max_model_len)
+            histories.BOARD.proposers += 1
+            histories.BOARD.reports.append(self.report)
+        except Exception as error:  # the engine must start whatever happens here
+            self._fail(error)
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass  # no model: drafts come from the history
+
+    def _fail(self, error: Exception) -> None:
+        if not self.failed:
+            logger.warning("history proposer disabled (%s: %s): rows decode as usual", type(error).__name__, error)
+        self.failed = True
+        histories.BOARD.proposers = 0
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list:
+        # sampled_token_ids: [B] lists of the tokens each row sampled this step (empty: still in prefill)
+        # num_tokens_no_spec: [>= B] int, tokens per row (prompt + response so far); token_ids_cpu: [>= B, max_len]
+        if self.failed:
+            return [[] for _ in sampled_token_ids]
+        try:
+            now = self.clock()
+            if not self.cpu_fix_installed:  # after every start-up override of vLLM's (see cpu_fix)
+                from .cpu_fix import install
+
+                install()
+                self.cpu_fix_installed = True
+            rows = len(sampled_token_ids)
+            lengths = num_tokens_no_spec[:rows].tolist()
+            states, carried, clean = [], 0, self.last_call is not None
+            for row, sampled in enumerate(sampled_token_ids):  # the verdicts first: then the predictions are fresh
+                state, drafted = self._follow(row, sampled, lengths[row], token_ids_cpu[row])
+                clean &= drafted is not None  # a step that started a row ran its prefill too: not a decode's cost
+                carried += 1 + (drafted or 0)
+                states.append(state if sampled and state.history is not None else None)
+            candidates = [None if state is None else self._candidate(state, n) for state, n in zip(states, lengths)]
+            for row in [r for r in self.rows if r >= rows]:
+                del self.rows[row]
+            if clean:
+                self.cost.observe(rows, carried, now - self.last_call)
+                self.report.cost, self.report.cost_error = self.cost.params, self.cost.relative_error
+            self.report.deciles = self.acceptance.deciles
+            self.last_call = now
+            return self._allocate(candidates, rows)
+        except Exception as error:
+            self._fail(error)
+            return [[] for _ in sampled_token_ids]
+
+    def _follow(self, row: int, sampled, num_tokens: int, tokens: np.ndarray) -> tuple[Row, int | None]:
+        """The row's state after the step: its verdicts on what it was given, and its cursor moved on. Returns it and
+        the draft tokens the step carried for it, None if the row did not hold the same request at the last step."""
+        new = len(sampled)
+        state = self.rows.get(row)
+        if state is not None and new and state.seen + new == num_tokens and tokens.item(0) == state.first:
+            recent = tokens[state.seen - 1 : num_tokens].tolist()  # the token seen last, then those taken since
+            continuing = recent[0] == state.last
+        else:
+            continuing = False
+        drafted = None
+        if not continuing:  # a request new to this row (or still in its prefill)
+            state = self.rows[row] = Row(tokens.item(0), -1, 0)
+            if not new:
+                return state, None
+        else:
+            drafted = len(state.draft)
+            taken = recent[1:]
+            if state.draft:
+                self._verdicts(state, taken)
+            if state.history is not None:
+                state.cursor = state.history.advance(state.cursor, taken)
+                state.match += len(taken)
+        if state.history is None and state.version != histories.BOARD.version:
+            state.version = histories.BOARD.version
+            state.history, state.prompt_len = histories.BOARD.find(tokens, num_tokens, new)
+            if state.history is not None:
+                state.cursor = state.history.anchored(tokens[state.prompt_len : num_tokens].tolist())
+                state.kind, state.match = ANCHORED, 0
+        state.seen, state.last = num_tokens, tokens.item(num_tokens - 1)
+        if state.history is not None and not state.cursor:  # left the history: the longest suffix match
+            response = tokens[state.prompt_len : num_tokens].tolist()
+            state.cursor = state.history.reentry(response)
+            if state.cursor:
+                state.kind, state.match = REENTERED, state.history.match_length(state.cursor[0], response)
+        return state, drafted
+
+    def _verdicts(self, state: Row, taken: list[int]) -> None:
+        """What the engine kept of the row's last draft: one-hot verification accepted its slots up to the first
+        token the row did not take; the slots after that one were not verified."""
+        if not state.draft:
+            return
+        for j, (token, slot, predicted) in enumerate(zip(state.draft, state.slots, state.predicted)):
+            accepted = j < len(taken) and taken[j] == token
+            self.acceptance.observe(slot, accepted, predicted)
+            self.report.verdict(predicted, accepted)
+            if not accepted:
+                break
+        state.draft, state.slots, state.predicted = [], [], []
+
+    def _candidate(self, state: Row, num_tokens: int) -> Candidate | None:
+        """The row's greedy draft (up to k tokens) with each slot's features and predicted acceptance."""
+        if state.history is None or not state.cursor or num_tokens >= self.max_model_len:
+            return None
+        params = histories.BOARD.params
+        floor = logprob_floor(params.min_accept_prob) if params.budget == "static" else float("-inf")
+        proposed = propose(state.history, state.cursor, min(self.k, self.max_model_len - num_tokens), floor)
+        if not proposed.tokens:
+            return None
+        slots = [features(state.kind, j, support, state.match + j) for j, support in enumerate(proposed.support)]
+        return Candidate(state, proposed.tokens, slots, [self.acceptance.predict(slot) for slot in slots])
+
+    def _allocate(self, candidates: list, rows: int) -> list[list[int]]:
+        """Every row's draft, cut to the step's budget (`DraftBudget`)."""
+        live = [c for c in candidates if c is not None]
+        counts = self.budget.allocate(
+            [c.acceptance for c in live], rows, self.cost.params, histories.BOARD.params.budget
+        )
+        drafts, given = [], dict(zip(map(id, live), counts))
+        for candidate in candidates:
+            n = 0 if candidate is None else given[id(candidate)]
+            if n:
+                state = candidate.row
+                state.draft, state.slots = candidate.tokens[:n], candidate.slots[:n]
+                state.predicted = candidate.acceptance[:n]
+                drafts.append(state.draft)
+            else:
+                drafts.append([])
+        self.report.step(sum(counts))
+        return drafts

@@ -1,0 +1,65 @@
+"""vLLM engines on CPU, with the KV cache sized in bytes.
+
+vLLM's CPU backend reads `gpu_memory_utilization` as a share of the memory of the process's NUMA node, minus what
+the process already holds. Some hosts report far less memory for that node than `free` shows (9.46 GiB of 24, or
+less), so a fraction that works on one machine gives a negative budget on another. Every engine this package starts
+on CPU therefore gets `kv_cache_memory_bytes`; the fraction stays for GPUs, where OpenRLHF users set it.
+"""
+
+from __future__ import annotations
+
+DEFAULT_KV_CACHE_BYTES = 256 << 20  # 131k tokens of the 2-layer tiny model, 4k of a 100M one
+# The environment of processes that run vLLM engines on CPU. A synchronous engine (`vllm.LLM`) keeps its core in the
+# engine's own process, saving a process and the queues between them on 2 cores; the async engine OpenRLHF starts
+# always runs its core apart (docs/benchmarks.md, 'bench_rollout'). VLLM_LOGGING_LEVEL: quiet unless something goes
+# wrong.
+# VLLM_ALLOW_INSECURE_SERIALIZATION: `lossless` sends histories to the engine's proposer as a function over
+# `collective_rpc` (engine_path.HistoryChannel); OpenRLHF's rollout actors set it too.
+CPU_ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
+
+
+def use_cpu_engine_env() -> None:
+    """Set `CPU_ENGINE_ENV` where the caller has not, before vLLM is imported. As the quickstart's engines, and
+    OpenRLHF's with one GPU each: the model runs in the engine core's process (on CPU vLLM would otherwise run it in
+    a process of its own); histories reach the proposer (`vllm.proposer`)."""
+    import os
+
+    for key, value in CPU_ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def run_on_cpu_engines(main) -> int:
+    """A benchmark's `main()` coroutine, run under `CPU_ENGINE_ENV`: its exit status."""
+    import asyncio
+
+    use_cpu_engine_env()
+    return asyncio.run(main())
+
+
+def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrides) -> dict:
+    """Engine arguments for `vllm.LLM`, `AsyncEngineArgs` or OpenRLHF's `RolloutRayActor` on a CPU machine.
+
+    >>> cpu_engine_kwargs(kv_cache_bytes=1 << 28)["kv_cache_memory_bytes"]
+    268435456
+    """
+    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int) or kv_cache_bytes <= 0:
+        raise ValueError(f"kv_cache_bytes must be a positive number of bytes, got {kv_cache_bytes!r}")
+    if "gpu_memory_utilization" in overrides:
+        raise ValueError(
+            "gpu_memory_utilization is a share of the NUMA node's memory on CPU and breaks on hosts that report a "
+            "small node; pass kv_cache_bytes instead"
+        )
+    kwargs = dict(
+        dtype="float32",
+        enforce_eager=True,
+        block_size=32,  # vLLM's CPU attention needs a multiple of 32
+        enable_prefix_caching=True,
+        kv_cache_memory_bytes=int(kv_cache_bytes),
+        seed=0,
+    )
+    kwargs.update(overrides)
+    return kwargs

@@ -1,0 +1,109 @@
+"""The training loop of a group: its runs take turns step by step (the machine's noise hits them alike), each step
+one rollout batch through OpenRLHF's `SamplesGenerator`, one GRPO step and one weight sync; held-out evaluation
+after the epochs the regime names.
+
+Each step's logs have the shape OpenRLHF's trainer gives its loggers (per-sample `reuse/*` info as means over samples,
+`rollout/*`, `timing/*`); they go to OpenRLHF's TensorBoard and wandb loggers when asked for, and become the step's row
+through `analysis.run_series.step_row`, the function that reads OpenRLHF's own logs, so a quickstart run and a cluster
+run are reported the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from ..analysis.run_series import step_row
+from .actors import batches, generate_kwargs, held_out_accuracy, samples_generator, sync_weights
+from .plan import Group, Run
+
+
+def openrlhf_logs(experiences, rollout_s: float, train_s: float, sync_s: float) -> dict[str, float]:
+    """One step's logs as OpenRLHF's trainer gives them to its loggers."""
+    logs = {
+        "rollout/reward_mean": sum(float(e.rewards.sum()) for e in experiences) / len(experiences),
+        "rollout/num_samples": float(len(experiences)),
+        "rollout/response_length_mean": sum(int(e.response_length.item()) for e in experiences) / len(experiences),
+        "timing/generation": rollout_s,
+        "timing/ppo_train": train_s,
+        "timing/broadcast": sync_s,
+    }
+    for key in sorted({k for e in experiences for k in e.info if k.startswith("reuse/")}):
+        logs[key] = sum(float(e.info[key].item()) for e in experiences if key in e.info) / len(experiences)
+    return logs
+
+
+def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) -> dict | None:
+    """One rollout batch, one GRPO step, one weight sync; the step's row. None when the epoch's data is used up."""
+    start = time.perf_counter()
+    experiences, _, _, exhausted = generator.generate_samples(**generate_kwargs(args.samples))
+    rollout_s = time.perf_counter() - start
+    if not experiences:
+        return None
+    start = time.perf_counter()
+    losses = run.trainer.step(experiences)
+    train_s = time.perf_counter() - start
+    start = time.perf_counter()
+    sync_weights(run, scratch)
+    logs = openrlhf_logs(experiences, rollout_s, train_s, time.perf_counter() - start)
+    for logger in run.loggers:
+        logger.log_train(step, logs)
+    return {"kind": "step", "run": run.label, "epoch": epoch, **step_row(step, logs), **losses}
+
+
+def epoch_row(run: Run, epoch: int, steps: list[dict], accuracy: float | None) -> dict:
+    """An epoch's totals and per-draft means (weighted by drafts), and its held-out accuracy when evaluated."""
+
+    def total(key):
+        return sum(s.get(key) or 0.0 for s in steps)
+
+    drafts = total("drafts_found")
+    row = {
+        "kind": "epoch",
+        "run": run.label,
+        "epoch": epoch,
+        "step": steps[-1]["step"] + 1,  # training steps done when it was evaluated
+        **{k: total(k) for k in ("decoded_tokens", "reused_tokens", "scored_tokens", "rollout_s", "train_s")},
+        "scoring_s": total("scoring_s"),
+        "full_reuse_ratio": sum((s.get("full_reuse_ratio") or 0.0) * s["samples"] for s in steps) / total("samples"),
+        "reward": sum(s["reward"] * s["samples"] for s in steps) / total("samples"),
+        "held_out_accuracy": accuracy,
+    }
+    for key in ("mean_verified_prefix_len", "kl_prev_curr", "excess_acceptance", "drift_since_decode"):
+        row[key] = sum((s.get(key) or 0.0) * (s.get("drafts_found") or 0.0) for s in steps) / drafts if drafts else 0.0
+    row["reused_token_age"] = (
+        sum((s.get("reused_token_age") or 0.0) * (s.get("drafts_found") or 0.0) for s in steps) / drafts
+        if drafts
+        else 0.0
+    )
+    return row
+
+
+def train_group(group: Group, train, held_out, args, tokenizer, scratch: Path, bar, on_epoch) -> None:
+    """Every epoch of the group's regime; `on_epoch(rows)` gets the epoch's rows of every run."""
+    regime = group.regime
+    steps_per_epoch = math.ceil(len(train) / args.rollout_batch)
+    for epoch in range(regime.epochs):
+        loader = batches(train, args.rollout_batch, seed=group.seed * 1000 + epoch)
+        generators = {run.label: samples_generator(run, args, tokenizer, prompts=loader) for run in group.runs}
+        steps = {run.label: [] for run in group.runs}
+        for step in range(steps_per_epoch):
+            for run in group.runs:
+                row = train_step(run, generators[run.label], args, scratch, epoch, epoch * steps_per_epoch + step)
+                if row is None:
+                    continue
+                run.rows.append(row)
+                steps[run.label].append(row)
+                bar.update()
+                bar.set_postfix(group=group.key, run=run.method.name, reward=f"{row['reward']:.2f}")
+        rows = []
+        for run in group.runs:
+            accuracy = held_out_accuracy(run, held_out, args, tokenizer) if regime.evaluates_after(epoch) else None
+            row = epoch_row(run, epoch, steps[run.label], accuracy)
+            if accuracy is not None:
+                for logger in run.loggers:
+                    logger.log_eval(row["step"], {"eval_held_out_pass1": accuracy})
+            run.rows.append(row)
+            rows.append(row)
+        on_epoch(rows)

@@ -1,0 +1,302 @@
+"""`python -m specrl_openrlhf.cli.train_ppo_ray`, and OpenRLHF's own command, as users run them: OpenRLHF's module
+runs as it is (its parser, its validation, its `train`), with our argument group. OpenRLHF's example launch scripts
+dry-run with our two flags; bad input fails before Ray starts with one usage line and the error; tracebacks name
+OpenRLHF's own lines; without our flags OpenRLHF runs untouched.
+
+OpenRLHF's module imports flash-attn, which needs CUDA: tests/stubs stands in for it on CPU (see its README)."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import traceback
+import types
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.openrlhf
+pytest.importorskip("openrlhf")
+
+from specrl_openrlhf.integration.openrlhf import cli as openrlhf_cli  # noqa: E402
+from specrl_openrlhf.integration.openrlhf import seams as openrlhf_seams  # noqa: E402
+
+OURS = ["--rollout_reuse", "spec", "--lenience", "1.65"]
+OURS_MODULE, OPENRLHF_MODULE = "specrl_openrlhf.cli.train_ppo_ray", "openrlhf.cli.train_ppo_ray"
+EXAMPLES = json.loads((Path(__file__).parents[2] / "data" / "openrlhf_examples.json").read_text())["examples"]
+# What the examples (written for 0.11.0) spell differently in the installed 0.11.2.
+RENAMED = {
+    "--algo.advantage.is_correction_enable": ["--algo.advantage.is_correction_level", "token"],
+    "--algo.advantage.is_correction_type": ["--algo.advantage.is_correction_mode"],  # icepop = a token mask
+}
+VALUES = {"icepop": "mask"}
+
+
+def run_in_process(args):
+    """Our command, in this process (OpenRLHF's module is imported once per session, not once per case)."""
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            openrlhf_seams.main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+
+
+def run_openrlhf(args, env=None, timeout=120):
+    """OpenRLHF's own command in a fresh process (our .pth hook decides whether to step in)."""
+    return subprocess.run(
+        [sys.executable, "-m", OPENRLHF_MODULE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def port_to_0112(args, agent_file):
+    out = []
+    for arg in args:
+        arg = agent_file if arg.endswith("agent_func.py") else VALUES.get(arg, arg)
+        out += RENAMED.get(arg, [arg])
+    return out
+
+
+@pytest.fixture
+def agent_file(tmp_path):
+    path = tmp_path / "agent_func.py"
+    path.write_text("from openrlhf.utils.agent import SingleTurnAgentExecutor as AgentExecutor\n")
+    return str(path)
+
+
+def resolved(result) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout[result.stdout.index("{") :])
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_openrlhfs_example_launch_scripts_dry_run_with_our_flags(name, agent_file):
+    args = port_to_0112(EXAMPLES[name], agent_file)
+    plan = resolved(run_in_process(args + OURS + ["--reuse.dry_run"]))
+    assert plan["policy"] == "spec(lenience=1.65)"
+    engines, openrlhf = plan["engines"], plan["openrlhf_args"]
+    assert engines["agent_func_path"].endswith("agent_entry.py")  # what the engines get: our executor...
+    assert openrlhf["vllm"]["num_engines"] == int(args[args.index("--vllm.num_engines") + 1])
+    if "--train.agent_func_path" in args:  # ...around the user's agent, whose rewards stay its own
+        assert engines["inner_agent_func_path"] == agent_file and openrlhf["reward"]["remote_url"] == ["agent"]
+    elif "--reward.remote_url" in args:  # ...around OpenRLHF's executor with the user's reward function
+        assert engines["remote_url"] == [args[args.index("--reward.remote_url") + 1]]
+    else:  # ...or with no reward URL: the reward model keeps scoring, as OpenRLHF set it up
+        assert engines["remote_url"] is None and openrlhf["reward"]["model_name_or_path"]
+        assert openrlhf["train"]["agent_func_path"] is None  # set only after OpenRLHF's validation, in train()
+
+
+def test_the_literal_command_takes_our_flags():
+    args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
+    plan = resolved(run_openrlhf(args + OURS + ["--reuse.dry_run"]))
+    assert plan["policy"] == "spec(lenience=1.65)" and plan["engines"]["samples_per_visit"] == 8
+
+
+def test_the_literal_command_gives_lossless_engines_our_proposer():
+    """`--rollout_reuse lossless` verifies in the engine: the engines OpenRLHF starts get our proposer (the dry run
+    prints their arguments), and the command module's `create_vllm_engines` is our stand-in around OpenRLHF's; a rule
+    on the request path leaves it alone."""
+    from specrl_openrlhf.integration.vllm.proposer import PROPOSER
+
+    args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
+    plan = resolved(run_openrlhf(args + ["--rollout_reuse", "lossless", "--reuse.dry_run"]))
+    extra = plan["engines"]["engine_kwargs"]
+    assert extra["speculative_config"]["model"] == PROPOSER and extra["speculative_config"]["method"] == "custom_class"
+    assert extra["per_request_spec_decode_metrics"] == "detailed" and extra["scheduling_policy"] == "priority"
+    assert resolved(run_in_process(args + OURS + ["--reuse.dry_run"]))["engines"]["engine_kwargs"] == {}
+
+    def upstream_create(*args, **kwargs):
+        return "engines"
+
+    for rule, params, wrapped in (
+        ("lossless", {}, True),
+        ("spec", {}, False),
+        ("lossless", {"verify": "requests"}, False),
+    ):
+        module = {"train": lambda a: None, "create_vllm_engines": upstream_create}
+        openrlhf_cli.take_over_names(openrlhf_cli.ReuseConfig(policy=rule, params=params), module)
+        assert (module["create_vllm_engines"] is not upstream_create) == wrapped, (rule, params)
+        assert getattr(module["create_vllm_engines"], "__wrapped__", upstream_create) is upstream_create
+
+
+def test_examples_as_written_get_openrlhfs_own_error_in_two_lines(agent_file):
+    result = run_in_process(EXAMPLES["train_ppo_ray_hybrid_engine"] + OURS)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"usage: python -m {OURS_MODULE} [OpenRLHF flags]")
+    assert "error: unrecognized arguments: --algo.advantage.is_correction_enable" in lines[1]
+
+
+def test_off_is_stock():
+    plan = resolved(run_in_process(port_to_0112(EXAMPLES["train_ppo_with_reward_fn"], "") + ["--reuse.dry_run"]))
+    assert plan["policy"] == "off()" and "engines" not in plan
+
+
+def test_help_lists_openrlhfs_and_our_flags():
+    result = run_in_process(["--help"])
+    assert result.returncode == 0 and result.stdout.startswith(f"usage: python -m {OURS_MODULE} ")
+    for flag in ["--actor.model_name_or_path", "--vllm.num_engines", "--rollout_reuse", "--reuse.params"]:
+        assert flag in result.stdout
+    assert "speculative rollouts (specrl-openrlhf)" in result.stdout
+
+
+BASE = ["--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.remote_url", "r.py"]
+
+
+@pytest.mark.slow  # a longer variant: the module's other error tests run the same parser in-process
+def test_the_console_script_names_itself_in_errors():
+    script = Path(sys.executable).parent / "specrl-train-ppo-ray"
+    if not script.is_file():
+        pytest.skip("the package is not installed with its console script")
+    result = subprocess.run(
+        [str(script), *BASE, "--rollout_reuse", "spce"], capture_output=True, text=True, timeout=120
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[0].startswith("usage: specrl-train-ppo-ray [OpenRLHF flags]"), lines
+    assert "Did you mean 'spec'?" in lines[1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rollout_reuse", "spce"], "--rollout_reuse: unknown reuse policy 'spce'. Did you mean 'spec'?"),
+        (["--rollout_reuse", "spec", "--lenience", "0"], "lenience must be > 0, got 0.0"),
+        (["--rollout_reuse", "spec", "--lenience", "nan"], "lenience must be > 0, got nan"),
+        (["--rollout_reuse", "spec", "--lenience", "abc"], "argument --lenience: invalid float value: 'abc'"),
+        (["--rollout_reuse", "exact", "--lenience", "2"], "'exact' takes no lenience; drop --lenience"),
+        (["--rollout_reuse", "spec", "--reuse.plugin", "/nope/rule.py"], "--reuse.plugin /nope/rule.py: no such file"),
+        (["--rollout_reuse", "spec", "--rollout.temperature", "0.7"], "sampling uses temperature=0.7"),
+        (["--rollout_reuse", "exact", "--rollout.top_p", "0.9"], "top_p=0.9"),
+        (["--rollout_reuse", "spec", "--vllm.num_engines", "0"], "set --vllm.num_engines to 1 or more"),
+        (["--rollout_reuse", "spec", "--train.agent_func_path", "/nope/agent.py"], "/nope/agent.py: no such file"),
+        (["--rollout_reuse", "spec", "--reuse.logprobs", "mine"], "invalid choice: 'mine'"),
+        (["--rollout_reuse", "spec", "--reuse.cache_max_gb", "-1"], "--reuse.cache_max_gb must be a positive number"),
+        (["--rollout_reuse", "spec", "--reuse.params", "{x"], "argument --reuse.params: not JSON"),
+        (["--rollout_reuse", "spec", "--reuse.params", '{"floor": 1}'], "'spec' takes no parameter floor"),
+        (["--rollout_reuse", "spec", "--reuse.scoring", "fast"], "invalid choice: 'fast'"),
+        (["--rollout_reuse", "/nope/rule.py:Rule"], "--rollout_reuse /nope/rule.py:Rule: no such file"),
+        (["--rollout_reuse", "rule.py"], "rule.py: the class name is missing; write path/to/rule.py:ClassName"),
+        (["--rollout_reuse", f"{Path(__file__)}:Nope"], "has no 'Nope'"),
+        (["--rollout_reuse", "lossless", "--reuse.params", '{"history": 3}'], "history must be 1 or 2"),
+        (["--rollout_reuse", "spec", "--reuse.trace_dir", "/proc/specrl"], "--reuse.trace_dir /proc/specrl: not a"),
+    ],
+)
+def test_bad_input_fails_before_ray_with_one_usage_line_and_the_fix(args, message):
+    result = run_in_process(BASE + args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("usage: ") and message in lines[1], lines
+    assert "Started a local Ray instance" not in result.stderr
+
+
+@pytest.mark.slow  # a longer variant: a whole OpenRLHF launch to read one traceback
+def test_tracebacks_name_openrlhfs_own_lines(agent_file):
+    """An error raised by OpenRLHF's validation shows OpenRLHF's file and the very line that raised it."""
+    args = BASE + ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1"] + OURS
+    with pytest.raises(AssertionError, match="requires n_samples_per_prompt > 1") as info:
+        openrlhf_seams.main(args)
+    frames = [f for f in traceback.extract_tb(info.tb) if f.filename.endswith("openrlhf/cli/train_ppo_ray.py")]
+    assert frames and all(f.filename.startswith(str(Path(sys.modules["openrlhf"].__file__).parent)) for f in frames)
+    source = Path(frames[-1].filename).read_text().splitlines()
+    assert "n_samples_per_prompt > 1" in "\n".join(source[frames[-1].lineno - 1 : frames[-1].lineno + 2])
+    literal = run_openrlhf(args)  # OpenRLHF's own command through the .pth hook
+    assert literal.returncode == 1 and "line 2, in <module>" not in literal.stderr
+    assert f'openrlhf/cli/train_ppo_ray.py", line {frames[-1].lineno}, in <module>' in literal.stderr
+
+
+def test_without_our_flags_openrlhfs_command_is_untouched():
+    """Without our flags (or with SPECRL_OPENRLHF_HOOK=0) OpenRLHF's module runs as if we were not installed: the
+    same output as with the hook off. Here: OpenRLHF's own error for a flag it does not know."""
+
+    def output(result):  # DeepSpeed's import-time warnings carry the time
+        return result.returncode, re.sub(r"\[\d{4}-\d\d-\d\d [\d:,]+\]", "[time]", result.stdout + result.stderr)
+
+    stock = run_openrlhf(BASE + ["--not_a_flag"], env={"SPECRL_OPENRLHF_HOOK": "0"})
+    hooked = run_openrlhf(BASE + ["--not_a_flag"])
+    assert output(hooked) == output(stock)
+    assert stock.returncode == 2 and "unrecognized arguments: --not_a_flag" in stock.stderr
+    switched_off = run_openrlhf(BASE + ["--rollout_reuse", "spec"], env={"SPECRL_OPENRLHF_HOOK": "0"})
+    assert "unrecognized arguments: --rollout_reuse spec" in switched_off.stderr  # OpenRLHF never saw our group
+
+
+def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(monkeypatch, tmp_path):
+    """After OpenRLHF's validation: Ray starts with OpenRLHF's env vars and our worker setup hook, the run's reuse
+    actors start, the engines get our executor through `--train.agent_func_path`, and OpenRLHF's `train` runs with
+    the user's reward settings as they were."""
+    import ray
+
+    from specrl_openrlhf.integration import draft_store
+    from specrl_openrlhf.integration.openrlhf.eval import WORKER_SETUP_HOOK
+
+    calls = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(("init", kwargs)))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(draft_store, "start_reuse", lambda settings, config, **kw: calls.append(("reuse", settings)))
+    idle = types.SimpleNamespace(start=lambda: None, stopped=threading.Event())
+    monkeypatch.setattr(openrlhf_cli, "CheckpointWatcher", lambda *a: idle)
+    ns = types.SimpleNamespace
+    args = ns(
+        rollout_reuse="spec",
+        lenience=None,
+        reuse=ns(
+            seed=0,
+            logprobs="auto",
+            cache_max_gb=1.0,
+            cache_shards=1,
+            cache_dir=None,
+            plugin=[],
+            dry_run=False,
+            checkpoint_poll_s=10.0,
+            trace_dir=None,
+            update_every=None,
+            scoring="chunked",
+            params={},
+        ),
+        ckpt=ns(load_enable=False, path=str(tmp_path)),
+        rollout=ns(batch_size=8, n_samples_per_prompt=4, temperature=1.0, top_p=1.0),
+        reward=ns(remote_url=["r.py"]),
+        train=ns(agent_func_path=None),
+    )
+
+    def upstream_train(a):
+        calls.append(("train", a.train.agent_func_path, a.reward.remote_url))
+
+    openrlhf_cli.train_with_reuse(args, upstream_train)
+    (_, init), (_, settings), train = calls
+    assert init["runtime_env"]["worker_process_setup_hook"] == WORKER_SETUP_HOOK
+    assert set(init["runtime_env"]["env_vars"]) == {
+        "TOKENIZERS_PARALLELISM",
+        "NCCL_DEBUG",
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS",
+    }
+    assert settings["remote_url"] == ["r.py"] and settings["samples_per_visit"] == 4
+    assert train == ("train", openrlhf_cli.AGENT_ENTRY, ["r.py"])
+
+
+@pytest.mark.parametrize(
+    "reuse, policy",
+    [("spec", "spec(lenience=1.6487212707)"), pytest.param("exact", "exact()", marks=pytest.mark.slow)],
+)
+def test_a_paper_preset_launches_with_its_lenience_for_lenient_rules_only(reuse, policy):
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    result = subprocess.run(
+        ["bash", "scripts/launch.sh", "grpo", "--actor.model_name_or_path", "m", "--reuse.dry_run"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "REUSE": reuse, "PATH": path},
+    )
+    plan = resolved(result)
+    assert plan["policy"] == policy and plan["openrlhf_args"]["rollout"]["batch_size"] == 1024
+    assert plan["openrlhf_args"]["algo"]["advantage"]["estimator"] == "group_norm"
+    if reuse == "spec":
+        assert plan["engines"]["remote_url"][0].endswith("rewards/math_verify_reward.py")

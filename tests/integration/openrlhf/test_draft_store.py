@@ -1,0 +1,107 @@
+"""The Ray draft cache under faults: a soak of many visits with shard kills, aborted requests and weight updates."""
+
+import asyncio
+import random
+import time
+
+import numpy as np
+import pytest
+
+import specrl_openrlhf as sr
+
+pytestmark = pytest.mark.ray
+ray = pytest.importorskip("ray")
+
+from vllm import SamplingParams  # noqa: E402
+
+from specrl_openrlhf.integration.openrlhf.draft_store import RayDraftStore, start_reuse  # noqa: E402
+from specrl_openrlhf.integration.rollout.generator import AsyncSpeculativeGenerator, gather_samples  # noqa: E402
+from specrl_openrlhf.integration.vllm.edge import engine_limits  # noqa: E402
+from specrl_openrlhf.miniature.tiny_model import EOS_ID  # noqa: E402
+from specrl_openrlhf.miniature.weights import perturbed_state_dict, write_weights  # noqa: E402
+
+PROMPTS = [[3 + p, 40, 41, 42, 43] * 7 for p in range(3)]  # revisited every visit
+N, MAX_TOKENS, VISITS, SHARD_BYTES = 4, 48, 40, 20_000  # a shard holds the revisited prompts and a few one-offs
+# The last visits kill nothing and bring more one-off prompts: a restarted shard starts empty, and its eviction count
+# must build up again before the end.
+QUIET_VISITS = 5
+
+
+def settled_stats(shard, timeout=120.0):
+    """The shard's stats once it answers (a shard killed late in the soak may still be restarting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get(shard.stats.remote())
+        except ray.exceptions.RayActorError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.slow  # a stress test: in .ci/run's slow pass
+def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_dir, tmp_path, aborting_generate):
+    engine, runner = async_engine
+    rng = random.Random(0)
+    config = sr.ReuseConfig(policy="spec", cache_shards=2, cache_max_gb=2 * SHARD_BYTES / (1 << 30))
+    reuse = start_reuse({"reuse_config": config.to_json(), "num_shards": 2}, config, run="soak")
+    shards = reuse.shards
+    max_token_id, max_model_len = engine_limits(engine.model_config, engine.tokenizer)
+    policy = sr.make("spec", lenience=1.65)
+    planner = sr.SpeculativePlanner(policy, seed=1, max_token_id=max_token_id, max_model_len=max_model_len)
+    aborted = []
+
+    generate = aborting_generate(  # about 1 request in 10 is aborted after a few tokens
+        engine, lambda params: rng.randrange(2, 20) if rng.random() < 0.1 else None, aborted
+    )
+
+    generator = AsyncSpeculativeGenerator(
+        generate, policy, RayDraftStore(2, "soak"), samples_per_visit=N, planner=planner
+    )
+    sp = SamplingParams(n=N, max_tokens=MAX_TOKENS, logprobs=0)
+    history = {}  # every response returned so far, per prompt
+    kills, errors, totals = 0, 0, sr.ReuseStats()
+    try:
+        for visit in range(VISITS):
+            path = tmp_path / "w.safetensors"
+            write_weights(perturbed_state_dict(tiny_model_dir, 0.05, seed=visit), path)  # a small RL step
+            runner.run(engine.collective_rpc("reload_safetensors", args=(str(path),)))
+            runner.run(engine.reset_prefix_cache())
+            one_offs = 1 if visit < VISITS - QUIET_VISITS else 4  # prompts seen once, as in long tails
+            prompts = PROMPTS + [[50 + k % 40, 60 + k // 40, 41] * 7 for k in range(4 * visit, 4 * visit + one_offs)]
+            pending = asyncio.run_coroutine_threadsafe(gather_samples(generator, prompts, sp), runner.loop)
+            if visit < VISITS - QUIET_VISITS and rng.random() < 0.2:  # kill a shard mid-visit; Ray restarts it
+                time.sleep(rng.uniform(0.0, 0.3))
+                ray.kill(shards[rng.randrange(2)], no_restart=False)
+                kills += 1
+            batch = pending.result(timeout=300)
+            for row in batch.outputs[: len(PROMPTS)]:
+                totals = sum((out.stats for out in row), totals)
+            errors += sum(out.stats.cache_errors for row in batch.outputs for out in row)
+            for prompt, row in zip(prompts, batch.outputs):
+                assert len(row) == N  # every sample comes back
+                ids = [o.draft_id for o in row if o.draft_id is not None]
+                assert len(ids) == len(set(ids))  # no two samples share a draft
+                for out in row:
+                    assert 0 < len(out.token_ids) <= MAX_TOKENS and len(out.logprobs) == len(out.token_ids)
+                    assert np.isfinite(out.logprobs).all() and out.finish_reason in ("stop", "length", "abort")
+                    if out.finish_reason == "stop":
+                        assert out.token_ids[-1] == EOS_ID and EOS_ID not in out.token_ids[:-1]
+                    prefix = tuple(out.token_ids[: out.verified_prefix_len])
+                    if prefix:  # a verified prefix comes from this prompt's own earlier responses, never another's
+                        assert any(old[: len(prefix)] == prefix for old in history[tuple(prompt)])
+                history.setdefault(tuple(prompt), []).extend(tuple(o.token_ids) for o in row)
+            assert len(generator.visits) == 0  # every visit closed
+    finally:
+        write_weights(perturbed_state_dict(tiny_model_dir, 0.0, seed=0), path)
+        runner.run(engine.collective_rpc("reload_safetensors", args=(str(path),)))
+        runner.run(engine.reset_prefix_cache())
+    stats = [settled_stats(s) for s in shards]
+    assert 0 < sum(s["restarts"] for s in stats) <= kills and len(aborted) > 0  # a kill while restarting merges
+    assert errors > 0  # the kills did meet claims and commits in flight
+    assert all(s["bytes"] <= s["max_bytes"] for s in stats)  # memory stays under the cap
+    assert sum(s["evicted_prompts"] for s in stats) > 0  # ...which the one-off prompts did reach
+    # Reuse survives it all: most samples of the revisited prompts found a draft and kept part of it.
+    assert totals.drafts_found > totals.samples // 2 and totals.reused_tokens > totals.decoded_tokens // 4
+    for handle in reuse.handles:
+        ray.kill(handle, no_restart=True)

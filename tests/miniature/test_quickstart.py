@@ -1,0 +1,186 @@
+"""The quickstart's flags, plans and summary; its end-to-end run is tests/docs/test_prototyping.py (the tutorial's
+first command is the quickstart's default run)."""
+
+import json
+import math
+
+import pytest
+
+from specrl_openrlhf.miniature import quickstart, summary
+from specrl_openrlhf.miniature.plan import GRIDS, REGIMES, Method, plan
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rollout_reuse", "specc"], "Did you mean 'spec'"),
+        (["--lenience", "-1"], "--lenience: lenience must be > 0, got -1.0"),
+        (["--lenience", "nan"], "must be > 0"),
+        (["--rollout_reuse", "exact", "--lenience", "2"], "'exact' takes no lenience; drop --lenience"),
+        (["--rollout_reuse", "off"], "--rollout_reuse off is the baseline"),
+        (["--epochs", "0"], "epochs must be >= 1"),
+        (["--samples", "1"], "--samples must be >= 2"),
+        (["--seeds", "0,x"], "give seeds as integers"),
+        (["--seeds", "1,1"], "give distinct seeds"),
+        (["--grid", "lenience", "--only"], "exclude each other"),
+        (["--grid", "lenience", "--rollout_reuse", "exact"], "--grid lenience trains its own rules; drop"),
+        (["--grid", "drift", "--epochs", "2"], "--grid drift sets --epochs per regime; drop them"),
+        (["--rollout_reuse", "rule.py"], "the class name is missing"),
+        (["--grid", "drift", "--regimes", "fast"], "--grid drift has the regimes default, many-visits, low-lr"),
+        (["--regimes", "default"], "--regimes picks regimes of a grid; add --grid"),
+    ],
+)
+def test_bad_flags_fail_at_once(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart.parse_args([*argv, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unwritable_output_folder_fails_at_once(capsys, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(SystemExit):
+        quickstart.parse_args(["--out", str(blocker / "out")])
+    assert f"--out {blocker / 'out'}: not a writable folder" in capsys.readouterr().err
+
+
+def labels(groups):
+    return [[run.label for run in group.runs] for group in groups]
+
+
+def test_the_default_trains_spec_and_the_recommended_rule_beside_off(tmp_path):
+    args = quickstart.parse_args(["--out", str(tmp_path)])
+    assert labels(args.groups) == [["off", "spec@1.65", "lossless"]]
+    assert args.main_method.name == "spec@1.65"
+    one = quickstart.parse_args(["--rollout_reuse", "exact", "--seeds", "0,2", "--out", str(tmp_path)])
+    assert labels(one.groups) == [["default-s0-off", "default-s0-exact"], ["default-s2-off", "default-s2-exact"]]
+    assert [g.seed for g in one.groups] == [0, 2]
+    overridden = quickstart.parse_args(
+        ["--epochs", "12", "--train-size", "96", "--lr", "1e-4", "--out", str(tmp_path)]
+    )
+    regime = overridden.groups[0].regime
+    assert (regime.epochs, regime.train_size, regime.lr) == (12, 96, 1e-4)
+
+
+def test_grids_plan_every_regime_and_seed_side_by_side(tmp_path):
+    args = quickstart.parse_args(["--grid", "drift", "--seeds", "0,1,2", "--out", str(tmp_path)])
+    regimes, rules = GRIDS["drift"]
+    assert len(args.groups) == len(regimes) * 3 and all(len(g.runs) == 1 + len(rules) for g in args.groups)
+    assert {g.regime.name for g in args.groups} == set(regimes)
+    for name in regimes:  # the same number of steps in every regime: only how they are spread differs
+        regime = REGIMES[name]
+        assert regime.epochs * regime.steps_per_epoch(32) == 36
+    lenience = quickstart.parse_args(["--grid", "lenience", "--out", str(tmp_path)])
+    assert [len(g.runs) for g in lenience.groups] == [5, 5]  # 8 rules: two groups, each with its own baseline
+    assert labels(lenience.groups)[1][0] == "off#1"
+    frontier = quickstart.parse_args(["--grid", "frontier", "--seeds", "0,1,2", "--out", str(tmp_path)])
+    assert [g.key for g in frontier.groups][:3] == ["default/s0", "default/s1", "default/s2"]
+    proposals = ("lossless", "lossless(history=2)", "lossless(verify=requests)", "lossless(draft=own,verify=requests)")
+    assert labels(frontier.groups)[0] == ["default-s0-" + name for name in ("off", "spec@1.65", *proposals)]
+    part = quickstart.parse_args(["--grid", "frontier", "--regimes", "many-visits", "--out", str(tmp_path)])
+    assert [g.key for g in part.groups] == ["many-visits/s0"] and len(part.groups[0].runs) == 6
+
+
+def test_plans_refuse_the_same_rule_twice():
+    with pytest.raises(ValueError, match="the same rule twice: spec@1.65"):
+        plan([Method.of("spec", 1.65), Method.of("spec", 1.65)], [REGIMES["default"]], [0])
+
+
+def test_resume_keeps_the_groups_that_finished(tmp_path):
+    args = quickstart.parse_args(["--seeds", "0,1", "--out", str(tmp_path)])
+    done_rows = [
+        {"kind": "epoch", "run": label, "epoch": e, "held_out_accuracy": 0.5}
+        for label in labels(args.groups)[0]
+        for e in range(3)
+    ]
+    half = [{"kind": "epoch", "run": labels(args.groups)[1][0], "epoch": 0}]
+    runs = [run.describe() | {"acc_before": 0.4} for run in args.groups[0].runs]
+    (tmp_path / "metrics.json").write_text(json.dumps({"runs": runs, "rows": done_rows + half}))
+    assert quickstart.finished_groups(tmp_path, args.groups) == {"default/s0"}
+    assert len(args.groups[0].runs[0].rows) == 3 and args.groups[0].runs[0].accuracy_before == 0.4
+    # one seed first, more seeds on resume: the labels change ("off" becomes "default-s0-off"); the group is kept
+    one = quickstart.parse_args(["--out", str(tmp_path / "one")])
+    rows = [{"kind": "epoch", "run": label, "epoch": e} for label in labels(one.groups)[0] for e in range(3)]
+    runs = [run.describe() for run in one.groups[0].runs]
+    (tmp_path / "one" / "metrics.json").write_text(json.dumps({"runs": runs, "rows": rows}))
+    more = quickstart.parse_args(["--seeds", "0,1", "--out", str(tmp_path / "one")])
+    assert quickstart.finished_groups(tmp_path / "one", more.groups) == {"default/s0"}
+    kept = more.groups[0].runs[0]
+    assert labels(one.groups)[0][0] == "off" and kept.label == "default-s0-off"
+    assert [r["run"] for r in kept.rows] == ["default-s0-off"] * 3
+
+
+nan = math.nan
+
+
+def paired_row(method, token_ratio, diff, lo, hi):
+    return {
+        "regime": "default",
+        "method": method,
+        "seeds": 3,
+        "token_ratio": token_ratio,
+        "time_ratio": 1.1,
+        "acc": 0.7 + diff,
+        "acc_off": 0.7,
+        "acc_diff": diff,
+        "acc_diff_lo": lo,
+        "acc_diff_hi": hi,
+        "kl_prev_curr": 0.02,
+        "excess_acceptance": nan,
+        "drift_since_decode": nan,
+        "reused_token_age": nan,
+    }
+
+
+def test_the_summary_recommends_an_exact_rule_over_one_seeds_accuracy():
+    """Recorded from a fresh clone's quickstart (seed 0, issue 29): lossless -4.9 points, spec -5.6 on one seed,
+    where a seed's difference spreads by about 5 points. The biased rule must not win on that."""
+    spec = dict(paired_row("spec@1.65", 2.27, -0.056, nan, nan), policy="spec", seeds=1, time_ratio=1.08)
+    lossless = dict(paired_row("lossless", 2.14, -0.049, nan, nan), policy="lossless", seeds=1, time_ratio=1.20)
+    line = summary.advice([spec, lossless])
+    assert line.startswith(
+        "which rule: lossless (exact in RL; 2.14x fewer decoded tokens, rollout time ratio 1.20): exact, and faster"
+    )
+    assert "spec@1.65 (biased in RL; 2.27x fewer decoded tokens, rollout time ratio 1.08): what its bias costs" in line
+    assert line.endswith("--seeds 0,1,2,3,4 gives each rule's difference with a 95% interval")
+
+
+def test_the_summary_reports_a_loss_the_seeds_resolve():
+    """5 seeds (docs/benchmarks.md, section 1): spec@1.65 -6.1 [-8.8, -3.3], lossless -1.5 [-3.5, +0.5]."""
+    spec = dict(paired_row("spec@1.65", 2.14, -0.061, -0.088, -0.033), policy="spec", seeds=5, time_ratio=1.06)
+    lossless = dict(paired_row("lossless", 2.12, -0.015, -0.035, 0.005), policy="lossless", seeds=5)
+    line = summary.advice([spec, lossless])
+    assert line.startswith("which rule: lossless (exact in RL;")
+    assert (
+        "spec@1.65 (biased in RL; 2.14x fewer decoded tokens, rollout time ratio 1.06) lost 6.1 points over 5 " in line
+    )
+    assert "[-8.8, -3.3]" in line and "one seed" not in line
+    # a biased rule whose seeds resolve parity, where no exact rule is faster than stock, may be recommended
+    kept = dict(paired_row("spec@1.65", 2.1, -0.005, -0.02, 0.01), policy="spec", seeds=5)
+    assert summary.advice([kept, dict(lossless, time_ratio=0.9)]).startswith(
+        "which rule: spec@1.65 (biased in RL; 2.10x fewer decoded tokens, rollout time ratio 1.10): kept the "
+        "baseline's accuracy over 5 seeds"
+    )
+
+
+def test_the_summary_says_stock_when_the_exact_rule_rolls_out_slower():
+    """Last round's quickstart: lossless (own draft) decoded 1.49x fewer tokens at a rollout-time ratio of 0.89."""
+    spec = dict(paired_row("spec@1.65", 2.17, -0.049, -0.108, 0.011), policy="spec", seeds=5, time_ratio=1.07)
+    lossless = dict(paired_row("lossless", 1.49, 0.012, -0.037, 0.061), policy="lossless", seeds=5, time_ratio=0.89)
+    line = summary.advice([spec, lossless])
+    assert line.startswith(
+        "which rule: off (stock) on this machine: lossless (exact in RL; 1.49x fewer decoded tokens, rollout time "
+        "ratio 0.89) rolled out slower than stock"
+    )
+    assert "spec@1.65" in line and "not resolved" in line  # wide interval, mean 4.9 points off: no parity
+    assert summary.advice([spec]).startswith("which rule: off (stock): no rule here is exact in RL and kept")
+
+
+def test_the_result_line_carries_the_main_rule_and_the_others():
+    spec = paired_row("spec@1.65", 2.3, -0.08, -0.12, -0.04)
+    lossless = paired_row("lossless", 2.0, -0.005, -0.03, 0.02)
+    result = summary.result_line([spec, lossless], "spec@1.65", 0.4, tmp := "/out")
+    assert result.startswith("RESULT token_ratio=2.30 time_ratio=1.10 acc_before=0.400 acc_off=0.700")
+    assert "acc_diff=-0.080 acc_diff_lo=-0.120 acc_diff_hi=-0.040 seeds=3" in result
+    assert "token_ratio[lossless]=2.00 acc_diff[lossless]=-0.005" in result and result.endswith(f"out={tmp}")

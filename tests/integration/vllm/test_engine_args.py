@@ -16,3 +16,13 @@ def test_engines_get_room_for_a_draft_past_the_length_the_caller_planned():
     )
     assert engine_kwargs(spec, {"max_model_len": 100}) == {"max_model_len": 100}
     assert "max_model_len" not in engine_kwargs(lossless)  # the engine's own default then
+
+
+def test_the_proposer_named_to_vllm_is_ours():
+    import importlib
+
+    from specrl_openrlhf.integration.vllm.engine_args import PROPOSER
+    from specrl_openrlhf.integration.vllm.proposer import HistoryProposer
+
+    module, _, name = PROPOSER.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is HistoryProposer

@@ -234,7 +234,7 @@ def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(monkeypa
     the user's reward settings as they were."""
     import ray
 
-    from specrl_openrlhf.integration import draft_store
+    from specrl_openrlhf.integration.openrlhf import draft_store
     from specrl_openrlhf.integration.openrlhf.eval import WORKER_SETUP_HOOK
 
     calls = []

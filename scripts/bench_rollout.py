@@ -9,9 +9,11 @@ and decode tokens/s at the baseline's concurrency) and from them the time ratio 
 
     limit_ratio = baseline time / (scored tokens / scoring rate + decoded tokens / decode rate)
 
-A rule verified in the engine (`lossless`) runs on an engine of its own with our proposer, started beside the
-baseline's with the same arguments and loaded with the same weights (the baseline's engine has no speculative
-decoding, as stock OpenRLHF's has none).
+A rule verified in the engine (`lossless`, or vLLM's own: `suffix`, `ngram`) runs on an engine of its own with its
+speculative config, started beside the baseline's with the same arguments and loaded with the same weights (the
+baseline's engine has no speculative decoding, as stock OpenRLHF's has none). Every engine step is recorded
+(`integration.vllm.step_log`) and projected onto a GPU's step curve (`--cost-curve`, default
+docs/gpu_step_h200.json), which `lossless`'s budget then prices its draft slots on too.
 
 Regimes: `overhead` (a tiny model: decoding is bound by per-step overhead, as it is by memory on GPUs) and
 `compute` (a 100M model, compute bound on 2 CPU cores). The last line carries the figures:
@@ -32,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+CURVE = str(Path(__file__).resolve().parents[1] / "docs" / "gpu_step_h200.json")
 REGIMES = {
     "overhead": dict(model=dict(hidden_size=128, num_layers=2, intermediate_size=256, eos_logit=0.0), noise=0.3),
     "compute": dict(model=dict(hidden_size=1024, num_layers=8, intermediate_size=2816, eos_logit=0.5), noise=0.03),
@@ -69,6 +72,12 @@ def parse_args(argv=None):
         "--priority", action="store_true", help="priority scheduling: scoring first, then the longest continuations"
     )
     parser.add_argument("--model-dir", default=None, help="where the random model is built (default: a temp folder)")
+    parser.add_argument(
+        "--cost-curve",
+        default=None,
+        help="a GPU's step curve: lossless's budget prices draft slots on it, and both runs' engine steps are "
+        "projected on it (projection only, default: docs/gpu_step_h200.json)",
+    )
     return parser.parse_args(argv)
 
 
@@ -78,20 +87,9 @@ async def stock_visit(generate, prompts, n, params):
     return sum(len(o.outputs[0].token_ids) for o in outputs)
 
 
-def engine_steps() -> float | None:
-    """Engine steps so far: vLLM's Prometheus histogram `vllm:iteration_tokens_total` counts one per step that ran
-    tokens. None where the histogram is missing (stats off, another vLLM)."""
-    try:
-        from prometheus_client import REGISTRY
-    except ImportError:
-        return None
-    counts = [
-        sample.value
-        for metric in REGISTRY.collect()
-        for sample in metric.samples
-        if sample.name == "vllm:iteration_tokens_total_count"
-    ]
-    return sum(counts) if counts else None
+def _mean(values) -> float:
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else 0.0
 
 
 async def rate(engine_generate_fn, requests, params) -> float:
@@ -110,6 +108,7 @@ async def run(args) -> int:
     from vllm import SamplingParams
 
     import specrl_openrlhf as sr
+    from specrl_openrlhf.analysis.projection import RL_MAX_ROWS, RL_SCALE, EngineSteps, StepCurve, projected_ratio
     from specrl_openrlhf.cache import prompt_key
     from specrl_openrlhf.config import ReuseConfig
     from specrl_openrlhf.integration.rollout.generator import (
@@ -120,6 +119,7 @@ async def run(args) -> int:
     from specrl_openrlhf.integration.vllm.edge import engine_generate, engine_limits
     from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs
     from specrl_openrlhf.integration.vllm.histories import budget_details
+    from specrl_openrlhf.integration.vllm.step_log import take_steps
     from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
     from specrl_openrlhf.miniature.tiny_model import build_tiny_model
     from specrl_openrlhf.miniature.weights import (
@@ -135,7 +135,14 @@ async def run(args) -> int:
     model_dir = Path(args.model_dir or Path(tempfile.gettempdir()) / f"specrl_bench_{args.regime}")
     build_tiny_model(model_dir, **regime["model"])
     samples = args.prompts * args.n
-    policy = ReuseConfig(policy=args.policy, lenience=args.lenience, params=json.loads(args.params)).build_policy()
+    params = json.loads(args.params)
+    if args.cost_curve and args.policy == "lossless":
+        params["cost_curve"] = str(Path(args.cost_curve).resolve())
+    policy = ReuseConfig(policy=args.policy, lenience=args.lenience, params=params).build_policy()
+    curve_file = args.cost_curve or (CURVE if Path(CURVE).is_file() else None)
+    curve = StepCurve.load(curve_file) if curve_file else None
+    recorded = {"off": EngineSteps.of([]), "spec": EngineSteps.of([])}
+    splits = {"off": [], "spec": []}
 
     def start(**extra):
         arguments = cpu_engine_kwargs(
@@ -210,13 +217,18 @@ async def run(args) -> int:
             for method in order:
                 for each in engines:
                     await each.reset_prefix_cache()
-                steps_before, cpu_before, start = engine_steps() or 0.0, time.process_time(), time.perf_counter()
+                runs_on = engine if method == "off" else engines[-1]
+                take_steps(runs_on)  # what ran before is not this visit's
+                cpu_before, start = time.process_time(), time.perf_counter()
                 if method == "off":
                     decoded = await stock_visit(generate, prompts, args.n, single)
                 else:
                     batch = await gather_samples(generator, prompts, params)
                 wall, visit_cpu = time.perf_counter() - start, time.process_time() - cpu_before
-                visit_steps = (engine_steps() or 0.0) - steps_before
+                visit_record = take_steps(runs_on)
+                recorded[method] = recorded[method] + visit_record
+                splits[method].append(visit_record.split(start))
+                visit_steps = len(visit_record)
                 head = f"{visit:>6}  {method:<6} {wall:>7.2f} {visit_steps:>6.0f} {visit_cpu:>6.2f}"
                 if method == "off":
                     decoded_off += decoded
@@ -295,8 +307,27 @@ async def run(args) -> int:
         f"PHASES scoring={scoring_rate:.0f} decode={decode_rate:.0f} tokens/s at {samples} concurrent samples; "
         f"a scored token costs {decode_rate / scoring_rate:.2f} decoded tokens; the limit is {limit_s:.2f}s"
     )
+    projected = {1: math.nan, RL_SCALE: math.nan}
+    if curve is not None:
+        projected = {scale: projected_ratio(recorded["off"], recorded["spec"], curve, scale) for scale in projected}
+        print(
+            f"PROJECTION on {curve.device}'s step curve (a projection of the recorded engine steps, not a GPU run): "
+            f"stock / {policy.describe()} = {projected[1]:.2f} at rows x 1, {projected[RL_SCALE]:.2f} at rows x "
+            f"{RL_SCALE} (at most {RL_MAX_ROWS})"
+        )
+    for method in ("off", "spec"):
+        full, tail = sum(s["full_s"] for s in splits[method]), sum(s["tail_s"] for s in splits[method])
+        rows = recorded[method].rows
+        print(
+            f"TAIL {method}: {full:.2f}s at a full batch, {tail:.2f}s in the tail "
+            f"({tail / max(full + tail, 1e-9):.0%}); {rows.mean() if len(rows) else 0:.1f} rows per step; drafted "
+            "per row "
+            f"{_mean(s['full_drafted_per_row'] for s in splits[method]):.2f} at a full batch, "
+            f"{_mean(s['tail_drafted_per_row'] for s in splits[method]):.2f} in the tail"
+        )
     print(
-        f"RESULT regime={args.regime} token_ratio={token_ratio:.2f} time_ratio={time_ratio:.2f} "
+        f"RESULT regime={args.regime} policy={args.policy} token_ratio={token_ratio:.2f} time_ratio={time_ratio:.2f} "
+        f"projected={projected[1]:.2f} projected8={projected[RL_SCALE]:.2f} "
         f"limit_ratio={limit_ratio:.2f} efficiency={time_ratio / token_ratio:.2f} "
         f"efficiency_vs_limit={time_ratio / limit_ratio:.2f} prefill_per_scored={prefill_per_scored:.2f} "
         f"scored_per_needed={scored_per_needed:.2f} steps_ratio={steps['off'] / max(steps['spec'], 1):.2f} "

@@ -7,11 +7,15 @@ Terminology:
   of the acceptances up to it: the expected tokens the slot adds to the step.
 - *step cost*: a step's time as a function of the rows it serves and the tokens it carries (`StepCost`).
 - *goodput*: the tokens a step is expected to produce per second: (rows + sum of admitted survivals) / step time.
+- *gain*: a step's goodput over the goodput of the same step without drafts, minus 1: *predicted* by the budget when
+  it admits slots, *realized* once the step has run (`DraftingCheck`).
 
 `DraftBudget.allocate` admits slots by survival, best first, while the next one raises goodput (SmartSpec's rule with a
 linear cost model): a slot pays when its survival exceeds c x goodput, c being a carried token's cost. Zero slots is a
-valid answer; when few rows are left, a step's fixed cost dominates and drafts run long. After `EXPLORE_EVERY` steps
-without a slot the likeliest one is drafted anyway, so that acceptance is still learned; the `static` mode (the
+valid answer; when few rows are left, a step's fixed cost dominates and drafts run long. A step drafts only where its
+predicted gain clears `DraftingCheck.margin`, what predictions have been exceeding measured gains by: drafting backs
+off wherever it does not pay as predicted, and where nothing pays the engine decodes as stock. After `EXPLORE_EVERY`
+steps without a slot the likeliest one is drafted anyway, so that acceptance is still learned; the `static` mode (the
 ablation without a budget) drafts every candidate slot. `BudgetReport` sums what a proposer's budget measured.
 `AcceptanceModel` learns acceptance from the engine's own verdicts, by what predicts it (how the draft was found, where
 in it the slot is, how many of the history's responses take its token). Which slots are drafted depends on the history,
@@ -32,6 +36,7 @@ import numpy as np
 # observations fade. A step here is one engine step (one `propose` call); a verdict is one slot's accepted-or-not.
 COST_HALF_LIFE_STEPS = 512.0  # the step-cost fit
 ACCEPTANCE_HALF_LIFE_VERDICTS = 20_000.0  # the acceptance counts
+CHECK_HALF_LIFE_STEPS = 512.0  # the drafting check's evidence (`DraftingCheck`)
 REPORT_HALF_LIFE_STEPS = 2048.0  # the sums reported to the rollout (`BudgetReport`)
 
 # ---- step cost ------------------------------------------------------------------------------------------------------
@@ -217,6 +222,7 @@ class AcceptanceModel:
 
 
 EXPLORE_EVERY = 16  # steps without a drafted slot, after which the likeliest one is drafted anyway: verdicts go on
+EXPLORE_MARGIN = 0.02  # no exploring slot while drafting gains less than predicted by more than this
 BUDGET_MODES = ("goodput", "static")
 
 
@@ -236,27 +242,36 @@ class DraftBudget:
     def __init__(self, explore_every: int = EXPLORE_EVERY):
         self.explore_every = explore_every
         self.idle_steps = 0  # steps since a slot was last drafted
+        self.predicted_gain: float | None = 0.0  # of the last allocation (None: static, which predicts nothing)
 
-    def allocate(self, acceptance, rows: int, cost: np.ndarray, mode: str = "goodput") -> list[int]:
+    def allocate(
+        self, acceptance, rows: int, cost: np.ndarray, mode: str = "goodput", margin: float = 0.0
+    ) -> list[int]:
         """`acceptance`: per row that has candidates, the conditional acceptance of its candidate slots (k_r floats);
         `rows`: the rows the step serves (each produces one token whatever is drafted); `cost`: `StepCost.params`;
-        `mode`: one of `BUDGET_MODES`. Returns each row's count."""
+        `mode`: one of `BUDGET_MODES`; `margin`: the predicted gain a goodput step's drafts must clear
+        (`DraftingCheck.margin`; inf: a probe, nothing drafted). Returns each row's count."""
         if mode == "static":
+            self.predicted_gain = None
             return [len(row) for row in acceptance]
-        counts = self.goodput_counts(acceptance, rows, cost)
+        counts, gain = self.goodput_counts(acceptance, rows, cost)
+        if gain <= margin:
+            counts, gain = [0] * len(acceptance), 0.0
         if acceptance and not any(counts):
             self.idle_steps += 1
-            if self.idle_steps >= self.explore_every:  # one slot, the likeliest, so that acceptance is still learned
+            if self.idle_steps >= self.explore_every and margin <= EXPLORE_MARGIN:  # the likeliest slot
                 best = max(range(len(acceptance)), key=lambda r: acceptance[r][0])
                 counts[best], self.idle_steps = 1, 0
+                gain = self.goodput_counts([acceptance[best][:1]], rows, cost, admit_all=True)[1]
         else:
             self.idle_steps = 0
+        self.predicted_gain = gain
         return counts
 
     @staticmethod
-    def goodput_counts(acceptance, rows: int, cost: np.ndarray) -> list[int]:
-        """Each row's count in the goodput-maximising set of slots. Called at every step for every row: plain Python
-        up to the one sort."""
+    def goodput_counts(acceptance, rows: int, cost: np.ndarray, admit_all: bool = False) -> tuple[list[int], float]:
+        """Each row's count in the goodput-maximising set of slots (`admit_all`: every slot), and the set's predicted
+        gain. Called at every step for every row: plain Python up to the one sort."""
         counts = [0] * len(acceptance)
         survival, owner = [], []
         for r, row in enumerate(acceptance):
@@ -266,7 +281,7 @@ class DraftBudget:
                 survival.append(alive)
                 owner.append(r)
         if not survival:
-            return counts
+            return counts, 0.0
         values, owner = np.array(survival), np.array(owner)
         base, per_row, per_token = (float(x) for x in cost)
         order = np.argsort(-values, kind="stable")  # a row's slots stay in order: survival never rises along a row
@@ -274,10 +289,94 @@ class DraftBudget:
         slots = np.arange(len(gained))
         time = base + per_row * rows + per_token * (rows + slots)
         goodput = (rows + gained) / np.maximum(time, 1e-12)
-        best = int(np.argmax(goodput))  # the first maximum: no slot that adds nothing
+        best = len(values) if admit_all else int(np.argmax(goodput))  # the first maximum: no slot that adds nothing
         for r in owner[order[:best]].tolist():
             counts[r] += 1
-        return counts
+        return counts, float(goodput[best] / goodput[0] - 1.0)
+
+
+# ---- the check: does drafting pay, as measured ---------------------------------------------------------------------
+
+PROBE_EVERY = 64  # steps: a step without drafts at least this often, so the counterfactual stays measured
+FIRST_PROBE = 2  # steps before the first probe; the interval then doubles up to PROBE_EVERY
+
+
+class DraftingCheck:
+    """Whether drafting pays as predicted, measured against a counterfactual without drafts, and the margin a step's
+    predicted gain must clear before it drafts.
+
+    The counterfactual is the step cost's prediction for the same rows without drafts, scaled by how steps without
+    drafts measured against that prediction (`plain_scale`; at least one step in `probe_every` drafts nothing, a
+    *probe*, sooner at first: after `FIRST_PROBE` steps, then at doubling intervals). A drafted step's realized gain is
+    its tokens per second over the counterfactual's, minus 1. `margin` is the mean of predicted minus realized gain
+    over recent drafted steps, shrunk towards 0 by `prior_steps`: costs that the linear model can't see (a fixed cost
+    of any drafting, stalls, a noisy fit) raise it until the steps that still draft gain what they predict, and where
+    nothing gains, nothing drafts. Evidence fades with `half_life` steps, so a budget that backed off tries again.
+
+    >>> check = DraftingCheck()
+    >>> for _ in range(200):  # predicted +30%, realized -9%: drafting backs off
+    ...     check.observe(rows=32, drafted=0, produced=32, seconds=0.010, plain_s=0.010)
+    ...     check.observe(rows=32, drafted=40, produced=38, seconds=0.013, plain_s=0.010, predicted_gain=0.3)
+    >>> round(check.plain_scale, 2), round(check.margin, 2)
+    (1.0, 0.37)
+    """
+
+    def __init__(self, probe_every: int = PROBE_EVERY, half_life: float = CHECK_HALF_LIFE_STEPS, prior_steps=8.0):
+        if not probe_every >= 2 or not half_life > 0 or not prior_steps > 0:
+            raise ValueError(f"bad drafting check settings: {probe_every=}, {half_life=}, {prior_steps=}")
+        self.probe_every, self.prior_steps = int(probe_every), float(prior_steps)
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.plain = [0.0, 0.0]  # decayed sums over steps without drafts: measured seconds, predicted seconds
+        self.excess = [0.0, 0.0]  # decayed sums over drafted steps: predicted - realized gain, steps
+        self.realized = 0.0  # decayed sum of realized gains (with excess[1], their mean: `BudgetReport`)
+        self.since_plain = 0  # steps since one without drafts
+        self.interval = FIRST_PROBE  # steps between probes, doubling up to probe_every
+
+    @property
+    def plain_scale(self) -> float:
+        """Measured over predicted time of steps without drafts (1 before any)."""
+        return self.plain[0] / self.plain[1] if self.plain[1] else 1.0
+
+    @property
+    def margin(self) -> float:
+        return max(0.0, self.excess[0] / (self.excess[1] + self.prior_steps))
+
+    @property
+    def mean_realized_gain(self) -> float:
+        return self.realized / self.excess[1] if self.excess[1] else math.nan
+
+    def probe(self) -> bool:
+        """Whether the next step should draft nothing, to measure the counterfactual (always, until it is measured)."""
+        return not self.plain[1] or self.since_plain >= self.interval
+
+    def observe(
+        self,
+        rows: int,
+        drafted: int,
+        produced: int,
+        seconds: float,
+        plain_s: float,
+        predicted_gain: float | None = 0.0,
+    ) -> None:
+        """A step that ran: its rows, the draft tokens it carried, the tokens it produced, its time, the step cost's
+        prediction for its rows without drafts, and the gain the budget predicted (None: an exploring slot, which
+        no budget chose)."""
+        if not (rows > 0 and seconds > 0 and plain_s > 0 and math.isfinite(seconds)):
+            return
+        d = self.decay
+        self.plain = [self.plain[0] * d, self.plain[1] * d]
+        self.excess = [self.excess[0] * d, self.excess[1] * d]
+        self.realized *= d
+        if drafted == 0:
+            self.plain = [self.plain[0] + seconds, self.plain[1] + plain_s]
+            self.since_plain, self.interval = 0, min(2 * self.interval, self.probe_every)
+            return
+        self.since_plain += 1
+        if predicted_gain is None or not self.plain[1]:
+            return
+        realized = (produced / seconds) / (rows / (plain_s * self.plain_scale)) - 1.0
+        self.excess = [self.excess[0] + predicted_gain - realized, self.excess[1] + 1.0]
+        self.realized += realized
 
 
 # ---- what a proposer reports ---------------------------------------------------------------------------------------
@@ -294,6 +393,7 @@ class BudgetReport:
         self.sums = dict.fromkeys(("steps", "slots", "verdicts", "predicted", "accepted"), 0.0)
         self.cost = np.zeros(3)
         self.cost_error = 0.0
+        self.margin, self.plain_scale = 0.0, 1.0  # the drafting check's (`DraftingCheck`)
         self.deciles: list[list[float]] = []
 
     def step(self, slots: int) -> None:
@@ -312,7 +412,7 @@ class BudgetReport:
         """`as_dict`, the cost fit's mean relative error, and per predicted decile the verdicts, the predictions'
         sum and the acceptances' sum."""
         out = self.as_dict()
-        out["cost_error"] = self.cost_error
+        out.update(cost_error=self.cost_error, margin=self.margin, plain_scale=self.plain_scale)
         for decile, (verdicts, predicted, accepted) in enumerate(self.deciles):
             out.update({f"decile{decile}_verdicts": verdicts, f"decile{decile}_predicted": predicted})
             out[f"decile{decile}_accepted"] = accepted

@@ -189,6 +189,8 @@ def sample_metric_names(policy) -> frozenset[str]:
     if policy.verifies_in_engine:  # no scoring requests, no meter: what the engine drafted and accepted
         dropped |= {*SCORING_METRICS[:-1], *METER_METRICS, *LENIENT_METRICS, *REDRAW_METRICS, *RESIDUAL_METRICS}
         dropped |= {*TREE_METRICS, "mean_log_ratio", "rejected_drafts", "invalid_drafts"}
+        if not policy.draft_age:  # vLLM's own proposer (`vllm`): no budget of ours reports
+            dropped |= {"engine_reports", *BUDGET_GAUGES}
         return frozenset(names - {f"{PREFIX}{name}" for name in dropped})
     dropped |= set(ENGINE_METRICS)
     if not policy.needs_scores:

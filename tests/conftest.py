@@ -122,6 +122,23 @@ def verifying_engine(tiny_model_dir):
     engine.shutdown()
 
 
+@pytest.fixture(scope="module")
+def suffix_engine(tiny_model_dir):
+    """An engine with vLLM's suffix decoding (`suffix`: arctic-inference's suffix tree, `bash scripts/install.sh
+    --suffix`), drafting up to 4 tokens a step; shared by a module's tests."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("arctic_inference.suffix_decoding", reason="bash scripts/install.sh --suffix builds it")
+    import specrl_openrlhf as sr
+    from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs
+
+    policy = sr.make("suffix", speculative_config={"method": "suffix", "num_speculative_tokens": 4})
+    engine, runner = _engine(
+        tiny_model_dir, **engine_kwargs(policy, {"max_model_len": ENGINE_KWARGS["max_model_len"]})
+    )
+    yield engine, runner
+    engine.shutdown()
+
+
 @pytest.fixture
 def set_weights(async_engine, tiny_model_dir, tmp_path):
     """`set_weights(noise, seed)` perturbs the shared engine's weights for one test; they are restored after it."""

@@ -120,3 +120,36 @@ def score(async_engine, prompt, response):
     request = ScoringRequest(list(prompt) + list(response), 0, len(response), False)
     out = runner.run(engine_generate(engine)(request.token_ids, scoring_params(request)))
     return [out.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(response)]
+
+
+# ---- the law of an engine's samples (exactness tests) ----------------------------------------------------------
+
+
+def probs(engine_pair, prompt, temperature) -> np.ndarray:
+    """The model's next-token law at `temperature` after `prompt` (processed log-probs: after temperature)."""
+    from vllm import SamplingParams
+
+    from specrl_openrlhf.integration.vllm.edge import engine_generate
+
+    engine, runner = engine_pair
+    params = SamplingParams(max_tokens=1, logprobs=128, temperature=temperature)
+    answer = runner.run(engine_generate(engine)(list(prompt), params))
+    p = np.zeros(128)
+    for token, logprob in answer.outputs[0].logprobs[0].items():
+        p[token] = math.exp(logprob.logprob)
+    return p / p.sum()
+
+
+def joint_after(engine_pair, prompt, tokens, temperature):
+    """(counts, law) of the (second, third) tokens of samples after `prompt`: cells (t1, t2) for every t1 expected at
+    least 5 times, and one cell for all other t1."""
+    second = probs(engine_pair, prompt, temperature)
+    rows = [int(t) for t in np.flatnonzero(second * len(tokens) >= 5)]
+    counts, law = np.zeros(len(rows) * 128 + 1), np.zeros(len(rows) * 128 + 1)
+    for i, t1 in enumerate(rows):
+        law[i * 128 : (i + 1) * 128] = second[t1] * probs(engine_pair, prompt + [t1], temperature)
+    law[-1] = 1.0 - second[rows].sum()
+    index = {t1: i for i, t1 in enumerate(rows)}
+    for t1, t2 in tokens:
+        counts[index[t1] * 128 + t2 if t1 in index else -1] += 1
+    return counts, law

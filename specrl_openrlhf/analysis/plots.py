@@ -211,3 +211,38 @@ def plot_frontier(paired: list[dict], path: Path) -> Path | None:
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return path
+
+
+def plot_rows_per_step(steps_dir: Path, path: Path) -> Path | None:
+    """Rows per engine step over a rollout, each run's last rollout of its first seed (`<run>.jsonl` in `steps_dir`,
+    written by the quickstart): the batch stays full, then the tail, as samples finish at different steps."""
+    import json
+
+    from .projection import EngineSteps
+
+    files = sorted(Path(steps_dir).glob("*.jsonl")) if Path(steps_dir).is_dir() else []
+    if not files:
+        return None
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    for file in files:
+        lines = file.read_text().splitlines()
+        if not lines:
+            continue
+        record = json.loads(lines[-1])
+        steps = EngineSteps.from_dict(record)
+        if not len(steps):
+            continue
+        elapsed = steps.time - record["start"]
+        name = file.stem
+        axis.step(elapsed, steps.rows, where="pre", label=name, color=rule_colour(name.rpartition("-")[2]), alpha=0.8)
+    axis.set_xlabel("seconds into the rollout")
+    axis.set_ylabel("rows per engine step")
+    axis.set_title("the rollout's tail: rows per engine step over the last rollout")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path

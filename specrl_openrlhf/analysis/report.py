@@ -285,8 +285,36 @@ def paired_rows(runs: list[RunSeries]) -> list[dict]:
         for key in STALENESS_METRICS:
             values = [v for r, _ in pairs if (v := r.per_draft_mean(key)) is not None]
             row[key] = _mean(values) if values else math.nan
+        row.update(engine_step_columns(pairs))
         rows.append(row)
     return rows
+
+
+def engine_step_columns(pairs: list[tuple[RunSeries, RunSeries]]) -> dict[str, float]:
+    """Where the runs recorded their engine steps (our CPU runs): the time projected on a GPU's step curve, stock's
+    over the rule's at scale 1 (`projected`) and at the RL scale (`projected8`); rows per engine step in the later
+    epochs (when drafts exist), the rule's and stock's; and the share of rollout time spent in the tail."""
+    if not all(run.total("engine_steps") and base.total("engine_steps") for run, base in pairs):
+        return {}
+    out = {}
+    for key, name in (("gpu_s", "projected"), ("gpu8_s", "projected8")):
+        if all(run.total(key) and base.total(key) for run, base in pairs):
+            out[name] = _mean([ratio(base.total(key), run.total(key)) for run, base in pairs])
+
+    def later_rows(run):  # mean rows per engine step, from the second epoch on
+        later = [s for s in run.steps if s.get("epoch", 1) > 0 and s.get("engine_steps")]
+        steps = sum(s["engine_steps"] for s in later)
+        return sum(s["mean_rows"] * s["engine_steps"] for s in later) / steps if steps else math.nan
+
+    def tail_share(run):
+        tail, full = run.total("tail_s"), run.total("full_s")
+        return tail / (tail + full) if tail + full else math.nan
+
+    out["rows_per_step"] = _mean([later_rows(run) for run, _ in pairs])
+    out["rows_per_step_off"] = _mean([later_rows(base) for _, base in pairs])
+    out["tail_share"] = _mean([tail_share(run) for run, _ in pairs])
+    out["tail_share_off"] = _mean([tail_share(base) for _, base in pairs])
+    return out
 
 
 def _mean(values: list[float]) -> float:

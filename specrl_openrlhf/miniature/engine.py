@@ -9,6 +9,8 @@ on CPU therefore gets `kv_cache_memory_bytes`; the fraction stays for GPUs, wher
 from __future__ import annotations
 
 DEFAULT_KV_CACHE_BYTES = 256 << 20  # 131k tokens of the 2-layer tiny model, 4k of a 100M one
+# A record of every engine step (`integration.vllm.step_log`), and no log line per step from vLLM's own logger.
+RECORD_STEPS = {"enable_logging_iteration_details": True, "disable_log_stats": True}
 # The environment of processes that run vLLM engines on CPU. A synchronous engine (`vllm.LLM`) keeps its core in the
 # engine's own process, saving a process and the queues between them on 2 cores; the async engine OpenRLHF starts
 # always runs its core apart (docs/benchmarks.md, 'bench_rollout'). VLLM_LOGGING_LEVEL: quiet unless something goes
@@ -60,6 +62,7 @@ def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrid
         enable_prefix_caching=True,
         kv_cache_memory_bytes=int(kv_cache_bytes),
         seed=0,
+        **RECORD_STEPS,
     )
     kwargs.update(overrides)
     return kwargs

@@ -90,6 +90,7 @@ def _lenience_label(value: float) -> str:
 
 
 OFF = Method.of("off")
+SUFFIX_AT_SCALE = "suffix@scale"  # suffix decoding with a cache of 1.2 steps' requests (quickstart.at_scale)
 GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of its regime and seed
     "lenience": (
         ("default",),
@@ -107,6 +108,15 @@ GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of
             Method.of("lossless"),
             Method.of("lossless", params={"verify": "requests"}),
             Method.of("lossless", params={"history": 2}),
+        ),
+    ),
+    "peers": (  # lossless against vLLM's own speculation: suffix decoding (its defaults, and its cache as at scale)
+        ("default",),
+        (
+            Method.of("lossless"),
+            Method.of("suffix"),
+            Method(SUFFIX_AT_SCALE, ReuseConfig(policy="suffix")),
+            Method.of("ngram"),
         ),
     ),
     "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless verified in the engine and on requests

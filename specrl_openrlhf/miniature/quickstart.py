@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from .. import config as reuse_config
 from ..policies import PluginError, UnknownPolicyError
-from .plan import GRIDS, REGIMES, Method, Regime, plan, with_trace_dirs
+from .plan import GRIDS, REGIMES, SUFFIX_AT_SCALE, Method, Regime, plan, with_trace_dirs
 
 DEFAULT_POLICY, DEFAULT_LENIENCE = "spec", 1.65
 # Trained beside the baseline and `spec` when no rule is given: the rule that is exact in RL (docs/benchmarks.md).
@@ -37,6 +38,7 @@ RECOMMENDED = Method.of("lossless")
 # Reuse flags the quickstart takes (the cache's and the checkpoint's concern only clusters).
 REUSE_FLAGS = ("policy", "lenience", "params", "reused_logprobs", "scoring", "plugins", "trace_dir", "update_every")
 REGIME_FLAGS = {"--epochs": "epochs", "--train-size": "train_size", "--lr": "lr", "--eval-every": "eval_every"}
+DEFAULT_CURVE = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"  # an H200's, in the repository
 
 
 def seed_list(text: str) -> list[int]:
@@ -79,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(
             flag, type=kind, default=None, help=f"the regime's {key} (default: {getattr(Regime(), key)})"
         )
+    parser.add_argument(
+        "--cost-curve",
+        default=None,
+        metavar="FILE",
+        help="a GPU's step curve (scripts/bench_gpu_step.py): lossless's budget prices draft slots on it, and rollout "
+        "times are projected on it (projection only, default: docs/gpu_step_h200.json where the repository has it)",
+    )
     parser.add_argument("--held-out-size", type=int, default=200, help="held-out prompts (default: 200)")
     parser.add_argument("--rollout-batch", type=int, default=32, help="prompts per step (default: 32)")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default: 8)")
@@ -130,6 +139,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--rollout_reuse: {error}")
     except (ValueError, TypeError) as error:
         parser.error(str(error))
+    if args.cost_curve is not None and not Path(args.cost_curve).is_file():
+        parser.error(f"--cost-curve {args.cost_curve}: no such file (scripts/bench_gpu_step.py writes one)")
+    args.curve_file = args.cost_curve or (str(DEFAULT_CURVE) if DEFAULT_CURVE.is_file() else None)
     if not args.only and not args.grid and args.main_method.is_baseline:
         parser.error("--rollout_reuse off is the baseline, which always runs; pick a reuse rule such as spec")
     for flag, folder in (
@@ -157,7 +169,7 @@ def planned_groups(args, overrides: dict):
     if args.grid:
         regime_names, rules = GRIDS[args.grid]
         regimes = [REGIMES[name] for name in regime_names if name in (args.regimes or regime_names)]
-        rules = [Method(m.name, replace(m.config, **shared)) for m in rules]
+        rules = [Method(m.name, replace(m.config, **shared)) for m in at_scale(rules, args)]
     else:
         lenience = given.lenience
         if lenience is None and args.rollout_reuse is None:
@@ -166,11 +178,33 @@ def planned_groups(args, overrides: dict):
         if args.rollout_reuse is None and not args.only:  # the default: show the trade-off against the safe rule
             rules.append(Method(RECOMMENDED.name, replace(RECOMMENDED.config, **shared)))
         regimes = [replace(REGIMES["default"], **overrides)]
+    if args.cost_curve:  # lossless prices its draft slots on the curve: the drafts a GPU would choose
+        rules = [with_cost_curve(m, args.cost_curve) for m in rules]
     args.main_method = rules[0]
     groups = plan(rules, regimes, args.seeds, baseline=not args.only)
     with_trace_dirs(groups, given.trace_dir)
     args.trace_dir = given.trace_dir
     return groups
+
+
+def at_scale(rules: list[Method], args) -> list[Method]:
+    """The grids' `suffix` at scale: its cache of responses sized to 1.2 steps' requests, as vLLM's 10,000 is at 512
+    prompts x 16 samples a step (`plan.SUFFIX_AT_SCALE`)."""
+    requests = args.rollout_batch * args.samples
+    out = []
+    for method in rules:
+        if method.name == SUFFIX_AT_SCALE:
+            config = {"method": "suffix", "suffix_decoding_max_cached_requests": math.ceil(1.2 * requests)}
+            method = Method(method.name, replace(method.config, params={"speculative_config": config}))
+        out.append(method)
+    return out
+
+
+def with_cost_curve(method: Method, curve: str) -> Method:
+    if method.config.policy != "lossless" or method.config.params.get("verify") == "requests":
+        return method
+    params = {**method.config.params, "cost_curve": str(Path(curve).resolve())}
+    return Method(method.name, replace(method.config, params=params))
 
 
 def describe_plan(groups) -> str:
@@ -291,6 +325,7 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
+    from ..analysis.projection import StepCurve
     from ..integration.openrlhf.eval import WORKER_SETUP_HOOK, install_in_worker
     from . import summary
     from .actors import held_out_accuracy, start_group, stop_group
@@ -315,7 +350,9 @@ def main(argv=None) -> int:
         + describe_plan(groups)
     )
     started = time.perf_counter()
-    settings = {k: v for k, v in vars(args).items() if k not in ("groups", "main_method")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("groups", "main_method", "projection_curve")}
+    args.projection_curve = StepCurve.load(args.curve_file) if args.curve_file else None
+    (out / "steps").mkdir(parents=True, exist_ok=True)
     ray.init(
         num_cpus=os.cpu_count(),
         include_dashboard=False,

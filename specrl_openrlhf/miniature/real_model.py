@@ -11,8 +11,11 @@ layers only, as 2 CPU cores allow), so each visit's
 drafts come from the weights before the step, and the policy was trained on them: real drift, no weight noise.
 
 Rules, each on an engine of its own: `off` (stock generation), `spec@1.65`, `lossless` on the request path
-(`verify=requests`: the tree of the prompt's previous responses, to the first rejection) and `lossless` verified in
-the engine (at every step, re-entering after rejections). Engines run the model in bfloat16 (the CPU's AMX units), in
+(`verify=requests`: the tree of the prompt's previous responses, to the first rejection), `lossless` verified in
+the engine (at every step, re-entering after rejections), and vLLM's own speculation: `suffix` (its defaults),
+`suffix@scale` (its response cache sized as at RL scale) and `ngram`. Every engine step is recorded, and each rule's
+steps are projected onto a GPU's step curve (`--cost-curve`, default docs/gpu_step_h200.json), which `lossless`'s
+budget then prices its draft slots on too. Engines run the model in bfloat16 (the CPU's AMX units), in
 a process of their own (`VLLM_ENABLE_V1_MULTIPROCESSING=1`: a compute-bound model needs its own OpenMP threads).
 
 It prints a table per visit and the paper's Table 3 shape over seeds (decoded tokens, speedup, kept share, accuracy,
@@ -39,7 +42,13 @@ RULES = (
     Method.of("spec", 1.65),
     Method.of("lossless", params={"verify": "requests"}),
     Method.of("lossless"),
+    Method.of(
+        "suffix"
+    ),  # vLLM's suffix decoding with its defaults: a cache of 10,000 responses holds every visit here
+    Method.of("ngram"),
 )
+SUFFIX_AT_SCALE = "suffix@scale"  # its cache sized to 1.2 visits' requests, as vLLM's 10,000 is at 512 x 16 a step
+DEFAULT_CURVE = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"  # an H200's, in the repository
 # A 135M model answers these problems right a few times in a hundred: most groups would score all 0 and give no
 # gradient. A small bonus for the answer's format (\boxed{...}, more with a number in it) makes groups differ, so
 # steps move the policy (held-out accuracy counts correct answers only).
@@ -59,16 +68,47 @@ class Settings:
     train_layers: int = 2  # trained: the last decoder layers and the final norm
     held_out: int = 8  # problems, sampled `eval_samples` times each after the last visit
     eval_samples: int = 1
-    rules: tuple[str, ...] = tuple(m.name for m in RULES)
+    rules: tuple[str, ...] = tuple(m.name for m in RULES[:4])
     out: str = "runs/real_model"
+    cost_curve: str | None = None  # lossless prices its draft slots on this GPU step curve; the projection uses it
 
     def __post_init__(self):
         for name in ("prompts", "samples", "visits", "max_tokens", "train_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        unknown = set(self.rules) - {m.name for m in RULES}
+        unknown = set(self.rules) - {m.name for m in RULES} - {SUFFIX_AT_SCALE}
         if unknown or "off" not in self.rules:
-            raise ValueError(f"--rules takes off and any of {[m.name for m in RULES[1:]]}, got {list(self.rules)}")
+            names = [m.name for m in RULES[1:]] + [SUFFIX_AT_SCALE]
+            raise ValueError(f"--rules takes off and any of {names}, got {list(self.rules)}")
+        if self.cost_curve is not None and not Path(self.cost_curve).is_file():
+            raise ValueError(f"--cost-curve {self.cost_curve}: no such file (scripts/bench_gpu_step.py writes one)")
+
+    def methods(self) -> list[Method]:
+        """The rules to run, `lossless` priced on the cost curve where one is given."""
+        from dataclasses import replace
+
+        at_scale = {
+            "method": "suffix",
+            "suffix_decoding_max_cached_requests": math.ceil(1.2 * self.prompts * self.samples),
+        }
+        known = {m.name: m for m in RULES}
+        known[SUFFIX_AT_SCALE] = Method(
+            SUFFIX_AT_SCALE, replace(known["suffix"].config, params={"speculative_config": at_scale})
+        )
+        methods = [known[name] for name in self.rules]
+        if self.cost_curve:
+            curve = str(Path(self.cost_curve).resolve())
+            methods = [
+                Method(m.name, replace(m.config, params={**m.config.params, "cost_curve": curve}))
+                if m.config.policy == "lossless" and m.config.params.get("verify") != "requests"
+                else m
+                for m in methods
+            ]
+        return methods
+
+    @property
+    def curve_file(self) -> str | None:
+        return self.cost_curve or (str(DEFAULT_CURVE) if DEFAULT_CURVE.is_file() else None)
 
 
 @dataclass
@@ -85,6 +125,7 @@ class Record:
     reentries: int
     reward: float
     drafted: int = 0  # draft tokens the engine verified (in the engine; the request path counts scored ones)
+    engine: dict = field(default_factory=dict)  # the engine's steps: the makespan split, the GPU projection
 
     @property
     def kept(self) -> float:
@@ -218,13 +259,20 @@ def new_generator(lane: Lane, settings: Settings, seed: int):
 async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, number: int, tokenizer) -> Record:
     from vllm import SamplingParams
 
+    from ..analysis.projection import StepCurve
     from ..integration.rollout.generator import gather_samples
+    from ..integration.vllm.step_log import take_steps
+    from .training import engine_columns
+
+    curve = StepCurve.load(settings.curve_file) if settings.curve_file else None
     from ..rewards.math_grader import grade
 
     params = SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0, logprobs=0)
+    take_steps(lane.engine)  # what the engine ran before (a weight load, an evaluation) is not this visit's
     start = time.perf_counter()
     batch = await gather_samples(lane.generator, prompts, params)
     seconds = time.perf_counter() - start
+    steps = take_steps(lane.engine)
     outputs = [o for row in batch.outputs for o in row]
     texts = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outputs]
     labels = [problems[i // settings.samples].answer for i in range(len(outputs))]
@@ -241,6 +289,7 @@ async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, nu
         s.reentries,
         sum(rewards) / len(rewards),
         s.draft_tokens,
+        engine_columns(steps, start, curve),
     )
     if number + 1 < settings.visits:  # the policy-gradient step: the next visit's drafts come from before it
         responses = [list(o.token_ids) for o in outputs]
@@ -284,7 +333,7 @@ async def run(settings: Settings, progress=print) -> dict:
     model_dir = converted(temperature=settings.temperature)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     initial = Path(tempfile.mkdtemp(prefix="specrl-real-")) / "initial.safetensors"
-    methods = [m for m in RULES if m.name in settings.rules]
+    methods = settings.methods()
     lanes, accuracy = [], {}
     train_all, held_out = splits(settings.prompts * 16, settings.held_out, seed=1234)
     held_prompts = [chat_prompt(tokenizer, p) for p in held_out]
@@ -344,9 +393,14 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
     by = {(r.seed, r.rule, r.visit): r for r in records}
     lines = [
         "| rule | decoded tokens | tokens vs off (visits 2+) | speedup (all) | speedup (visits 2+) "
-        "| kept share (visits 2+) | re-entries / sample | reward | held-out acc. diff |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| projected GPU speedup, rows x1 / x8 | kept share (visits 2+) | re-entries / sample | reward "
+        "| held-out acc. diff |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
+    def gpu(records, key):
+        return sum(r.engine.get(key, math.nan) for r in records)
+
     figures = {}
     for rule in settings.rules:
         per_seed = []
@@ -360,6 +414,8 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
                     "token_ratio": sum(r.decoded for r in later_off) / max(sum(r.decoded for r in later), 1),
                     "speedup": sum(r.seconds for r in off) / sum(r.seconds for r in mine),
                     "later_speedup": sum(r.seconds for r in later_off) / sum(r.seconds for r in later),
+                    "projected": gpu(off, "gpu_s") / gpu(mine, "gpu_s"),
+                    "projected8": gpu(off, "gpu8_s") / gpu(mine, "gpu8_s"),
                     "kept": sum(r.reused for r in later) / max(sum(r.reused + r.decoded for r in later), 1),
                     "reentries": sum(r.reentries for r in mine) / max(sum(r.samples for r in mine), 1),
                     "reward": sum(r.reward for r in mine) / len(mine),
@@ -375,7 +431,8 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
 
         lines.append(
             f"| {rule} | {cells['decoded'][0]:,.0f} | {show('token_ratio', '{:.2f}x')} | {show('speedup', '{:.2f}')} "
-            f"| {show('later_speedup', '{:.2f}')} | {show('kept', '{:.1%}')} | {cells['reentries'][0]:.1f} "
+            f"| {show('later_speedup', '{:.2f}')} | {show('projected', '{:.2f}')} / {show('projected8', '{:.2f}')} "
+            f"| {show('kept', '{:.1%}')} | {cells['reentries'][0]:.1f} "
             f"| {cells['reward'][0]:.3f} | {show('acc_diff', '{:+.3f}')} |"
         )
     return "\n".join(lines), figures
@@ -391,6 +448,13 @@ def parse_args(argv=None) -> Settings:
     parser.add_argument("--seeds", default=",".join(map(str, defaults.seeds)), help="comma-separated, e.g. 0,1,2")
     parser.add_argument("--rules", default=",".join(defaults.rules), help="off and any of the others")
     parser.add_argument("--out", default=defaults.out)
+    parser.add_argument(
+        "--cost-curve",
+        default=None,
+        metavar="FILE",
+        help="a GPU's step curve: lossless's budget prices draft slots on it, and each rule's engine steps are "
+        "projected on it (projection only, default: docs/gpu_step_h200.json)",
+    )
     args = parser.parse_args(argv)
     try:
         values = {k: v for k, v in vars(args).items() if k not in ("seeds", "rules")}
@@ -425,8 +489,14 @@ def main(argv=None) -> int:
         f"RESULT kept[lossless]={engine.get('kept', math.nan):.3f} kept[tree]={tree.get('kept', math.nan):.3f} "
         f"kept_ratio={engine.get('kept', math.nan) / max(tree.get('kept', math.nan), 1e-9):.2f} "
         f"token_ratio_later[lossless]={engine.get('token_ratio', math.nan):.2f} "
-        f"speedup[lossless]={engine.get('speedup', math.nan):.2f} seeds={len(settings.seeds)} "
-        f"visits={settings.visits} wall_s={time.perf_counter() - started:.0f} out={out}"
+        f"speedup[lossless]={engine.get('speedup', math.nan):.2f} "
+        + "".join(
+            f"speedup[{rule}]={f['speedup']:.2f} projected[{rule}]={f['projected']:.2f} "
+            f"projected8[{rule}]={f['projected8']:.2f} kept[{rule}]={f['kept']:.3f} "
+            for rule, f in figures.items()
+            if rule != "off"
+        )
+        + f"seeds={len(settings.seeds)} visits={settings.visits} wall_s={time.perf_counter() - started:.0f} out={out}"
     )
     return 0
 

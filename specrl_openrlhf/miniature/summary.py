@@ -68,6 +68,9 @@ def finish(args, out: Path, groups: list[Group], accuracy_before: dict, wall_s: 
     metrics = write_outputs(out, groups, {"acc_before": before, "wall_s": wall_s}, settings)
     series = report.load_cpu_metrics(metrics)
     files = report.write_report(series, out)
+    tail = plots.plot_rows_per_step(out / "steps", out / "rows_per_step.png")
+    if tail is not None:
+        files["rows_per_step"] = tail
     print("\n" + format_table([row for run in runs for row in run.rows if row["kind"] == "epoch"]))
     print("\nwhole runs, against each group's baseline (the paper's Table 3 shape, with the staleness meter):")
     print(report.markdown(report.table_rows(series)))
@@ -109,10 +112,16 @@ def summary_lines(paired: list[dict], series: list[RunSeries], accuracy_before: 
             f"  {row['method']}{regime}, {plots.seeds_label(row['seeds'])}, against off:",
             f"    decoded tokens  {row['token_ratio']:.2f}x fewer "
             f"({later_token_ratio(series, row['method']):.2f}x from the 2nd epoch on, when drafts exist)",
-            f"    rollout time    ratio {row['time_ratio']:.2f}",
+            f"    rollout time    ratio {row['time_ratio']:.2f}" + projected_text(row),
             f"    held-out acc.   {100 * row['acc']:.1f} vs {100 * row['acc_off']:.1f}: "
             f"{100 * row['acc_diff']:+.1f} points, {interval}",
         ]
+        if "rows_per_step" in row:
+            lines.append(
+                f"    engine steps    {row['rows_per_step']:.1f} rows a step from the 2nd epoch on (off "
+                f"{row['rows_per_step_off']:.1f}); tail {100 * row['tail_share']:.0f}% of rollout time (off "
+                f"{100 * row['tail_share_off']:.0f}%)"
+            )
         if math.isnan(row.get("kl_prev_curr", math.nan)):  # verified in the engine: no draft was scored
             lines.append("    staleness       none measured: verified in the engine, which never compares with p_prev")
         else:
@@ -127,6 +136,16 @@ def summary_lines(paired: list[dict], series: list[RunSeries], accuracy_before: 
     if len(paired) > 1:
         lines.append(advice(paired))
     return lines
+
+
+def projected_text(row: dict) -> str:
+    """`; projected on a GPU ...` where the runs were projected on a step curve."""
+    if "projected" not in row:
+        return ""
+    return (
+        f"; projected on the GPU's step curve {row['projected']:.2f} at scale 1, {row['projected8']:.2f} at rows x 8"
+        " (a projection of this run's engine steps, not a GPU run)"
+    )
 
 
 PARITY_POINTS = 0.02  # the frontier's goal (docs/benchmarks.md, 'Frontier'): |mean paired difference| <= 2 points
@@ -228,6 +247,12 @@ def result_line(paired: list[dict], main_method: str, accuracy_before: float | N
     for row in paired:
         if row is not main and row["regime"] == main["regime"]:
             fields[f"token_ratio[{row['method']}]"] = f"{row['token_ratio']:.2f}"
+            fields[f"time_ratio[{row['method']}]"] = f"{row['time_ratio']:.2f}"
             fields[f"acc_diff[{row['method']}]"] = f"{row['acc_diff']:.3f}"
+    for row in paired:
+        if row["regime"] == main["regime"] and "projected" in row:
+            fields[f"projected[{row['method']}]"] = f"{row['projected']:.2f}"
+            fields[f"projected8[{row['method']}]"] = f"{row['projected8']:.2f}"
+            fields[f"rows_per_step[{row['method']}]"] = f"{row['rows_per_step']:.1f}"
     fields["out"] = str(out)
     return "RESULT " + " ".join(f"{k}={v}" for k, v in fields.items())

@@ -10,10 +10,12 @@ run are reported the same way.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
 
+from ..analysis.projection import RL_MAX_ROWS, RL_SCALE, EngineSteps, StepCurve, projected_time
 from ..analysis.run_series import step_row
 from .actors import batches, generate_kwargs, held_out_accuracy, samples_generator, sync_weights
 from .plan import Group, Run
@@ -34,13 +36,30 @@ def openrlhf_logs(experiences, rollout_s: float, train_s: float, sync_s: float) 
     return logs
 
 
+def engine_columns(steps: EngineSteps, start: float, curve: StepCurve | None) -> dict:
+    """What a rollout's engine steps say: how many, mean rows per step, the makespan split (time at a full batch and
+    in the tail, drafts per row in each), and the steps' time projected on a GPU's curve at scale 1 and 8."""
+    split = steps.split(start)
+    columns = {"engine_steps": len(steps), **split}
+    if curve is not None:
+        columns["gpu_s"] = projected_time(steps, curve)
+        columns["gpu8_s"] = projected_time(steps, curve, RL_SCALE, RL_MAX_ROWS)
+    return columns
+
+
 def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) -> dict | None:
     """One rollout batch, one GRPO step, one weight sync; the step's row. None when the epoch's data is used up."""
-    start = time.perf_counter()
+    import ray
+
+    ray.get(run.actor.take_steps.remote())  # what the engine ran before (held-out evaluation) is not this rollout's
+    rollout_start = time.perf_counter()
     experiences, _, _, exhausted = generator.generate_samples(**generate_kwargs(args.samples))
-    rollout_s = time.perf_counter() - start
+    rollout_s = time.perf_counter() - rollout_start
     if not experiences:
         return None
+    steps = EngineSteps.from_dict(ray.get(run.actor.take_steps.remote()))
+    with open(Path(args.out) / "steps" / f"{run.label}.jsonl", "a") as f:  # rows per step over the rollout: plots
+        f.write(json.dumps({"epoch": epoch, "step": step, "start": rollout_start, **steps.as_dict()}) + "\n")
     start = time.perf_counter()
     losses = run.trainer.step(experiences)
     train_s = time.perf_counter() - start
@@ -49,7 +68,8 @@ def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) 
     logs = openrlhf_logs(experiences, rollout_s, train_s, time.perf_counter() - start)
     for logger in run.loggers:
         logger.log_train(step, logs)
-    return {"kind": "step", "run": run.label, "epoch": epoch, **step_row(step, logs), **losses}
+    columns = engine_columns(steps, rollout_start, args.projection_curve)
+    return {"kind": "step", "run": run.label, "epoch": epoch, **step_row(step, logs), **losses, **columns}
 
 
 def epoch_row(run: Run, epoch: int, steps: list[dict], accuracy: float | None) -> dict:
@@ -65,6 +85,7 @@ def epoch_row(run: Run, epoch: int, steps: list[dict], accuracy: float | None) -
         "epoch": epoch,
         "step": steps[-1]["step"] + 1,  # training steps done when it was evaluated
         **{k: total(k) for k in ("decoded_tokens", "reused_tokens", "scored_tokens", "rollout_s", "train_s")},
+        **{k: total(k) for k in ("engine_steps", "full_s", "tail_s", "gpu_s", "gpu8_s") if k in steps[-1]},
         "scoring_s": total("scoring_s"),
         "full_reuse_ratio": sum((s.get("full_reuse_ratio") or 0.0) * s["samples"] for s in steps) / total("samples"),
         "reward": sum(s["reward"] * s["samples"] for s in steps) / total("samples"),

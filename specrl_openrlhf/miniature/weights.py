@@ -67,6 +67,12 @@ def rollout_actor_class():
         async def reload_weights(self, path: str) -> None:
             await reload_async_engine(self.llm, path)
 
+        def take_steps(self) -> dict:
+            """The engine's steps since the last call (`integration.vllm.step_log`), as `EngineSteps.as_dict`."""
+            from ..integration.vllm.step_log import take_steps
+
+            return take_steps(self.llm).as_dict()
+
         def flush_traces(self) -> None:
             """Write out our executor's draft traces before the actor is killed."""
             if hasattr(self.executor, "flush_traces"):

@@ -1,7 +1,7 @@
 """Reuse policies: one interface (`ReusePolicy`), a registry and the built-ins."""
 
 from ..references import short_name
-from . import builtin  # noqa: F401  (registers the built-ins)
+from . import builtin, speculative  # noqa: F401  (registers the built-ins)
 from .base import (
     DraftBatch,
     NoParams,

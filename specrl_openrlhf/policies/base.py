@@ -82,21 +82,25 @@ class ReusePolicy(ABC):
 
     @property
     def verifies_in_engine(self) -> bool:
-        """Whether vLLM verifies the drafts itself, at every decoding step (`lossless` with `verify="engine"`): the
-        engine then needs our proposer (`integration.vllm.engine_args.engine_kwargs`) and the rollout sends no scoring
-        requests."""
+        """Whether vLLM verifies drafts itself, at every decoding step: `lossless` with `verify="engine"` (our
+        proposer drafts from the prompt's history) and `vllm` (vLLM's own proposer). The engine then needs
+        `speculative_config` (`engine_arguments`) and the rollout sends no scoring requests."""
         return False
+
+    def engine_arguments(self) -> dict:
+        """What an engine needs beyond its caller's arguments for this rule (`integration.vllm.engine_args`)."""
+        return {}
 
     @property
     def draft_choice(self) -> str:
         """What a sample proposes from: "own" (its own previous response, as in SPEC-RL), "majority" (the majority
         path through the prompt's previous responses) or "tree" (their prefix tree, walked; `lossless` only)."""
-        return getattr(self.params, "draft", "own")
+        return "own"
 
     @property
     def draft_history(self) -> int:
         """How many of the prompt's visits, from `draft_age` back, the proposal draws on (the cache keeps them)."""
-        return int(getattr(self.params, "history", 1))
+        return 1
 
     @property
     def visits_kept(self) -> int:
@@ -144,7 +148,8 @@ class ReusePolicy(ABC):
         return None
 
     def describe(self) -> str:
-        fields = ", ".join(f"{f.name}={getattr(self.params, f.name)!r}" for f in dataclasses.fields(self.params))
+        shown = [f for f in dataclasses.fields(self.params) if f.repr]
+        fields = ", ".join(f"{f.name}={getattr(self.params, f.name)!r}" for f in shown)
         return f"{short_name(self.name) or type(self).__name__}({fields})"
 
     def __repr__(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -91,6 +92,7 @@ class Full(ReusePolicy):
         return batch.lengths.clone()
 
 
+HISTORY_PROPOSER = "specrl_openrlhf.integration.vllm.proposer.HistoryProposer"  # vLLM imports it by this name
 DRAFT_CHOICES = ("own", "majority", "tree")
 VERIFY_CHOICES = ("engine", "requests")
 BUDGET_CHOICES = ("goodput", "static")
@@ -110,7 +112,10 @@ class LosslessParams:
     draft), "majority" (the majority path through the prompt's previous responses) or "tree" (their tree, walked by
     sampling p_curr at each node, `specrl_openrlhf.proposal.walk`). history: how many of the prompt's last visits the
     proposal draws on (1 or 2; not "own"). Acceptance follows p_curr, so the likelier proposal keeps more; every choice
-    is exact."""
+    is exact. cost_curve: a GPU's step curve (a JSON file of `scripts/bench_gpu_step.py`, on every engine's machine):
+    the goodput budget then prices slots on it at `cost_scale` times the rows a step serves instead of on this
+    machine's measured step cost, so the drafts are those that GPU would choose (acceptance does not depend on the
+    hardware); the drafting check, which measures this machine's steps, is off then."""
 
     draft: str = "tree"
     history: int = 1
@@ -119,6 +124,8 @@ class LosslessParams:
     min_match: int = 4
     min_accept_prob: float = 0.1
     budget: str = "goodput"
+    cost_curve: str | None = None
+    cost_scale: int = 1
 
     def __post_init__(self):
         if self.draft not in DRAFT_CHOICES:
@@ -146,6 +153,12 @@ class LosslessParams:
             raise ValueError(f"budget must be one of {BUDGET_CHOICES}, got {self.budget!r}")
         if isinstance(self.min_accept_prob, bool) or not 0.0 <= self.min_accept_prob < 1.0:
             raise ValueError(f"min_accept_prob must be in [0, 1), got {self.min_accept_prob!r}")
+        if self.cost_curve is not None and not Path(self.cost_curve).is_file():
+            raise ValueError(
+                f"cost_curve must be a step curve file (scripts/bench_gpu_step.py), got {self.cost_curve!r}"
+            )
+        if isinstance(self.cost_scale, bool) or not isinstance(self.cost_scale, int) or self.cost_scale < 1:
+            raise ValueError(f"cost_scale must be an integer >= 1 (rows each row stands for), got {self.cost_scale!r}")
 
 
 @register("lossless")
@@ -171,6 +184,28 @@ class Lossless(ReusePolicy):
     @property
     def verifies_in_engine(self) -> bool:
         return self.params.verify == "engine"
+
+    def engine_arguments(self) -> dict:
+        """Our proposer, drafting up to `num_speculative_tokens` a step, and per-request acceptance counts (each
+        verification step's drafted and accepted tokens) on every finished output; a visit's samples are served in
+        slot order (where the engine has more samples than slots, later ones start after earlier ones finished, and
+        draft from them too: `rollout.engine_path`)."""
+        if not self.verifies_in_engine:
+            return {}
+        k = self.params.num_speculative_tokens
+        return {
+            "speculative_config": {"method": "custom_class", "model": HISTORY_PROPOSER, "num_speculative_tokens": k},
+            "per_request_spec_decode_metrics": "detailed",
+            "scheduling_policy": "priority",
+        }
+
+    @property
+    def draft_choice(self) -> str:
+        return self.params.draft
+
+    @property
+    def draft_history(self) -> int:
+        return self.params.history
 
     @property
     def lenience(self) -> float | None:

@@ -35,8 +35,12 @@ def check_sampling(
             {"min_p": (0.0, None), "logit_bias": (None, {}), **PENALTIES},
             f"reuse policy {policy.name!r} verifies drafts inside vLLM, which samples with temperature, top-p and "
             "top-k as asked but ignores min-p and logit bias under speculative decoding (and penalties are not "
-            "tested there); sampling uses {names}. Drop them, or set verify='requests' (--reuse.params "
-            '\'{"verify": "requests"}\'), which needs plain sampling.',
+            "tested there); sampling uses {names}. Drop them"
+            + (
+                ", or set verify='requests' (--reuse.params '{\"verify\": \"requests\"}'), which needs plain sampling."
+                if policy.draft_age
+                else "."
+            ),
         )
         return []
     if not policy.needs_scores:

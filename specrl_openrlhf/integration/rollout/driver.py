@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ...cache import DraftCache
 from ...draft import Draft
-from ...metrics import ReuseStats
+from ...metrics import ReuseStats, verified_in_engine
 from ...policies import ReusePolicy
 from ...policies.stateful import FeedbackCoordinator
 from ...request_path.assembly import SampleOutput
@@ -156,10 +156,12 @@ class Driver:
         raise NotImplementedError
 
     async def generate_stock(self, prompt_ids: list[int], params, *, fallback: bool) -> SampleOutput:
-        """One sample generated as stock OpenRLHF would, counted as a fallback if `fallback`."""
+        """One sample generated as stock OpenRLHF would, counted as a fallback if `fallback`; what vLLM drafted and
+        accepted, where the engine speculates by itself (`vllm`), is counted as on the engine path."""
         start = time.perf_counter()
         output = completion_of(await self.generate_fn(prompt_ids, params))
-        stats = ReuseStats(samples=1, decoded_tokens=len(output.token_ids), fallbacks=int(fallback))
+        stats = verified_in_engine(output.accepted_per_step, output.drafted_per_step, len(output.token_ids))
+        stats.fallbacks = int(fallback)
         stats.time_generation_s = time.perf_counter() - start
         logprobs = output.logprobs if params.logprobs is not None else None
         return SampleOutput(output.token_ids, logprobs, output.finish_reason, 0, stats)
@@ -219,7 +221,7 @@ class Driver:
 
 
 class StockDriver(Driver):
-    """No reuse (`off`): every sample is generated as stock OpenRLHF generates it."""
+    """No reuse (`off`, `vllm`): every sample is generated as stock OpenRLHF generates it."""
 
     async def generate(self, prompt_ids: list[int], params, follow_up: bool) -> SampleOutput:
         return await self.generate_stock(prompt_ids, params, fallback=False)

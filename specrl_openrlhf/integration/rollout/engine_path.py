@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -23,9 +24,11 @@ from ...seeds import entropy_of, prompt_number
 from ...trace import HISTORY_SLOT, TraceWriter, visit_group
 from ..vllm.edge import completion_of, continuation_params
 from ..vllm.histories import params_message, update_histories
-from .driver import Driver
+from .driver import DRAFTED_PROMPTS_KEPT, Driver
 
 logger = logging.getLogger(__name__)
+
+SLOT_STRIDE = 1 << 16  # priorities of a visit's successive slots lie this far apart (engine steps a sample may take)
 
 
 class HistoryChannel:
@@ -79,6 +82,62 @@ class HistoryChannel:
         self.available = running
 
 
+class StepForecast:
+    """What a prompt's last visit here says of its next: the engine steps a sample of it takes, about its response's
+    tokens less the draft tokens the engine accepted (each step decodes one token of its own), averaged over the
+    visit's samples. Bounded: the prompts seen last are kept."""
+
+    def __init__(self, max_prompts: int = DRAFTED_PROMPTS_KEPT):
+        self.max_prompts = max_prompts
+        # key -> (the latest visit's id, its step sum, its samples, the mean of the visit before it or None)
+        self.visits: OrderedDict[bytes, tuple[str, float, int, float | None]] = OrderedDict()
+
+    def observe(self, key: bytes, visit_id: str, steps: int) -> None:
+        """A finished sample of `key`'s visit `visit_id`, which took `steps` engine steps."""
+        visit, total, samples, before = self.visits.pop(key, (visit_id, 0.0, 0, None))
+        if visit != visit_id:  # a new visit: the one it follows becomes its forecast
+            total, samples, before = 0.0, 0, (total / samples if samples else before)
+        self.visits[key] = (visit_id, total + steps, samples + 1, before)
+        if len(self.visits) > self.max_prompts:
+            self.visits.popitem(last=False)
+
+    def steps(self, key: bytes, visit_id: str) -> float | None:
+        """The expected engine steps of a sample of `key`'s visit `visit_id`, from the visit before (None: unknown)."""
+        visit, total, samples, before = self.visits.get(key, (None, 0.0, 0, None))
+        if visit == visit_id:
+            return before
+        return total / samples if samples else before
+
+
+class ReleaseOrder:
+    """Requests released to the engine in priority order: the calls that arrive within `WINDOW_S` of one another (a
+    step's samples come within milliseconds, in whatever order the caller sends them) wait and go together, lowest
+    priority value first, so that the engine's priority queue sees them all before it fills its slots."""
+
+    WINDOW_S = 0.002
+
+    def __init__(self):
+        self.waiting: list[tuple[int, int, asyncio.Future]] = []
+        self.count = 0
+        self.releasing = None
+
+    async def turn(self, priority: int) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self.count += 1
+        self.waiting.append((priority, self.count, future))
+        if self.releasing is None:
+            self.releasing = asyncio.ensure_future(self._release())
+        await future
+
+    async def _release(self) -> None:
+        await asyncio.sleep(self.WINDOW_S)
+        waiting, self.waiting, self.releasing = sorted(self.waiting), [], None
+        for _, _, future in waiting:
+            if not future.done():
+                future.set_result(None)
+            await asyncio.sleep(0)  # each request reaches the engine before the next is let go
+
+
 class EnginePathDriver(Driver):
     """Samples whose drafts vLLM verifies at every step (`vllm.proposer`); `rpc` is the engine's `collective_rpc`.
 
@@ -90,6 +149,8 @@ class EnginePathDriver(Driver):
     ):
         super().__init__(generate, policy, store, **driver_args)
         self.histories = HistoryChannel(rpc, policy.params)
+        self.forecast = StepForecast()
+        self.order = ReleaseOrder()
         self.trace = trace
         self.seed = int(seed)
 
@@ -124,9 +185,13 @@ class EnginePathDriver(Driver):
         # log-probs only if the caller asked: the budget predicts acceptance without p_prev (`budget.features`), and
         # the history then chooses between branches by how many responses take them
         own = continuation_params(params, params.max_tokens, 0, logprobs=params.logprobs is not None)
-        output = completion_of(await self.send(prompt_ids, own, slot))  # with priorities, a visit's samples in order
+        priority = self.priority(key, visit.visit_id, slot)
+        if self.prioritize:
+            await self.order.turn(priority)
+        output = completion_of(await self.send(prompt_ids, own, priority))
         length = len(output.token_ids)
         stats = verified_in_engine(output.accepted_per_step, output.drafted_per_step, length)
+        self.forecast.observe(key, visit.visit_id, stats.decoded_tokens)
         stats.time_generation_s, stats.cached_prompt_tokens = time.perf_counter() - start, output.cached_tokens
         stats.fallbacks = int(self.histories.available is False)
         for name, value in budget_gauges(self.histories.report).items():
@@ -144,6 +209,14 @@ class EnginePathDriver(Driver):
         sample = SampleOutput(output.token_ids, reported, output.finish_reason, 0, stats)
         await self.commit(key, visit.visit_id, draft, follow_up, stats)
         return sample
+
+    def priority(self, key: bytes, visit_id: str, slot: int) -> int:
+        """vLLM's priority for a visit's sample in `slot` (lower first): a visit's samples in slot order, so that where
+        the engine has more samples than slots, later ones start after earlier ones finished and draft from them too;
+        within a slot, the samples expected to take the most engine steps first (longest processing time first: the
+        slowest sample decides when a rollout ends)."""
+        steps = self.forecast.steps(key, visit_id)
+        return slot * SLOT_STRIDE - (0 if steps is None else min(int(steps), SLOT_STRIDE - 1))
 
     async def _send_history(self, key: bytes, prompt_ids, visit_id: str, count: int, follow_up: bool) -> int:
         """Claim the visit's history from the draft store and send it to the engine; returns its size."""

@@ -5,7 +5,7 @@ interface (`driver.Driver`):
 - `engine_path.EnginePathDriver`: `lossless` verified inside vLLM, at every decoding step, by our proposer;
 - `request_path.RequestPathDriver`: every other rule, with scoring requests and a continuation
   (`request_path.planner.SpeculativePlanner`'s steps);
-- `driver.StockDriver` for `off`.
+- `driver.StockDriver` for `off`, and for `vllm`, whose engine drafts and verifies by itself.
 A sample whose reuse path fails is generated normally. `gather_samples` runs n concurrent calls per prompt and
 collects them, as OpenRLHF does.
 
@@ -77,15 +77,15 @@ class AsyncSpeculativeGenerator:
         self.policy = policy
         self.store = store
         args = dict(samples_per_visit=samples_per_visit, prioritize=prioritize)
-        if policy.verifies_in_engine:
-            self.driver: Driver = EnginePathDriver(generate, policy, store, rpc=rpc, trace=trace, seed=seed, **args)
-        elif policy.draft_age:
+        if not policy.draft_age:  # nothing to reuse: stock generation (vLLM may speculate inside, `vllm`)
+            self.driver: Driver = StockDriver(generate, policy, store, **args)
+        elif policy.verifies_in_engine:
+            self.driver = EnginePathDriver(generate, policy, store, rpc=rpc, trace=trace, seed=seed, **args)
+        else:
             planner = planner or SpeculativePlanner(policy, seed=seed, trace=trace)
             self.driver = RequestPathDriver(
                 generate, policy, store, planner=planner, update_every=update_every, **args
             )
-        else:
-            self.driver = StockDriver(generate, policy, store, **args)
 
     @property
     def planner(self) -> SpeculativePlanner | None:

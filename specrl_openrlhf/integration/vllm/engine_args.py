@@ -1,30 +1,43 @@
-"""The engine arguments a rule needs: for `lossless` verified in the engine, our proposer and what it relies on."""
+"""The engine arguments a rule needs: for a rule vLLM verifies at every step, its speculative config and what it
+relies on (`ReusePolicy.engine_arguments`), with room past `max_model_len`, checked against vLLM's own config."""
 
 from __future__ import annotations
 
-PROPOSER = "specrl_openrlhf.integration.vllm.proposer.HistoryProposer"  # vLLM's `custom_class` proposer
+from ...policies.builtin import HISTORY_PROPOSER as PROPOSER  # noqa: F401  (vLLM's `custom_class` proposer: ours)
+from ...policies.speculative import SpeculativeConfigError
 
 
 def engine_kwargs(policy, base: dict | None = None) -> dict:
     """The engine arguments `base` (default: none) with what an engine needs for `policy`: for a rule verified in the
-    engine, the proposer (drafting up to the rule's `num_speculative_tokens` k at a step), per-request acceptance
-    counts (each verification step's drafted and accepted tokens) on every finished output, and where `base` sets
-    `max_model_len`, k tokens of room past it. vLLM skips the proposer for a whole step, and has every row of the
-    batch verify k dummy draft tokens (token 0), as soon as one sequence of the batch is within k tokens of
-    `max_model_len` (docs/upstream.md): the room keeps that from happening to responses that stay within the
-    length the caller planned. Nothing for any other rule (its engine must run logits-processor plugins, which vLLM
-    does not build under speculative decoding)."""
+    engine, its speculative config (drafting up to k tokens a step), per-request acceptance counts (each verification
+    step's drafted and accepted tokens) on every finished output, and where `base` sets `max_model_len`, k tokens of
+    room past it. vLLM skips the proposer for a whole step, and has every row of the batch verify k dummy draft
+    tokens (token 0), as soon as one sequence of the batch is within k tokens of `max_model_len` (docs/upstream.md):
+    the room keeps that from happening to responses that stay within the length the caller planned. Nothing for any
+    other rule (its engine must run logits-processor plugins, which vLLM does not build under speculative
+    decoding)."""
     base = dict(base or {})
-    if not policy.verifies_in_engine:
+    extra = policy.engine_arguments()
+    if not extra:
         return base
-    k = int(policy.params.num_speculative_tokens)
+    check_keys(extra["speculative_config"])
+    k = int(extra["speculative_config"].get("num_speculative_tokens") or 0)
     if base.get("max_model_len"):
         base["max_model_len"] = int(base["max_model_len"]) + k
-    return {
-        **base,
-        "speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k},
-        "per_request_spec_decode_metrics": "detailed",
-        # a visit's samples are served in slot order: where the engine has more samples than slots, later ones start
-        # after earlier ones finished, and draft from them too (`engine_path.EnginePathDriver`)
-        "scheduling_policy": "priority",
-    }
+    return {**base, **extra}
+
+
+def check_keys(config: dict) -> None:
+    """Every key of `config` is one of vLLM's speculative config's (where vLLM can be imported here)."""
+    try:
+        import dataclasses
+
+        from vllm.config import SpeculativeConfig
+    except ImportError:
+        return
+    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise SpeculativeConfigError(
+            f"speculative_config key(s) {unknown} are not vLLM's: see the fields of vllm.config.SpeculativeConfig"
+        )

@@ -21,18 +21,44 @@ nothing, and `update_histories` then answers 0 proposers, which the rollout read
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...budget import ANCHORED, REENTERED, AcceptanceModel, BudgetReport, DraftBudget, SlotFeatures, StepCost, features
+from ...analysis.projection import StepCurve
+from ...budget import (
+    ANCHORED,
+    REENTERED,
+    AcceptanceModel,
+    BudgetReport,
+    DraftBudget,
+    DraftingCheck,
+    SlotFeatures,
+    StepCost,
+    features,
+)
 from ...history import History, logprob_floor
 from ...proposal import propose
-from . import histories
+from . import histories, plugin
 
 logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=4)
+def step_curve(path: str) -> StepCurve:
+    return StepCurve.load(path)
+
+
+def curve_cost(path: str, rows: int, scale: int) -> np.ndarray:
+    """[3] (base, per_row, per_token) that price a step of `rows` rows as the curve does at rows x `scale`, each of
+    our rows and draft slots standing for `scale` of the GPU's (`DraftBudget.allocate`'s linear model)."""
+    one, per_token = step_curve(path).linear_at(rows * scale)
+    per_token *= scale
+    return np.array([one - per_token * rows, 0.0, per_token])
 
 
 @dataclass
@@ -71,11 +97,11 @@ class HistoryProposer:
         self.k = 0
         self.max_model_len = 0
         self.rows: dict[int, Row] = {}
-        self.cpu_fix_installed = False
         self.failed = False
         self.cost = StepCost()
         self.acceptance = AcceptanceModel()
         self.budget = DraftBudget()
+        self.check = DraftingCheck()
         self.report = BudgetReport()
         self.clock = time.perf_counter  # what step times are read from
         self.last_call: float | None = None  # when the previous step's `propose` began
@@ -86,6 +112,7 @@ class HistoryProposer:
             histories.BOARD.reports.append(self.report)
         except Exception as error:  # the engine must start whatever happens here
             self._fail(error)
+        plugin.register()  # where `VLLM_PLUGINS` left our plugin out: the CPU fixes, before the engine's first step
 
     def load_model(self, *args, **kwargs) -> None:
         pass  # no model: drafts come from the history
@@ -103,11 +130,6 @@ class HistoryProposer:
             return [[] for _ in sampled_token_ids]
         try:
             now = self.clock()
-            if not self.cpu_fix_installed:  # after every start-up override of vLLM's (see cpu_fix)
-                from .cpu_fix import install
-
-                install()
-                self.cpu_fix_installed = True
             rows = len(sampled_token_ids)
             lengths = num_tokens_no_spec[:rows].tolist()
             states, carried, clean = [], 0, self.last_call is not None
@@ -119,9 +141,13 @@ class HistoryProposer:
             candidates = [None if state is None else self._candidate(state, n) for state, n in zip(states, lengths)]
             for row in [r for r in self.rows if r >= rows]:
                 del self.rows[row]
-            if clean:
-                self.cost.observe(rows, carried, now - self.last_call)
+            if clean:  # the step that ran: its cost, and whether its drafts paid (`DraftingCheck`)
+                seconds, produced = now - self.last_call, sum(len(s) for s in sampled_token_ids)
+                self.cost.observe(rows, carried, seconds)
+                plain_s, gain = self.cost.predict(rows, rows), self.budget.predicted_gain
+                self.check.observe(rows, carried - rows, produced, seconds, plain_s, gain)
                 self.report.cost, self.report.cost_error = self.cost.params, self.cost.relative_error
+                self.report.margin, self.report.plain_scale = self.check.margin, self.check.plain_scale
             self.report.deciles = self.acceptance.deciles
             self.last_call = now
             return self._allocate(candidates, rows)
@@ -194,9 +220,12 @@ class HistoryProposer:
     def _allocate(self, candidates: list, rows: int) -> list[list[int]]:
         """Every row's draft, cut to the step's budget (`DraftBudget`)."""
         live = [c for c in candidates if c is not None]
-        counts = self.budget.allocate(
-            [c.acceptance for c in live], rows, self.cost.params, histories.BOARD.params.budget
-        )
+        params = histories.BOARD.params
+        if params.cost_curve:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
+            cost, margin = curve_cost(params.cost_curve, rows, params.cost_scale), 0.0
+        else:
+            cost, margin = self.cost.params, math.inf if self.check.probe() else self.check.margin
+        counts = self.budget.allocate([c.acceptance for c in live], rows, cost, params.budget, margin)
         drafts, given = [], dict(zip(map(id, live), counts))
         for candidate in candidates:
             n = 0 if candidate is None else given[id(candidate)]

@@ -5,25 +5,27 @@ checked as vLLM's rejection sampler must give it for any proposal: the sample's 
 the request's temperature, with histories chosen from the current weights (a branch the policy makes unlikely is
 proposed first), re-entering after rejections."""
 
-import math
+import asyncio
+import json
 
 import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
 from specrl_openrlhf.cache import prompt_key
-from specrl_openrlhf.integration.vllm import cpu_fix, histories
+from specrl_openrlhf.integration.vllm import cpu_fix, histories, plugin
 from specrl_openrlhf.integration.vllm.histories import HistoryBoard, params_message
 from specrl_openrlhf.integration.vllm.proposer import HistoryProposer
 from specrl_openrlhf.policies.builtin import LosslessParams
-from tests.helpers import chi2_passes
+from tests.helpers import chi2_passes, joint_after, probs
 
 PROMPT = [1] + list(range(10, 40))
 
 
-def rule(min_match=4, budget="goodput", min_accept_prob=0.0) -> dict:
+def rule(min_match=4, budget="goodput", min_accept_prob=0.0, **more) -> dict:
     """The rule's parameters as a history update carries them."""
-    return params_message(LosslessParams(min_match=min_match, budget=budget, min_accept_prob=min_accept_prob))
+    params = LosslessParams(min_match=min_match, budget=budget, min_accept_prob=min_accept_prob, **more)
+    return params_message(params)
 
 
 MAX_LEN = 64
@@ -145,22 +147,119 @@ def test_a_broken_proposer_never_stops_the_engine(board, caplog):
     assert "history proposer disabled" in caplog.text
 
 
+# ---- the budget never loses, on a simulated engine ------------------------------------------------------------------
+
+
+def simulate(costs, acceptance: float, *, rows=32, steps=600, draft=True, seed=0, counts=None, **params) -> float:
+    """Tokens per second of a simulated engine whose rows follow a prompt's history, drafting with the proposer's
+    budget (or nothing, `draft=False`): a drafted slot is accepted with probability `acceptance` given the earlier
+    ones were, and a step takes `costs(rows, tokens carried, draft tokens)` seconds, with 10% noise. `params`: more
+    of the rule's (`LosslessParams`); `counts`, a list, gets the draft tokens of every step."""
+    rng = np.random.default_rng(seed)
+    vocab = [10, 11, 12, 13]
+    board = HistoryBoard()
+    prompt = [1, 2, 3]
+    history = [[int(x) for x in rng.choice(vocab, 256)] for _ in range(8)]
+    if draft:
+        board.update(prompt_key(prompt), 3, True, rule(min_match=2, **params), history, [None] * len(history))
+    proposer = HistoryProposer(Config(k=8, max_model_len=10**6))
+    proposer.clock = clock = Clock()
+    tokens = np.zeros((rows, len(prompt) + 17 * steps), np.int32)
+    count = np.full(rows, len(prompt) + 1)
+    tokens[:, : len(prompt)] = prompt
+    tokens[:, len(prompt)] = history[0][0]
+    produced, drafts = 0, [[]] * rows
+    histories_before, histories.BOARD = histories.BOARD, board
+    try:
+        sampled = [[history[0][0]]] * rows
+        for _ in range(steps):
+            drafts = proposer.propose(sampled, count.copy(), tokens)
+            sampled = []
+            for row, draft_tokens in enumerate(drafts):
+                took = []
+                for token in draft_tokens:
+                    if rng.random() >= acceptance:
+                        break
+                    took.append(token)
+                other = [t for t in vocab if not (len(took) < len(draft_tokens) and t == draft_tokens[len(took)])]
+                took.append(int(rng.choice(other)))  # the token the row sampled itself (a rejected slot's differs)
+                tokens[row, count[row] : count[row] + len(took)] = took
+                count[row] += len(took)
+                sampled.append(took)
+            drafted = sum(len(d) for d in drafts)
+            if counts is not None:
+                counts.append(drafted)
+            clock.now += costs(rows, rows + drafted, drafted) * rng.lognormal(0.0, 0.1)
+            produced += sum(len(s) for s in sampled)
+    finally:
+        histories.BOARD = histories_before
+    return produced / clock.now
+
+
+LINEAR_CPU = lambda rows, carried, drafted: 0.006 + 0.00005 * rows + 0.0001 * carried  # noqa: E731
+SAMPLER_TAX = lambda rows, carried, drafted: LINEAR_CPU(rows, carried, drafted) + 0.010 * (drafted > 0)  # noqa: E731
+CHEAP_TOKENS = lambda rows, carried, drafted: 0.006 + 0.00005 * rows + 0.000005 * carried  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    "costs, acceptance",
+    [(LINEAR_CPU, 0.2), (SAMPLER_TAX, 0.5), (SAMPLER_TAX, 0.3)],
+    ids=["tokens-cost-more-than-they-keep", "a-fixed-cost-of-drafting", "a-fixed-cost-and-poor-drafts"],
+)
+def test_where_nothing_pays_the_budget_ends_within_2_percent_of_drafting_nothing(costs, acceptance):
+    """The invariant: where no draft pays, the budget loses at most 2% against drafting nothing, also where its cost
+    model can't see why (a fixed cost of any drafting, as vLLM 0.29's rejection sampler has on CPU): the drafting
+    check measures what drafting gains against steps without drafts, and backs off."""
+    budget = simulate(costs, acceptance)
+    stock = simulate(costs, acceptance, draft=False)
+    assert budget >= 0.98 * stock, (budget, stock)
+
+
+def test_without_the_check_a_cost_the_model_cant_see_loses(monkeypatch):
+    """What holds the invariant above where the cost model is wrong: with the check's margin held at 0, the budget
+    keeps drafting into the fixed cost."""
+    from specrl_openrlhf.budget import DraftingCheck
+
+    monkeypatch.setattr(DraftingCheck, "margin", property(lambda self: 0.0))
+    assert simulate(SAMPLER_TAX, 0.5) < 0.97 * simulate(SAMPLER_TAX, 0.5, draft=False)
+
+
+def test_where_drafts_pay_the_check_lets_them():
+    assert simulate(CHEAP_TOKENS, 0.8) > 1.5 * simulate(CHEAP_TOKENS, 0.8, draft=False)
+
+
+def gpu_curve(tmp_path, per_token: float) -> str:
+    """A step curve: 5 ms + 10 us a row + `per_token` s a token carried, on a grid of rows x tokens per row."""
+    grid = [
+        {"rows": r, "tokens": q, "seconds": 0.005 + 1e-5 * r + per_token * r * q} for r in (32, 256) for q in (1, 9)
+    ]
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps({"device": "a GPU", "curve": grid}))
+    return str(path)
+
+
+def test_the_budget_priced_on_a_gpus_curve_drafts_as_that_gpu_would(tmp_path):
+    """Tokens cost this (simulated) CPU as much as decoding does, so its own budget drafts almost nothing; priced on
+    a GPU curve where a carried token is cheap, it drafts what the GPU would, whatever this machine's steps cost."""
+    cpu, gpu = [], []
+    simulate(LINEAR_CPU, 0.5, counts=cpu)
+    simulate(LINEAR_CPU, 0.5, counts=gpu, cost_curve=gpu_curve(tmp_path, 1e-6))
+    assert sum(cpu[-200:]) < 200 and sum(gpu[-200:]) > 200 * 32 * 2
+
+
+def test_a_curve_prices_a_step_as_the_gpu_at_scale(tmp_path):
+    from specrl_openrlhf.analysis.projection import StepCurve
+    from specrl_openrlhf.integration.vllm.proposer import curve_cost
+
+    path = gpu_curve(tmp_path, 2e-5)
+    base, per_row, per_token = curve_cost(path, rows=16, scale=8)
+    carried = 16 + 32  # 32 draft tokens over 16 rows
+    assert base + per_row * 16 + per_token * carried == pytest.approx(StepCurve.load(path).time(128, 3))
+
+
 # ---- on a real engine --------------------------------------------------------------------------------------------
 
 vllm = pytest.importorskip("vllm")
-
-
-def probs(verifying_engine, prompt, temperature) -> np.ndarray:
-    """The model's next-token law at `temperature` after `prompt` (processed log-probs: after temperature)."""
-    from specrl_openrlhf.integration.vllm.edge import engine_generate
-
-    engine, runner = verifying_engine
-    params = vllm.SamplingParams(max_tokens=1, logprobs=128, temperature=temperature)
-    answer = runner.run(engine_generate(engine)(list(prompt), params))
-    p = np.zeros(128)
-    for token, logprob in answer.outputs[0].logprobs[0].items():
-        p[token] = math.exp(logprob.logprob)
-    return p / p.sum()
 
 
 def send_history(verifying_engine, prompt, responses, logprobs, min_match=1, budget="static"):
@@ -171,12 +270,17 @@ def send_history(verifying_engine, prompt, responses, logprobs, min_match=1, bud
     return [a["proposers"] for a in answers]
 
 
+def fixes_in(verifying_engine) -> list[tuple[bool, bool]]:
+    """Per worker: whether the CPU fix and the sampler fix run there (`plugin.installed`)."""
+    engine, runner = verifying_engine
+    return [tuple(answer) for answer in runner.run(engine.collective_rpc(plugin.installed))]
+
+
 def sample(verifying_engine, prompt, n, temperature, max_tokens=3):
     from specrl_openrlhf.integration.vllm.edge import engine_generate
 
     engine, runner = verifying_engine
     params = vllm.SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=None)
-    import asyncio
 
     async def all_of():
         generate = engine_generate(engine)
@@ -206,21 +310,6 @@ def adversarial_history(verifying_engine, prompt, temperature):
     return responses, logprobs, first, second, a
 
 
-def joint_after(verifying_engine, prompt, tokens, temperature):
-    """(counts, law) of the (second, third) tokens of samples after `prompt`: cells (t1, t2) for every t1 expected at
-    least 5 times, and one cell for all other t1."""
-    second = probs(verifying_engine, prompt, temperature)
-    rows = [int(t) for t in np.flatnonzero(second * len(tokens) >= 5)]
-    counts, law = np.zeros(len(rows) * 128 + 1), np.zeros(len(rows) * 128 + 1)
-    for i, t1 in enumerate(rows):
-        law[i * 128 : (i + 1) * 128] = second[t1] * probs(verifying_engine, prompt + [t1], temperature)
-    law[-1] = 1.0 - second[rows].sum()
-    index = {t1: i for i, t1 in enumerate(rows)}
-    for t1, t2 in tokens:
-        counts[index[t1] * 128 + t2 if t1 in index else -1] += 1
-    return counts, law
-
-
 @pytest.mark.engine
 @pytest.mark.parametrize("temperature", [1.0, 0.7], ids=["T=1", "T=0.7"])
 def test_verified_samples_follow_the_model_for_proposals_chosen_from_it(verifying_engine, temperature):
@@ -230,7 +319,11 @@ def test_verified_samples_follow_the_model_for_proposals_chosen_from_it(verifyin
     prompt = PROMPT[:20] + [int(10 * temperature)]
     responses, logprobs, first, second, a = adversarial_history(verifying_engine, prompt, temperature)
     assert send_history(verifying_engine, prompt, responses, logprobs) == [1]
+    from specrl_openrlhf.integration.vllm.step_log import take_steps
+
+    take_steps(verifying_engine[0])
     tokens, metrics = sample(verifying_engine, prompt, 3000, temperature)
+    steps = take_steps(verifying_engine[0])  # the engine's step log counts what the requests report
     assert chi2_passes(np.bincount([t[0] for t in tokens], minlength=128), first)
     after_a = [t[1:] for t in tokens if t[0] == a]
     assert chi2_passes(np.bincount([t[0] for t in after_a], minlength=128), second)
@@ -240,6 +333,31 @@ def test_verified_samples_follow_the_model_for_proposals_chosen_from_it(verifyin
     for m, t in zip(metrics, tokens):
         stats = stats + sr.metrics.verified_in_engine(m.per_step_accepted, m.per_step_drafted, len(t))
     assert stats.draft_tokens > 3000 and stats.reused_tokens > 100 and stats.reentries > 100, stats
+    assert steps.drafted.sum() == stats.draft_tokens and steps.accepted.sum() == stats.reused_tokens
+    if cpu_fix.needed():  # on CPU the law holds with both fixes on (`plugin`)
+        assert fixes_in(verifying_engine) == [(True, True)]
+
+
+@pytest.mark.engine
+def test_a_seeded_batch_with_nothing_drafted_gives_stocks_tokens(verifying_engine, async_engine):
+    """With nothing to draft (no history for the prompt), the verifying engine samples what a stock engine samples
+    for seeded requests: our sampler fix draws nothing where no request has a draft."""
+    from specrl_openrlhf.integration.vllm.edge import engine_generate
+
+    def seeded_batch(pair):
+        engine, runner = pair
+        params = [vllm.SamplingParams(max_tokens=12, temperature=1.0, seed=s, ignore_eos=True) for s in range(8)]
+
+        async def all_of():
+            generate = engine_generate(engine)
+            return await asyncio.gather(*[generate(PROMPT[:9] + [41], p) for p in params])
+
+        return runner.run(all_of())
+
+    ours, stock = seeded_batch(verifying_engine), seeded_batch(async_engine)
+    assert [list(o.outputs[0].token_ids) for o in ours] == [list(o.outputs[0].token_ids) for o in stock]
+    assert all(not o.outputs[0].spec_decode_metrics.per_step_drafted for o in ours)  # nothing was drafted
+    assert fixes_in(verifying_engine) == [(True, True)]
 
 
 @pytest.mark.engine
@@ -293,16 +411,21 @@ class Clock:
 
 
 def test_the_proposer_learns_a_steps_cost_and_what_it_keeps_and_drafts_what_pays(board):
-    """Rows that follow a history: at first everything is drafted under the prior (acceptance 0.5 at the first slot);
-    the engine rejects every draft, and steps cost 10 ms + 2 ms per carried token: the budget then stops drafting,
-    except one slot now and then (verdicts keep coming). The step cost is fitted from steps that started no row."""
+    """Rows that follow a history: once a step without drafts has been timed (the drafting check's first probe),
+    everything is drafted under the prior (acceptance 0.5 at the first slot); the engine rejects every draft, and
+    steps cost 10 ms + 2 ms per carried token: the budget then stops drafting, except one slot now and then (verdicts
+    keep coming). The step cost is fitted from steps that started no row."""
     prompt = [1, 4, 4]
     board.update(prompt_key(prompt), 3, True, rule(min_match=2, budget="goodput"), [list(range(20, 60))], [[0.0] * 40])
     proposer, batch, clock = HistoryProposer(Config(k=4, max_model_len=MAX_LEN)), Batch(rows=2), Clock()
     proposer.clock = proposer.clock = clock
     batch.put(0, prompt + [20])
     batch.put(1, prompt + [20])
-    drafts = step(proposer, batch, [[20], [20]])
+    assert step(proposer, batch, [[20], [20]]) == [[], []]  # a probe: no step without drafts is timed yet
+    clock.now += 0.014
+    batch.extend(0, [21])
+    batch.extend(1, [21])
+    drafts = step(proposer, batch, [[21], [21]])
     assert drafts[0] and drafts[1]  # the prior: worth drafting
     drafted_counts = []
     for _ in range(40):

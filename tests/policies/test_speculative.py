@@ -1,0 +1,51 @@
+"""vLLM's own speculation as rules (`vllm`, `suffix`, `ngram`): their configs, checked before any engine starts."""
+
+import pytest
+
+import specrl_openrlhf as sr
+from specrl_openrlhf.config import ReuseConfig
+from specrl_openrlhf.policies.speculative import SpeculativeConfigError
+
+
+def test_the_short_names_fill_in_vllms_settings():
+    suffix, ngram = sr.make("suffix"), sr.make("ngram")
+    assert suffix.engine_arguments()["speculative_config"] == {"method": "suffix", "num_speculative_tokens": 24}
+    assert ngram.engine_arguments()["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 8}
+    assert suffix.verifies_in_engine and suffix.draft_age == 0 and not suffix.needs_scores
+    config = {"method": "suffix", "suffix_decoding_max_cached_requests": 308}
+    assert sr.make("suffix", speculative_config=config).params.speculative_config["num_speculative_tokens"] == 24
+    eagle = {"method": "eagle", "model": "some/draft", "num_speculative_tokens": 3}
+    assert sr.make("vllm", speculative_config=eagle).engine_arguments()["speculative_config"] == eagle
+
+
+@pytest.mark.parametrize(
+    "rule, config, message",
+    [
+        ("suffix", {"method": "suffix", "suffix_decoding_max_tree_dept": 8}, "suffix_decoding_max_tree_dept"),
+        ("suffix", {"method": "ngram"}, "use --rollout_reuse vllm"),
+        ("suffix", {"method": "suffix", "suffix_decoding_min_token_prob": 2.0}, "suffix_decoding_min_token_prob"),
+        ("ngram", {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
+        ("ngram", {"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ("ngram", {"method": "ngram", "prompt_lookup_max": "5"}, "prompt_lookup_max must be int"),
+        ("vllm", {"num_speculative_tokens": 3}, 'a "method"'),
+        ("vllm", "suffix", 'a "method"'),
+    ],
+)
+def test_a_bad_config_names_its_key(rule, config, message):
+    with pytest.raises(SpeculativeConfigError, match=message):
+        sr.make(rule, speculative_config=config)
+
+
+def test_the_command_line_refuses_a_bad_config_before_anything_starts():
+    config = ReuseConfig(policy="suffix", params={"speculative_config": {"suffix_decoding_max_cached_request": 1}})
+    with pytest.raises(ValueError, match="suffix_decoding_max_cached_request"):
+        config.build_policy()  # where OpenRLHF's command and the quickstart check our flags, before Ray starts
+    assert ReuseConfig(policy="suffix").build_policy().describe().startswith("suffix(")
+
+
+def test_keys_vllm_does_not_know_are_named_where_vllm_can_tell():
+    pytest.importorskip("vllm")
+    from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs
+
+    with pytest.raises(SpeculativeConfigError, match="draft_modle"):
+        engine_kwargs(sr.make("vllm", speculative_config={"method": "eagle", "draft_modle": "x"}))

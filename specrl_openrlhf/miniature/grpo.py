@@ -8,6 +8,9 @@ produced the rollout. No KL term, so no reference model.
 OpenRLHF's loss module is loaded by file path, as OpenRLHF's own tests do: its package `openrlhf.models` imports
 flash-attn when imported. Its `models/utils.py` imports DeepSpeed only for ZeRO-3 helpers that this step never
 calls, so a placeholder stands in for DeepSpeed while the two files load, when DeepSpeed is not installed.
+
+`PartialTrainer` is the real-model benchmark's step: plain policy gradient with GRPO's advantages on a causal LM's
+last layers (`real_model`).
 """
 
 from __future__ import annotations
@@ -122,3 +125,54 @@ class GRPOTrainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights in checkpoint format, for the engine (see `weights.py`)."""
         return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+
+
+class PartialTrainer:
+    """Policy-gradient steps on the last decoder layers and the final norm of a causal LM (bfloat16 autocast on CPU):
+    loss = -mean over samples of A * mean log p(response tokens), A the group-normalised reward (GRPO's)."""
+
+    MICRO_BATCH = 4
+
+    def __init__(self, model_dir: Path, lr: float, layers: int, seed: int):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        for parameter in self.model.parameters():
+            parameter.requires_grad_(False)
+        trained = [*self.model.model.layers[-layers:].parameters(), self.model.model.norm.weight]
+        for parameter in trained:
+            parameter.requires_grad_(True)
+        self.optimizer = torch.optim.Adam(trained, lr=lr)
+
+    def step(self, prompts: list[list[int]], responses: list[list[int]], rewards: list[float], groups: list[int]):
+        import torch
+
+        advantages = group_advantages(torch.tensor(rewards), groups)  # [N]
+        chosen = [i for i in range(len(rewards)) if advantages[i] != 0 and responses[i]]
+        for start in range(0, len(chosen), self.MICRO_BATCH):
+            batch = chosen[start : start + self.MICRO_BATCH]
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = sum(self._sample_loss(prompts[i], responses[i], advantages[i]) for i in batch) / len(chosen)
+            loss.backward()
+        if chosen:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        return len(chosen)
+
+    def _sample_loss(self, prompt: list[int], response: list[int], advantage):
+        import torch
+
+        ids = torch.tensor([prompt + response])  # [1, P + R]
+        hidden = self.model.model(input_ids=ids).last_hidden_state[0, len(prompt) - 1 : -1]  # [R, H]
+        logprobs = torch.log_softmax(self.model.lm_head(hidden).float(), dim=-1)  # [R, V]
+        taken = logprobs.gather(1, torch.tensor(response)[:, None])[:, 0]  # [R]
+        return -advantage * taken.mean()
+
+    def write(self, path: Path) -> str:
+        import torch
+
+        from .weights import write_weights
+
+        return write_weights({k: v.to(torch.bfloat16) for k, v in self.model.state_dict().items()}, path)

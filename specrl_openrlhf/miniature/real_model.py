@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .grpo import PartialTrainer
 from .plan import Method
 
 RULES = (
@@ -139,59 +140,6 @@ def boxed(text: str) -> float:
     if re.search(r"\\boxed\{\s*-?\d+(\.\d+)?\s*\}", text):
         return 1.0
     return 0.5 if "\\boxed{" in text else 0.0
-
-
-class PartialTrainer:
-    """Policy-gradient steps on the last decoder layers and the final norm of a causal LM (bfloat16 autocast on CPU):
-    loss = -mean over samples of A * mean log p(response tokens), A the group-normalised reward (GRPO's)."""
-
-    MICRO_BATCH = 4
-
-    def __init__(self, model_dir: Path, lr: float, layers: int, seed: int):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        torch.manual_seed(seed)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        for parameter in self.model.parameters():
-            parameter.requires_grad_(False)
-        trained = [*self.model.model.layers[-layers:].parameters(), self.model.model.norm.weight]
-        for parameter in trained:
-            parameter.requires_grad_(True)
-        self.optimizer = torch.optim.Adam(trained, lr=lr)
-
-    def step(self, prompts: list[list[int]], responses: list[list[int]], rewards: list[float], groups: list[int]):
-        import torch
-
-        from .grpo import group_advantages
-
-        advantages = group_advantages(torch.tensor(rewards), groups)  # [N]
-        chosen = [i for i in range(len(rewards)) if advantages[i] != 0 and responses[i]]
-        for start in range(0, len(chosen), self.MICRO_BATCH):
-            batch = chosen[start : start + self.MICRO_BATCH]
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = sum(self._sample_loss(prompts[i], responses[i], advantages[i]) for i in batch) / len(chosen)
-            loss.backward()
-        if chosen:
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-        return len(chosen)
-
-    def _sample_loss(self, prompt: list[int], response: list[int], advantage):
-        import torch
-
-        ids = torch.tensor([prompt + response])  # [1, P + R]
-        hidden = self.model.model(input_ids=ids).last_hidden_state[0, len(prompt) - 1 : -1]  # [R, H]
-        logprobs = torch.log_softmax(self.model.lm_head(hidden).float(), dim=-1)  # [R, V]
-        taken = logprobs.gather(1, torch.tensor(response)[:, None])[:, 0]  # [R]
-        return -advantage * taken.mean()
-
-    def write(self, path: Path) -> str:
-        import torch
-
-        from .weights import write_weights
-
-        return write_weights({k: v.to(torch.bfloat16) for k, v in self.model.state_dict().items()}, path)
 
 
 @dataclass

@@ -177,7 +177,8 @@ def takes_lenience(name: str) -> bool:
 
 def builtin_names() -> list[str]:
     """The rules this package ships, in registration order."""
-    return [name for name, cls in _REGISTRY.items() if cls.__module__ == f"{__package__}.builtin"]
+    shipped = (f"{__package__}.builtin", f"{__package__}.speculative")
+    return [name for name, cls in _REGISTRY.items() if cls.__module__ in shipped]
 
 
 def lenient_builtins() -> list[str]:
@@ -192,8 +193,13 @@ def describe_policies() -> str:
     for name in registered():
         cls = policy_class(name)
         fields = [
-            f"{f.name}={f.default!r}" if f.default is not dataclasses.MISSING else f.name
+            f"{f.name}={f.default!r}"
+            if f.default is not dataclasses.MISSING
+            else f"{f.name}={f.default_factory()!r}"
+            if f.default_factory is not dataclasses.MISSING
+            else f.name
             for f in dataclasses.fields(cls.Params)
+            if f.init
         ]
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         flags = [] if cls.needs_scores else ["no scoring"]

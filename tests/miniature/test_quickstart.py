@@ -183,4 +183,9 @@ def test_the_result_line_carries_the_main_rule_and_the_others():
     result = summary.result_line([spec, lossless], "spec@1.65", 0.4, tmp := "/out")
     assert result.startswith("RESULT token_ratio=2.30 time_ratio=1.10 acc_before=0.400 acc_off=0.700")
     assert "acc_diff=-0.080 acc_diff_lo=-0.120 acc_diff_hi=-0.040 seeds=3" in result
-    assert "token_ratio[lossless]=2.00 acc_diff[lossless]=-0.005" in result and result.endswith(f"out={tmp}")
+    assert "token_ratio[lossless]=2.00 time_ratio[lossless]=1.10 acc_diff[lossless]=-0.005" in result
+    assert result.endswith(f"out={tmp}") and "projected" not in result  # runs that recorded no engine steps
+    projected = summary.result_line(
+        [spec, {**lossless, "projected": 2.5, "projected8": 1.5, "rows_per_step": 28.0}], "spec@1.65", 0.4, tmp
+    )
+    assert "projected[lossless]=2.50 projected8[lossless]=1.50 rows_per_step[lossless]=28.0" in projected

@@ -22,7 +22,20 @@ from tests.helpers import REPO
 
 
 def test_builtins_registered():
-    names = ["off", "spec", "exact", "random", "delayed", "full", "lossless", "residual", "anchored"]
+    names = [
+        "off",
+        "spec",
+        "exact",
+        "random",
+        "delayed",
+        "full",
+        "lossless",
+        "residual",
+        "anchored",
+        "vllm",
+        "suffix",
+        "ngram",
+    ]
     assert list(registered())[: len(names)] == builtin_names() == names
     assert lenient_builtins() == ["spec", "delayed", "anchored"]
 

@@ -128,6 +128,10 @@ class HistoryProposer:
         # num_tokens_no_spec: [>= B] int, tokens per row (prompt + response so far); token_ids_cpu: [>= B, max_len]
         if self.failed:
             return [[] for _ in sampled_token_ids]
+        if not histories.BOARD.histories:  # nothing to draft from (a run's first visits): no row to follow
+            self.rows.clear()
+            self.last_call = None
+            return [[] for _ in sampled_token_ids]
         try:
             now = self.clock()
             rows = len(sampled_token_ids)

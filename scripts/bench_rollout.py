@@ -249,7 +249,9 @@ async def run(args) -> int:
         await engine.reset_prefix_cache()
         cache = generator.store.cache
         scoring = [p + d.token_ids.tolist() for p in prompts for d in cache.drafts(prompt_key(p))][-samples:]
-        scoring_rate = await rate(generate, scoring, SamplingParams(max_tokens=1, prompt_logprobs=0))
+        scoring_rate = (
+            await rate(generate, scoring, SamplingParams(max_tokens=1, prompt_logprobs=0)) if scoring else math.inf
+        )
         await engine.reset_prefix_cache()
         stream = [p for p in prompts for _ in range(args.n)]
         await rate(generate, stream, SamplingParams(max_tokens=1))  # prompts now cached: time decoding only
@@ -312,7 +314,7 @@ async def run(args) -> int:
         projected = {scale: projected_ratio(recorded["off"], recorded["spec"], curve, scale) for scale in projected}
         print(
             f"PROJECTION on {curve.device}'s step curve (a projection of the recorded engine steps, not a GPU run): "
-            f"stock / {policy.describe()} = {projected[1]:.2f} at rows x 1, {projected[RL_SCALE]:.2f} at rows x "
+            f"stock / {args.policy} = {projected[1]:.2f} at rows x 1, {projected[RL_SCALE]:.2f} at rows x "
             f"{RL_SCALE} (at most {RL_MAX_ROWS})"
         )
     for method in ("off", "spec"):

@@ -233,8 +233,19 @@ def table_rows(runs: list[RunSeries]) -> list[dict]:
                 row[key] = value
         if run.step_mean("accepted_per_step") is not None:
             row.update({key: value(run) for key, _, value in ENGINE_COLUMNS})
-        for stage in sorted({k for r in run.steps for k in r if k.endswith("_s")}):
+        for stage in sorted({k for r in run.steps for k in r if k.endswith("_s")} - set(STEP_TIMES)):
             row[f"time_{stage}"] = run.total(stage)
+        if run.total("engine_steps"):  # the engine's steps: rows per step, the tail, GPU time projected
+            steps = run.total("engine_steps")
+            row["rows_per_step"] = sum(s.get("mean_rows", 0.0) * s.get("engine_steps", 0) for s in run.steps) / steps
+            full, tail = run.total("full_s"), run.total("tail_s")
+            row["tail_share"] = tail / (full + tail) if full + tail else math.nan
+            for key in ("gpu_s", "gpu8_s"):
+                if run.total(key):
+                    row[key] = run.total(key)
+                    row[key.replace("gpu", "projected").removesuffix("_s")] = (
+                        ratio(base.total(key), run.total(key)) if base is not None and base.total(key) else math.nan
+                    )
         rows.append(row)
     return rows
 
@@ -330,6 +341,17 @@ def lenience_label(run: RunSeries) -> str:
     return "" if run.lenience is None else f"{run.lenience:.3g}"
 
 
+STEP_TIMES = ("full_s", "tail_s", "gpu_s", "gpu8_s")  # from the engine's steps: not stages of a training step
+STEP_COLUMNS = (
+    ("rows_per_step", "rows/step"),
+    ("tail_share", "tail share"),
+    ("gpu_s", "GPU s, rows x1"),
+    ("projected", "projected speedup x1"),
+    ("gpu8_s", "GPU s, rows x8"),
+    ("projected8", "projected speedup x8"),
+)
+
+
 def markdown(rows: list[dict]) -> str:
     """The Table-3 shape with the staleness meter, what the engine verified, then the time breakdown by stage."""
     accuracy_keys = sorted({k for r in rows for k in r if k.startswith("acc_")})
@@ -348,6 +370,12 @@ def markdown(rows: list[dict]) -> str:
         lines += [
             f"| {r['run']} | " + " | ".join(_number(r.get(k)) for k, _, _ in ENGINE_COLUMNS) + " |" for r in engine
         ]
+    stepped = [r for r in rows if "rows_per_step" in r]
+    if stepped:
+        head = [h for _, h in STEP_COLUMNS]
+        lines += ["", "| run (engine steps; GPU time projected on a step curve) | " + " | ".join(head) + " |"]
+        lines.append("| --- |" + " ---: |" * len(STEP_COLUMNS))
+        lines += [f"| {r['run']} | " + " | ".join(_number(r.get(k)) for k, _ in STEP_COLUMNS) + " |" for r in stepped]
     stages = sorted({k for r in rows for k in r if k.startswith("time_")})
     if stages:
         lines += ["", "| run | " + " | ".join(s.removeprefix("time_") for s in stages) + " |"]

@@ -186,12 +186,15 @@ class History:
                 break
         return cursor
 
-    def reentry(self, response) -> list[int]:
-        """The nodes after the longest suffix of `response` (at least `min_match` tokens) that the history holds."""
+    def reentry(self, response, max_ends: int | None = None) -> list[int]:
+        """The nodes after the longest suffix of `response` (at least `min_match` tokens) that the history holds;
+        with `max_ends`, among the newest `max_ends` places its last `min_match` tokens end at (a large history)."""
         m = self.min_match
         ends = self.grams.get(tuple(response[-m:])) if len(response) >= m else None
         if not ends:
             return []
+        if max_ends is not None:
+            ends = ends[-max_ends:]
         parent, token = self.parent, self.token
         best, longest = [], 0
         reach = min(len(response), MAX_MATCH)

@@ -19,6 +19,7 @@ Standard library and numpy.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -143,6 +144,19 @@ class StepCurve:
         s = self.seconds
         out = (1 - wr) * ((1 - wq) * s[i, j] + wq * s[i, j + 1]) + wr * ((1 - wq) * s[i + 1, j] + wq * s[i + 1, j + 1])
         return float(out[0]) if not shape else out.reshape(shape)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=4)
+    def cached(path: str) -> StepCurve:
+        """The curve of a file, loaded once per process (the engine's proposer prices every step on it)."""
+        return StepCurve.load(path)
+
+    def budget_cost(self, rows: int, scale: int = 1) -> np.ndarray:
+        """[3] (base, per_row, per_token) that price a step of `rows` rows as the curve does at rows x `scale`, each
+        row and draft slot standing for `scale` of the GPU's (`budget.DraftBudget.allocate`'s linear model)."""
+        one, per_token = self.linear_at(rows * scale)
+        per_token *= scale
+        return np.array([one - per_token * rows, 0.0, per_token])
 
     def linear_at(self, rows: float) -> tuple[float, float]:
         """(seconds of a step of `rows` rows carrying 1 token each, seconds per token more) at `rows`: the curve as

@@ -180,6 +180,10 @@ def planned_groups(args, overrides: dict):
         regimes = [replace(REGIMES["default"], **overrides)]
     if args.cost_curve:  # lossless prices its draft slots on the curve: the drafts a GPU would choose
         rules = [with_cost_curve(m, args.cost_curve) for m in rules]
+    from ..integration.vllm.engine_args import engine_kwargs
+
+    for method in rules:  # what the engines need is there (vLLM's suffix decoding: its suffix tree)
+        engine_kwargs(method.config.build_policy())
     args.main_method = rules[0]
     groups = plan(rules, regimes, args.seeds, baseline=not args.only)
     with_trace_dirs(groups, given.trace_dir)

@@ -115,7 +115,9 @@ class LosslessParams:
     is exact. cost_curve: a GPU's step curve (a JSON file of `scripts/bench_gpu_step.py`, on every engine's machine):
     the goodput budget then prices slots on it at `cost_scale` times the rows a step serves instead of on this
     machine's measured step cost, so the drafts are those that GPU would choose (acceptance does not depend on the
-    hardware); the drafting check, which measures this machine's steps, is off then."""
+    hardware); the drafting check, which measures this machine's steps, is off then. shared: in the engine, where the
+    prompt's own history holds no suffix of the sample (or the prompt has none yet), re-enter in the engine's other
+    prompts' recent responses, one tree of them all (as vLLM's suffix decoding does with its global tree)."""
 
     draft: str = "tree"
     history: int = 1
@@ -126,6 +128,7 @@ class LosslessParams:
     budget: str = "goodput"
     cost_curve: str | None = None
     cost_scale: int = 1
+    shared: bool = True
 
     def __post_init__(self):
         if self.draft not in DRAFT_CHOICES:
@@ -157,6 +160,8 @@ class LosslessParams:
             raise ValueError(
                 f"cost_curve must be a step curve file (scripts/bench_gpu_step.py), got {self.cost_curve!r}"
             )
+        if not isinstance(self.shared, bool):
+            raise ValueError(f"shared must be true or false, got {self.shared!r}")
         if isinstance(self.cost_scale, bool) or not isinstance(self.cost_scale, int) or self.cost_scale < 1:
             raise ValueError(f"cost_scale must be an integer >= 1 (rows each row stands for), got {self.cost_scale!r}")
 

@@ -171,6 +171,27 @@ def test_what_the_engine_verified_has_a_table_of_its_own():
     assert "| lossless | 2.5 | 0.75 | - | 0.6 | 0.5 |" in table
 
 
+def test_recorded_engine_steps_give_rows_the_tail_and_gpu_time_projected():
+    """Rows a run's steps carry (`miniature.training.engine_columns`): the report's step table, and the paired row's
+    projected speedups and rows per step from the second epoch on."""
+
+    def steps(run, gpu_s, rows):
+        return [
+            {"step": e, "epoch": e, "samples": 8, "rollout_s": 1.0, "engine_steps": 10, "mean_rows": rows[e]}
+            | {"full_s": 0.8, "tail_s": 0.2, "gpu_s": gpu_s, "gpu8_s": 2 * gpu_s}
+            for e in (0, 1)
+        ]
+
+    stock = RunSeries("off", "off", None, "g", "test", seed=0, steps=steps("off", 0.3, [32, 32]))
+    rule = RunSeries("lossless", "lossless", None, "g", "test", seed=0, steps=steps("lossless", 0.1, [32, 24]))
+    rows = report.table_rows([stock, rule])
+    assert rows[1]["projected"] == pytest.approx(3.0) and rows[1]["tail_share"] == pytest.approx(0.2)
+    assert "| lossless | 28 | 0.2 | 0.2 | 3 | 0.4 | 3 |" in report.markdown(rows)
+    paired = report.engine_step_columns([(rule, stock)])
+    assert paired["projected"] == pytest.approx(3.0) and paired["projected8"] == pytest.approx(3.0)
+    assert paired["rows_per_step"] == 24 and paired["rows_per_step_off"] == 32
+
+
 def test_command_line(grid_run, tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "specrl_openrlhf.report", *args], capture_output=True, text=True)

@@ -49,3 +49,18 @@ def test_keys_vllm_does_not_know_are_named_where_vllm_can_tell():
 
     with pytest.raises(SpeculativeConfigError, match="draft_modle"):
         engine_kwargs(sr.make("vllm", speculative_config={"method": "eagle", "draft_modle": "x"}))
+
+
+def test_suffix_decoding_without_its_suffix_tree_names_the_install(monkeypatch):
+    pytest.importorskip("vllm")
+    import importlib.util
+
+    from specrl_openrlhf.integration.vllm import engine_args
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "arctic_inference" else real(name)
+    )
+    with pytest.raises(SpeculativeConfigError, match="install.sh --suffix"):
+        engine_args.engine_kwargs(sr.make("suffix"))
+    assert engine_args.engine_kwargs(sr.make("ngram"))["speculative_config"]["method"] == "ngram"

@@ -24,7 +24,7 @@ from ...request_path.assembly import SampleOutput
 from ...request_path.planner import SpeculativePlanner
 from ...trace import TraceWriter
 from ..vllm.edge import check_sampling_params
-from .driver import Driver, LocalDraftStore, StockDriver, VisitTracker
+from .driver import Driver, LocalDraftStore, StockDriver
 from .engine_path import EnginePathDriver
 from .request_path import RequestPathDriver
 
@@ -95,10 +95,6 @@ class AsyncSpeculativeGenerator:
     @property
     def trace(self) -> TraceWriter | None:
         return self.driver.trace
-
-    @property
-    def visits(self) -> VisitTracker:
-        return self.driver.visits
 
     @property
     def verifies_in_engine(self) -> bool | None:

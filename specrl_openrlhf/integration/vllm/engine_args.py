@@ -3,6 +3,8 @@ relies on (`ReusePolicy.engine_arguments`), with room past `max_model_len`, chec
 
 from __future__ import annotations
 
+import importlib.util
+
 from ...policies.builtin import HISTORY_PROPOSER as PROPOSER  # noqa: F401  (vLLM's `custom_class` proposer: ours)
 from ...policies.speculative import SpeculativeConfigError
 
@@ -21,10 +23,21 @@ def engine_kwargs(policy, base: dict | None = None) -> dict:
     if not extra:
         return base
     check_keys(extra["speculative_config"])
+    check_installed(extra["speculative_config"])
     k = int(extra["speculative_config"].get("num_speculative_tokens") or 0)
     if base.get("max_model_len"):
         base["max_model_len"] = int(base["max_model_len"]) + k
     return {**base, **extra}
+
+
+def check_installed(config: dict) -> None:
+    """A method that needs a package this environment lacks is refused here, naming the fix (vLLM's own message
+    names an old version of it, and comes from the engine, once it starts)."""
+    if config.get("method") == "suffix" and importlib.util.find_spec("arctic_inference") is None:
+        raise SpeculativeConfigError(
+            "speculative_config method 'suffix' needs arctic-inference's suffix tree: `pip install arctic-inference` "
+            "on GPUs, `bash scripts/install.sh --suffix` on CPU machines (docs/install.md)"
+        )
 
 
 def check_keys(config: dict) -> None:

@@ -5,6 +5,11 @@ request ids. The rollout (`rollout.engine_path.HistoryChannel`) registers each p
 `collective_rpc` (`update_histories`, run in every worker with the worker as its first argument), keyed by the
 prompt's digest (`cache.prompt_key`), with the rule's parameters (`LosslessParams`: the one declaration of the
 proposer's settings). The proposer finds a row's prompt by the digest of its leading tokens (`HistoryBoard.find`).
+Every response registered also joins one *shared* history of the engine's recent responses, all prompts together
+(`SharedHistory`, with `LosslessParams.shared`): where a row's own prompt has no history, or its own history holds no
+suffix of the row, the proposer re-enters there, as vLLM's suffix decoding does with its global tree. It is a fixed
+proposal like the prompt's own history (it depends on earlier responses and the row's own tokens, never on its
+randomness to come), so exactness does not depend on it.
 What the proposers' budgets measured comes back with every update (`HistoryBoard.report`); the diagnostics only a
 benchmark reads (the cost fit's error, calibration by decile) have a call of their own (`budget_details`).
 """
@@ -12,7 +17,7 @@ benchmark reads (the cost fit's error, calibration by decile) have a call of the
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 
 import numpy as np
 
@@ -22,6 +27,28 @@ from ...history import History
 from ...policies.builtin import LosslessParams
 
 MAX_HISTORY_NODES = 1 << 21  # history nodes (about tokens) an engine keeps; least recently registered prompts go first
+MAX_SHARED_NODES = 1 << 18  # the shared history's nodes; past them it is rebuilt from its newer half of responses
+SHARED_ENDS = 32  # a re-entry in the shared history weighs the newest places its suffix ends at, at most this many
+
+
+class SharedHistory:
+    """The engine's recent responses, every prompt's, as one `History`, rebuilt from the newer half of them when it
+    outgrows `max_nodes` (a trie only grows)."""
+
+    def __init__(self, min_match: int, max_nodes: int = MAX_SHARED_NODES):
+        self.max_nodes = max_nodes
+        self.responses: deque[list[int]] = deque()
+        self.history = History(min_match)
+
+    def add(self, tokens: list[int]) -> None:
+        self.responses.append(tokens)
+        self.history.add(tokens)
+        if self.history.num_nodes > self.max_nodes:
+            for _ in range(len(self.responses) // 2):
+                self.responses.popleft()
+            self.history = History(self.history.min_match)
+            for kept in self.responses:
+                self.history.add(kept)
 
 
 class HistoryBoard:
@@ -39,12 +66,15 @@ class HistoryBoard:
         self.params = LosslessParams()  # the rule's parameters, as the latest update sent them
         self.reports: list[BudgetReport] = []  # the proposers' reports
         self._sent: dict | None = None
+        self.shared = SharedHistory(self.params.min_match)
 
     def update(self, key: bytes, prompt_len: int, reset: bool, params: dict, responses, logprobs) -> None:
         """A prompt's history: `reset` starts it afresh (a new visit), else the responses are added to it; `params`:
         the rule's `LosslessParams` as a dict; logprobs: per response, a list or None (unknown p_prev)."""
         if params != self._sent:
             self.params, self._sent = LosslessParams(**params), params
+            if self.params.min_match != self.shared.history.min_match:
+                self.shared = SharedHistory(self.params.min_match, self.shared.max_nodes)
         history = self.histories.pop(key, None)
         if history is None or reset:
             if history is not None:
@@ -57,6 +87,8 @@ class HistoryBoard:
         for tokens, lps in zip(responses, logprobs):
             if len(tokens):
                 history.add(tokens, lps)
+                if self.params.shared:
+                    self.shared.add(list(tokens))
         self.nodes += history.num_nodes - before
         self.histories[key] = history
         self.version += 1

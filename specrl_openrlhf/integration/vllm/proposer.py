@@ -5,14 +5,12 @@ probability p(y) under the request's own sampling settings and otherwise samples
 exact whatever produced the draft. `HistoryProposer` is such a proposer (`speculative_config={"method":
 "custom_class", "model": PROPOSER, ...}`, `engine_kwargs`). At every step it proposes, for each batch row, the greedy
 path below the row's cursor in the prompt's history (`history.History`, `proposal.propose`), re-entering on the
-longest suffix match after a rejection, and then cuts every row's draft to the step's budget (`budget`): the slots
-whose expected tokens pay for what they add to the step, by the step cost it measures (the time between its calls)
-and the acceptance it learns (what each row then sampled).
+longest suffix match after a rejection (there, else in the shared history of the engine's other prompts), and cuts
+every row's draft to the step's budget (`budget`): the slots whose expected tokens pay for what they add to the step,
+by the step cost it measures (the time between its calls) and the acceptance it learns (what each row then sampled).
 
-How a history reaches it: `histories` (the rollout registers each prompt's history there over `collective_rpc`; the
-proposer finds a row's prompt by the digest of its leading tokens). vLLM builds no logits processors under speculative
-decoding, so the logits-processor registry cannot carry it (docs/design.md). A row whose prompt is unknown gets no
-draft and decodes as usual; a proposal never depends on the row's own randomness to come, so a late, missing or wrong
+Histories reach it through `histories` (registered over `collective_rpc`; a row's prompt is found by the digest of
+its leading tokens). A proposal never depends on the row's own randomness to come, so a late, missing or wrong
 history costs speed, never exactness, and so does a budget.
 
 A proposer that fails never stops the engine: its constructor and `propose` catch everything, log it once and propose
@@ -21,11 +19,11 @@ nothing, and `update_histories` then answers 0 proposers, which the rollout read
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,6 +31,7 @@ from ...analysis.projection import StepCurve
 from ...budget import (
     ANCHORED,
     REENTERED,
+    SHARED,
     AcceptanceModel,
     BudgetReport,
     DraftBudget,
@@ -41,24 +40,11 @@ from ...budget import (
     StepCost,
     features,
 )
-from ...history import History, logprob_floor
+from ...history import MAX_MATCH, History, logprob_floor
 from ...proposal import propose
 from . import histories, plugin
 
 logger = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=4)
-def step_curve(path: str) -> StepCurve:
-    return StepCurve.load(path)
-
-
-def curve_cost(path: str, rows: int, scale: int) -> np.ndarray:
-    """[3] (base, per_row, per_token) that price a step of `rows` rows as the curve does at rows x `scale`, each of
-    our rows and draft slots standing for `scale` of the GPU's (`DraftBudget.allocate`'s linear model)."""
-    one, per_token = step_curve(path).linear_at(rows * scale)
-    per_token *= scale
-    return np.array([one - per_token * rows, 0.0, per_token])
 
 
 @dataclass
@@ -69,24 +55,24 @@ class Row:
     last: int  # its last token when seen: a different request in the row shows up in either or in the length
     seen: int  # tokens of the row seen (prompt + response so far)
     prompt_len: int = 0
-    history: History | None = None
+    history: History | None = None  # the prompt's own
+    walking: History | None = None  # the history the cursor is in: the prompt's own, or the shared one
     version: int = -1  # the board's version when the row last looked for its history
     cursor: list[int] = field(default_factory=list)  # where the row stands in its history ([]: it left it)
-    kind: int = ANCHORED  # how the cursor was found: from the root, or REENTERED on a suffix match
+    kind: int = ANCHORED  # how the cursor was found: from the root, REENTERED on a suffix match, or SHARED
     match: int = 0  # a re-entry's match length, grown by the tokens the row took inside the history since
     draft: list[int] = field(default_factory=list)  # what the row was given to verify at the last step
     slots: list[SlotFeatures] = field(default_factory=list)  # each drafted slot's features
     predicted: list[float] = field(default_factory=list)  # and predicted acceptance
 
 
-@dataclass
-class Candidate:
-    """A row's draft before the budget cuts it."""
+class Candidate(NamedTuple):
+    """A row's draft before the budget cuts it, each slot's features and predicted conditional acceptance ([k])."""
 
     row: Row
     tokens: list[int]
     slots: list[SlotFeatures]
-    acceptance: list[float]  # [k] predicted conditional acceptance per slot
+    acceptance: list[float]
 
 
 class HistoryProposer:
@@ -94,10 +80,8 @@ class HistoryProposer:
     draft token ids of every batch row (empty where nothing is proposed)."""
 
     def __init__(self, vllm_config):
-        self.k = 0
-        self.max_model_len = 0
+        self.k, self.max_model_len, self.failed = 0, 0, False
         self.rows: dict[int, Row] = {}
-        self.failed = False
         self.cost = StepCost()
         self.acceptance = AcceptanceModel()
         self.budget = DraftBudget()
@@ -126,9 +110,8 @@ class HistoryProposer:
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list:
         # sampled_token_ids: [B] lists of the tokens each row sampled this step (empty: still in prefill)
         # num_tokens_no_spec: [>= B] int, tokens per row (prompt + response so far); token_ids_cpu: [>= B, max_len]
-        if self.failed:
-            return [[] for _ in sampled_token_ids]
-        if not histories.BOARD.histories:  # nothing to draft from (a run's first visits): no row to follow
+        board = histories.BOARD
+        if self.failed or (not board.histories and board.shared.history.num_nodes <= 1):  # nothing to draft from
             self.rows.clear()
             self.last_call = None
             return [[] for _ in sampled_token_ids]
@@ -141,7 +124,7 @@ class HistoryProposer:
                 state, drafted = self._follow(row, sampled, lengths[row], token_ids_cpu[row])
                 clean &= drafted is not None  # a step that started a row ran its prefill too: not a decode's cost
                 carried += 1 + (drafted or 0)
-                states.append(state if sampled and state.history is not None else None)
+                states.append(state if sampled and state.walking is not None else None)
             candidates = [None if state is None else self._candidate(state, n) for state, n in zip(states, lengths)]
             for row in [r for r in self.rows if r >= rows]:
                 del self.rows[row]
@@ -179,22 +162,44 @@ class HistoryProposer:
             taken = recent[1:]
             if state.draft:
                 self._verdicts(state, taken)
-            if state.history is not None:
-                state.cursor = state.history.advance(state.cursor, taken)
+            if state.walking is not None:
+                state.cursor = state.walking.advance(state.cursor, taken)
                 state.match += len(taken)
         if state.history is None and state.version != histories.BOARD.version:
             state.version = histories.BOARD.version
             state.history, state.prompt_len = histories.BOARD.find(tokens, num_tokens, new)
             if state.history is not None:
                 state.cursor = state.history.anchored(tokens[state.prompt_len : num_tokens].tolist())
-                state.kind, state.match = ANCHORED, 0
+                state.walking, state.kind, state.match = state.history, ANCHORED, 0
         state.seen, state.last = num_tokens, tokens.item(num_tokens - 1)
-        if state.history is not None and not state.cursor:  # left the history: the longest suffix match
+        if not state.cursor:  # left the history, or never in one: the longest suffix match
+            self._reenter(state, tokens, num_tokens)
+        return state, drafted
+
+    def _reenter(self, state: Row, tokens: np.ndarray, num_tokens: int) -> None:
+        """The row's cursor after the longest suffix of its response that its prompt's history holds; where there is
+        none, after the longest suffix of its tokens that the shared history holds (`histories.SharedHistory`)."""
+        state.walking = None
+        if state.history is not None:
             response = tokens[state.prompt_len : num_tokens].tolist()
             state.cursor = state.history.reentry(response)
             if state.cursor:
-                state.kind, state.match = REENTERED, state.history.match_length(state.cursor[0], response)
-        return state, drafted
+                state.walking, state.kind = state.history, REENTERED
+                state.match = state.history.match_length(state.cursor[0], response)
+                return
+        board = histories.BOARD
+        shared = board.shared.history
+        m = shared.min_match
+        if (
+            not board.params.shared
+            or num_tokens < m
+            or tuple(tokens[num_tokens - m : num_tokens].tolist()) not in shared.grams
+        ):
+            return  # most rows, most steps: the last tokens start no match
+        recent = tokens[max(num_tokens - MAX_MATCH, 0) : num_tokens].tolist()
+        state.cursor = shared.reentry(recent, histories.SHARED_ENDS)
+        if state.cursor:
+            state.walking, state.kind, state.match = shared, SHARED, shared.match_length(state.cursor[0], recent)
 
     def _verdicts(self, state: Row, taken: list[int]) -> None:
         """What the engine kept of the row's last draft: one-hot verification accepted its slots up to the first
@@ -211,11 +216,11 @@ class HistoryProposer:
 
     def _candidate(self, state: Row, num_tokens: int) -> Candidate | None:
         """The row's greedy draft (up to k tokens) with each slot's features and predicted acceptance."""
-        if state.history is None or not state.cursor or num_tokens >= self.max_model_len:
+        if state.walking is None or not state.cursor or num_tokens >= self.max_model_len:
             return None
         params = histories.BOARD.params
         floor = logprob_floor(params.min_accept_prob) if params.budget == "static" else float("-inf")
-        proposed = propose(state.history, state.cursor, min(self.k, self.max_model_len - num_tokens), floor)
+        proposed = propose(state.walking, state.cursor, min(self.k, self.max_model_len - num_tokens), floor)
         if not proposed.tokens:
             return None
         slots = [features(state.kind, j, support, state.match + j) for j, support in enumerate(proposed.support)]
@@ -226,7 +231,7 @@ class HistoryProposer:
         live = [c for c in candidates if c is not None]
         params = histories.BOARD.params
         if params.cost_curve:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
-            cost, margin = curve_cost(params.cost_curve, rows, params.cost_scale), 0.0
+            cost, margin = StepCurve.cached(params.cost_curve).budget_cost(rows, params.cost_scale), 0.0
         else:
             cost, margin = self.cost.params, math.inf if self.check.probe() else self.check.margin
         counts = self.budget.allocate([c.acceptance for c in live], rows, cost, params.budget, margin)

@@ -80,24 +80,13 @@ def sample_recovered_tokens(
     else:  # [B, V], written only where a request has draft positions: the kernel reads no other row
         inv_q = torch.empty((len(num_draft_tokens), vocab_size), dtype=dtype, device=device)
         inv_q[torch.tensor(drafted, device=device)] = q.reciprocal()
+    launch = (recovered, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, inv_q)
     if hasattr(rejection_sampler, "_sample_recovered_tokens"):  # 0.32: the dispatcher (a platform's kernel inside)
-        rejection_sampler._sample_recovered_tokens(
-            recovered,
-            cu_num_draft_tokens,
-            draft_token_ids,
-            draft_probs,
-            target_probs,
-            inv_q,
-            max_spec_len=max_spec_len,
-        )
+        rejection_sampler._sample_recovered_tokens(*launch, max_spec_len=max_spec_len)
     else:  # 0.29: the kernel as bound when called (the CPU model runner rebinds it at start-up)
-        rejection_sampler.sample_recovered_tokens_kernel[(len(num_draft_tokens), max_spec_len)](
-            recovered,
-            cu_num_draft_tokens,
-            draft_token_ids,
-            draft_probs,
-            target_probs,
-            inv_q,
+        grid = (len(num_draft_tokens), max_spec_len)
+        rejection_sampler.sample_recovered_tokens_kernel[grid](
+            *launch,
             vocab_size,
             8192,  # vLLM's BLOCK_SIZE
             NO_DRAFT_PROBS=draft_probs is None,

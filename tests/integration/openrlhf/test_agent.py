@@ -375,7 +375,7 @@ def test_two_turn_agent_stays_bounded_and_reuses_its_first_turns(async_engine, t
     generator = AsyncSpeculativeGenerator(
         None, planner.policy, LocalDraftStore(first, follow_up), samples_per_visit=N_SAMPLES, planner=planner
     )
-    generator.visits.max_open = 16
+    generator.driver.visits.max_open = 16
     executor = SpeculativeAgentExecutor(MultiTurnAgentExecutor(TwoTurnInstance), generator, (1.0, 1.0, -1))
     llm = LocalEngine(engine)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=24, logprobs=1)
@@ -399,7 +399,7 @@ def test_two_turn_agent_stays_bounded_and_reuses_its_first_turns(async_engine, t
             (a1, b1), (a2, b2) = ranges
             assert tokens[b1:a2] == feedback and b2 == len(tokens) and a1 < b1 < a2 <= b2
         hits.append(first.hits)
-        assert len(generator.visits) <= 16  # follow-up prompts (one sample's history) never fill a visit
+        assert len(generator.driver.visits) <= 16  # follow-up prompts (one sample's history) never fill a visit
         assert first.nbytes <= first.max_bytes and follow_up.nbytes <= follow_up.max_bytes
     assert hits[0] == 0 and hits[-1] - hits[-2] == len(prompts) * N_SAMPLES  # first turns reuse their drafts
     assert follow_up.commits > 0 and follow_up.nbytes > 0  # follow-up turns fill a share of their own

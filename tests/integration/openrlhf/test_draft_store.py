@@ -91,7 +91,7 @@ def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_
                     if prefix:  # a verified prefix comes from this prompt's own earlier responses, never another's
                         assert any(old[: len(prefix)] == prefix for old in history[tuple(prompt)])
                 history.setdefault(tuple(prompt), []).extend(tuple(o.token_ids) for o in row)
-            assert len(generator.visits) == 0  # every visit closed
+            assert len(generator.driver.visits) == 0  # every visit closed
     finally:
         write_weights(perturbed_state_dict(tiny_model_dir, 0.0, seed=0), path)
         runner.run(engine.collective_rpc("reload_safetensors", args=(str(path),)))

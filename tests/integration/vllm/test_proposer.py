@@ -94,6 +94,31 @@ def test_rows_draft_from_their_prompts_history_inside_the_tree_and_after_a_rejec
     assert step(proposer, batch, [[21]]) == [[2]]  # [20, 21] is: it re-enters and proposes what followed
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_row_whose_prompt_has_no_match_re_enters_in_other_prompts_responses(board, shared):
+    """Prompt B has no history of its own; its response so far ends with two tokens that a response of prompt A has:
+    with `shared` it re-enters there and proposes what followed (a fixed proposal: exactness does not depend on it)."""
+    a, b = [1, 7, 7, 7, 3], [1, 8, 8, 8, 3]
+    board.update(
+        prompt_key(a), 5, True, rule(min_match=2, budget="static", shared=shared), [[10, 11, 12, 13, 2]], [None]
+    )
+    proposer, batch = HistoryProposer(Config(k=3)), Batch()
+    batch.put(0, b + [40])
+    assert step(proposer, batch, [[40]]) == [[]]  # nothing matches yet
+    batch.extend(0, [11, 12])
+    assert step(proposer, batch, [[11, 12]]) == ([[13, 2]] if shared else [[]])
+
+
+def test_the_shared_history_keeps_the_newer_responses(board):
+    from specrl_openrlhf.integration.vllm.histories import SharedHistory
+
+    shared = SharedHistory(min_match=2, max_nodes=12)
+    for start in range(0, 40, 5):
+        shared.add(list(range(start, start + 5)))
+    assert shared.history.num_nodes <= 12 + 5 and shared.responses[-1] == [35, 36, 37, 38, 39]
+    assert shared.history.reentry([36, 37]) and not shared.history.reentry([1, 2])
+
+
 def test_rows_follow_their_request_across_row_moves_and_finished_requests(board):
     first, second = [1, 5, 5, 5], [1, 6, 6, 6, 6]
     board.update(prompt_key(first), 4, True, rule(min_match=4, budget="static"), [[30, 31, 32, 33]], [[0.0] * 4])
@@ -249,10 +274,9 @@ def test_the_budget_priced_on_a_gpus_curve_drafts_as_that_gpu_would(tmp_path):
 
 def test_a_curve_prices_a_step_as_the_gpu_at_scale(tmp_path):
     from specrl_openrlhf.analysis.projection import StepCurve
-    from specrl_openrlhf.integration.vllm.proposer import curve_cost
 
     path = gpu_curve(tmp_path, 2e-5)
-    base, per_row, per_token = curve_cost(path, rows=16, scale=8)
+    base, per_row, per_token = StepCurve.load(path).budget_cost(rows=16, scale=8)
     carried = 16 + 32  # 32 draft tokens over 16 rows
     assert base + per_row * 16 + per_token * carried == pytest.approx(StepCurve.load(path).time(128, 3))
 

@@ -15,14 +15,12 @@ def config(details: bool):
     return SimpleNamespace(observability_config=SimpleNamespace(enable_logging_iteration_details=details))
 
 
-def stats(ctx_rows, ctx_tokens, rows, tokens, drafted=None, accepted=0):
-    details = SimpleNamespace(
-        num_ctx_requests=ctx_rows,
-        num_ctx_tokens=ctx_tokens,
-        num_generation_requests=rows,
-        num_generation_tokens=tokens,
-        is_dummy=False,
-    )
+DETAILS = ("num_ctx_requests", "num_ctx_tokens", "num_generation_requests", "num_generation_tokens")
+
+
+def stats(*counts, drafted=None, accepted=0):
+    """vLLM's `SchedulerStats` of one step: its iteration details (`DETAILS`, in order) and its drafts."""
+    details = SimpleNamespace(**dict(zip(DETAILS, counts)), is_dummy=False)
     spec = None if drafted is None else SimpleNamespace(num_draft_tokens=drafted, num_accepted_tokens=accepted)
     return SimpleNamespace(iteration_details=details, spec_decoding_stats=spec)
 

@@ -125,7 +125,7 @@ class StepCost:
 
 # ---- acceptance -----------------------------------------------------------------------------------------------------
 
-ANCHORED, REENTERED, SHARED = 0, 1, 2  # how a draft was found: in the prompt's tree, a re-entry, in other prompts
+ANCHORED, REENTERED, SHARED, OWN = 0, 1, 2, 3  # how a draft was found (integration.vllm.rows)
 POSITION_EDGES = (1, 2, 3, 4, 8)  # positions 0, 1, 2, 3, 4-7, 8+
 SUPPORT_EDGES = (0.25, 0.5, 0.75, 0.999)  # share of the cursor's responses that take the token
 MATCH_EDGES = (8, 16)  # a re-entry's match length: < 8, 8-15, 16+
@@ -135,7 +135,7 @@ class SlotFeatures(NamedTuple):
     """What predicts a slot's acceptance, bucketed (`features`); a tuple, so that its hash is cheap."""
 
     kind: int  # ANCHORED (the row's whole response is a path of the history), REENTERED (a suffix match in it) or
-    # SHARED (a suffix match in the engine's other prompts' responses)
+    # SHARED (a suffix match in the engine's other prompts' responses) or OWN (a match in the row's own tokens)
     position: int  # bucket of the slot's position in the draft
     support: int  # bucket of the share of the cursor's responses that continue with the slot's token
     match: int  # bucket of a re-entry's match length (anchored: the longest)

@@ -33,6 +33,7 @@ ROOT = 0
 UNKNOWN_LOGPROB = math.nan  # a node's p_prev where no response through it reported one (never read as probability 1)
 DEFAULT_MIN_MATCH = 4  # shortest suffix a re-entry may match on: shorter matches found too many unrelated places
 MAX_MATCH = 256  # a re-entry's match is measured back this far at most (longer ones tie)
+MAX_OWN_ENDS = 16  # a sample's re-entry in its own tokens weighs the latest places its suffix ends at, this many
 
 
 class Nodes(NamedTuple):
@@ -241,6 +242,49 @@ class History:
             gen_logprobs=column("gen_logprobs").astype(np.float32),
             ages=(column("ages").astype(np.int64) + older) if len(nodes) else None,
         )
+
+
+class OwnTokens:
+    """A sample's own tokens (its prompt and its response so far), indexed by every run of `min_match` tokens: where
+    its last tokens occurred before in itself, and what followed there, a proposal (as vLLM's n-gram proposer and the
+    request's own part of its suffix tree are). A *pointer* is the position after such an earlier match.
+
+    >>> own = OwnTokens(min_match=2)
+    >>> own.extend([5, 6, 7, 8, 1, 5, 6])
+    >>> pointer = own.reentry(); pointer, own.tokens[pointer : pointer + 3]
+    (2, [7, 8, 1])
+    """
+
+    def __init__(self, min_match: int = DEFAULT_MIN_MATCH):
+        self.min_match = min_match
+        self.tokens: list[int] = []
+        self.grams: dict[tuple[int, ...], list[int]] = {}  # a run of min_match tokens -> positions after it
+
+    def extend(self, tokens) -> None:
+        m = self.min_match
+        for token in tokens:
+            self.tokens.append(int(token))
+            if len(self.tokens) >= m:
+                self.grams.setdefault(tuple(self.tokens[-m:]), []).append(len(self.tokens))
+
+    def reentry(self) -> int | None:
+        """The position after the longest earlier occurrence of the sequence's last tokens (at least `min_match`; the
+        latest of equal length), or None."""
+        ends = self.grams.get(tuple(self.tokens[-self.min_match :]), [])[:-1]  # the last one is the end itself
+        best, longest = None, 0
+        for end in reversed(ends[-MAX_OWN_ENDS:]):
+            length = self.min_match
+            while length < min(end, MAX_MATCH) and self.tokens[end - 1 - length] == self.tokens[-1 - length]:
+                length += 1
+            if length > longest:
+                best, longest = end, length
+        return best
+
+    def match_length(self, pointer: int) -> int:
+        length, end = 0, len(self.tokens)
+        while length < min(pointer, MAX_MATCH) and self.tokens[pointer - 1 - length] == self.tokens[end - 1 - length]:
+            length += 1
+        return length
 
 
 def logprob_floor(min_accept_prob: float) -> float:

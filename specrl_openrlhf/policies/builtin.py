@@ -117,7 +117,9 @@ class LosslessParams:
     machine's measured step cost, so the drafts are those that GPU would choose (acceptance does not depend on the
     hardware); the drafting check, which measures this machine's steps, is off then. shared: in the engine, where the
     prompt's own history holds no suffix of the sample (or the prompt has none yet), re-enter in the engine's other
-    prompts' recent responses, one tree of them all (as vLLM's suffix decoding does with its global tree)."""
+    prompts' recent responses, one tree of them all (as vLLM's suffix decoding does with its global tree). lookup: and
+    in the sample's own tokens, its prompt and response so far (prompt lookup, as vLLM's n-gram proposer): the longer
+    match of the two."""
 
     draft: str = "tree"
     history: int = 1
@@ -129,6 +131,7 @@ class LosslessParams:
     cost_curve: str | None = None
     cost_scale: int = 1
     shared: bool = True
+    lookup: bool = True
 
     def __post_init__(self):
         if self.draft not in DRAFT_CHOICES:
@@ -160,8 +163,9 @@ class LosslessParams:
             raise ValueError(
                 f"cost_curve must be a step curve file (scripts/bench_gpu_step.py), got {self.cost_curve!r}"
             )
-        if not isinstance(self.shared, bool):
-            raise ValueError(f"shared must be true or false, got {self.shared!r}")
+        for name in ("shared", "lookup"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.cost_scale, bool) or not isinstance(self.cost_scale, int) or self.cost_scale < 1:
             raise ValueError(f"cost_scale must be an integer >= 1 (rows each row stands for), got {self.cost_scale!r}")
 

@@ -3,6 +3,7 @@ first command is the quickstart's default run)."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,18 @@ def test_grids_plan_every_regime_and_seed_side_by_side(tmp_path):
     assert labels(frontier.groups)[0] == ["default-s0-" + name for name in ("off", "spec@1.65", *proposals)]
     part = quickstart.parse_args(["--grid", "frontier", "--regimes", "many-visits", "--out", str(tmp_path)])
     assert [g.key for g in part.groups] == ["many-visits/s0"] and len(part.groups[0].runs) == 6
+
+
+def test_the_peers_grid_sizes_suffix_decodings_cache_as_at_scale(tmp_path):
+    """vLLM keeps 10,000 responses, about one step's requests at 512 prompts x 16 samples: `suffix@scale` keeps 1.2
+    steps' (32 prompts x 8 samples here); `--cost-curve` prices lossless's budget on a GPU's curve."""
+    pytest.importorskip("arctic_inference.suffix_decoding", reason="bash scripts/install.sh --suffix builds it")
+    curve = str(Path(quickstart.__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json")
+    args = quickstart.parse_args(["--grid", "peers", "--out", str(tmp_path), "--cost-curve", curve])
+    runs = {run.method.name: run.method.config for run in args.groups[0].runs}
+    assert list(runs) == ["off", "lossless", "suffix", "suffix@scale", "ngram"]
+    assert runs["suffix@scale"].params["speculative_config"]["suffix_decoding_max_cached_requests"] == 308
+    assert runs["suffix"].params == {} and runs["lossless"].params["cost_curve"] == curve
 
 
 def test_plans_refuse_the_same_rule_twice():

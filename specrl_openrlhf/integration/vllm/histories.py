@@ -53,7 +53,9 @@ class SharedHistory:
 
 class HistoryBoard:
     """The histories registered in this process, by prompt digest, least recently registered evicted first; the
-    rule's settings; and what the proposers of this process report (`report`)."""
+    shared history; the rule's settings; and what the proposers of this process report (`report`)."""
+
+    SHARED_ENDS = SHARED_ENDS
 
     def __init__(self, max_nodes: int = MAX_HISTORY_NODES):
         self.max_nodes = max_nodes

@@ -22,16 +22,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from ...analysis.projection import StepCurve
 from ...budget import (
-    ANCHORED,
-    REENTERED,
-    SHARED,
     AcceptanceModel,
     BudgetReport,
     DraftBudget,
@@ -40,30 +36,11 @@ from ...budget import (
     StepCost,
     features,
 )
-from ...history import MAX_MATCH, History, logprob_floor
-from ...proposal import propose
+from ...history import logprob_floor
 from . import histories, plugin
+from .rows import Row
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Row:
-    """What the proposer knows of one batch row between steps."""
-
-    first: int  # the row's first token, and
-    last: int  # its last token when seen: a different request in the row shows up in either or in the length
-    seen: int  # tokens of the row seen (prompt + response so far)
-    prompt_len: int = 0
-    history: History | None = None  # the prompt's own
-    walking: History | None = None  # the history the cursor is in: the prompt's own, or the shared one
-    version: int = -1  # the board's version when the row last looked for its history
-    cursor: list[int] = field(default_factory=list)  # where the row stands in its history ([]: it left it)
-    kind: int = ANCHORED  # how the cursor was found: from the root, REENTERED on a suffix match, or SHARED
-    match: int = 0  # a re-entry's match length, grown by the tokens the row took inside the history since
-    draft: list[int] = field(default_factory=list)  # what the row was given to verify at the last step
-    slots: list[SlotFeatures] = field(default_factory=list)  # each drafted slot's features
-    predicted: list[float] = field(default_factory=list)  # and predicted acceptance
 
 
 class Candidate(NamedTuple):
@@ -124,7 +101,7 @@ class HistoryProposer:
                 state, drafted = self._follow(row, sampled, lengths[row], token_ids_cpu[row])
                 clean &= drafted is not None  # a step that started a row ran its prefill too: not a decode's cost
                 carried += 1 + (drafted or 0)
-                states.append(state if sampled and state.walking is not None else None)
+                states.append(state if sampled and state.placed else None)
             candidates = [None if state is None else self._candidate(state, n) for state, n in zip(states, lengths)]
             for row in [r for r in self.rows if r >= rows]:
                 del self.rows[row]
@@ -162,44 +139,13 @@ class HistoryProposer:
             taken = recent[1:]
             if state.draft:
                 self._verdicts(state, taken)
-            if state.walking is not None:
-                state.cursor = state.walking.advance(state.cursor, taken)
-                state.match += len(taken)
+            state.advance(taken)
         if state.history is None and state.version != histories.BOARD.version:
-            state.version = histories.BOARD.version
-            state.history, state.prompt_len = histories.BOARD.find(tokens, num_tokens, new)
-            if state.history is not None:
-                state.cursor = state.history.anchored(tokens[state.prompt_len : num_tokens].tolist())
-                state.walking, state.kind, state.match = state.history, ANCHORED, 0
+            state.anchor(histories.BOARD, tokens, num_tokens, new)
         state.seen, state.last = num_tokens, tokens.item(num_tokens - 1)
-        if not state.cursor:  # left the history, or never in one: the longest suffix match
-            self._reenter(state, tokens, num_tokens)
+        if not state.placed:  # left where it stood, or never stood anywhere: the longest suffix match
+            state.reenter(histories.BOARD, tokens, num_tokens)
         return state, drafted
-
-    def _reenter(self, state: Row, tokens: np.ndarray, num_tokens: int) -> None:
-        """The row's cursor after the longest suffix of its response that its prompt's history holds; where there is
-        none, after the longest suffix of its tokens that the shared history holds (`histories.SharedHistory`)."""
-        state.walking = None
-        if state.history is not None:
-            response = tokens[state.prompt_len : num_tokens].tolist()
-            state.cursor = state.history.reentry(response)
-            if state.cursor:
-                state.walking, state.kind = state.history, REENTERED
-                state.match = state.history.match_length(state.cursor[0], response)
-                return
-        board = histories.BOARD
-        shared = board.shared.history
-        m = shared.min_match
-        if (
-            not board.params.shared
-            or num_tokens < m
-            or tuple(tokens[num_tokens - m : num_tokens].tolist()) not in shared.grams
-        ):
-            return  # most rows, most steps: the last tokens start no match
-        recent = tokens[max(num_tokens - MAX_MATCH, 0) : num_tokens].tolist()
-        state.cursor = shared.reentry(recent, histories.SHARED_ENDS)
-        if state.cursor:
-            state.walking, state.kind, state.match = shared, SHARED, shared.match_length(state.cursor[0], recent)
 
     def _verdicts(self, state: Row, taken: list[int]) -> None:
         """What the engine kept of the row's last draft: one-hot verification accepted its slots up to the first
@@ -216,11 +162,11 @@ class HistoryProposer:
 
     def _candidate(self, state: Row, num_tokens: int) -> Candidate | None:
         """The row's greedy draft (up to k tokens) with each slot's features and predicted acceptance."""
-        if state.walking is None or not state.cursor or num_tokens >= self.max_model_len:
+        if not state.placed or num_tokens >= self.max_model_len:
             return None
         params = histories.BOARD.params
         floor = logprob_floor(params.min_accept_prob) if params.budget == "static" else float("-inf")
-        proposed = propose(state.walking, state.cursor, min(self.k, self.max_model_len - num_tokens), floor)
+        proposed = state.proposal(min(self.k, self.max_model_len - num_tokens), floor)
         if not proposed.tokens:
             return None
         slots = [features(state.kind, j, support, state.match + j) for j, support in enumerate(proposed.support)]

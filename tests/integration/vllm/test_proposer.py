@@ -364,9 +364,14 @@ def test_verified_samples_follow_the_model_for_proposals_chosen_from_it(verifyin
 
 @pytest.mark.engine
 def test_a_seeded_batch_with_nothing_drafted_gives_stocks_tokens(verifying_engine, async_engine):
-    """With nothing to draft (no history for the prompt), the verifying engine samples what a stock engine samples
-    for seeded requests: our sampler fix draws nothing where no request has a draft."""
+    """With nothing to draft (no history for the prompt, no shared history, no lookup in its own tokens), the
+    verifying engine samples what a stock engine samples for seeded requests: our sampler fix draws nothing where no
+    request has a draft."""
     from specrl_openrlhf.integration.vllm.edge import engine_generate
+
+    engine, runner = verifying_engine
+    quiet = (prompt_key([2, 3]), 2, True, rule(shared=False, lookup=False), [], [])  # the rule the board then runs
+    runner.run(engine.collective_rpc(histories.update_histories, args=([quiet],)))
 
     def seeded_batch(pair):
         engine, runner = pair

@@ -160,9 +160,10 @@ class StepCurve:
 
     def linear_at(self, rows: float) -> tuple[float, float]:
         """(seconds of a step of `rows` rows carrying 1 token each, seconds per token more) at `rows`: the curve as
-        a budget prices a step near it."""
-        one, two = self.time(rows, 1.0), self.time(rows, 2.0)
-        return one, max(two - one, 0.0) / max(rows, 1.0)
+        a budget prices a step near it, the token cost a least-squares slope over every measured tokens-per-row."""
+        times = self.time(np.full(len(self.tokens), float(rows)), self.tokens)  # [Q]
+        slope = np.polyfit(self.tokens, times, 1)[0]  # seconds per token per row
+        return self.time(rows, 1.0), max(float(slope), 0.0) / max(rows, 1.0)
 
 
 def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

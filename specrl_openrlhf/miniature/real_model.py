@@ -313,11 +313,31 @@ async def run(settings: Settings, progress=print) -> dict:
                 f"[real-model] seed {seed} held-out: "
                 + ", ".join(f"{lane.method.name} {accuracy[(seed, lane.method.name)]:.3f}" for lane in lanes)
             )
+        for lane in lanes:
+            if lane.generator is not None and lane.generator.policy.verifies_in_engine and lane.method.name != "off":
+                progress(await budget_line(lane))
     finally:
         for lane in lanes:
             lane.engine.shutdown()
             lane.engine = lane.generator = None  # gone before the interpreter's exit, where vLLM's __del__ would fail
     return {"records": [r for lane in lanes for r in lane.records], "accuracy": accuracy}
+
+
+async def budget_line(lane: Lane) -> str:
+    """What a lane's engine measured of its steps and drafts (our proposer's budget; vLLM's own proposers: none)."""
+    from ..integration.vllm.histories import budget_details
+
+    report = (await lane.engine.collective_rpc(budget_details))[0]
+    if not report.get("steps"):
+        return f"[real-model] {lane.method.name}: no budget of ours in this engine"
+    verdicts = max(report["verdicts"], 1e-9)
+    return (
+        f"[real-model] {lane.method.name} budget: step {1e3 * report['cost_base_s']:.2f} ms + "
+        f"{1e3 * report['cost_row_s']:.3f} ms/row + {1e3 * report['cost_token_s']:.3f} ms/token (error "
+        f"{report['cost_error']:.0%}); {report['slots'] / report['steps']:.2f} slots a step; acceptance predicted "
+        f"{report['predicted'] / verdicts:.2f}, observed {report['accepted'] / verdicts:.2f}; drafting check margin "
+        f"{report['margin']:.3f}, steps without drafts {report['plain_scale']:.2f} x the cost model's"
+    )
 
 
 HEADER = (

@@ -68,15 +68,15 @@ class Row:
         """Where the row has no place: the longest suffix match in its prompt's history, else the longer of the
         shared history's and its own tokens' (each only where the rule allows it)."""
         self.walking, self.cursor, self.pointer = None, [], None
-        if self.history is not None:
+        shared, params, m = board.shared.history, board.params, board.params.min_match
+        tail = tuple(tokens[num_tokens - m : num_tokens].tolist()) if num_tokens - self.prompt_len >= m else None
+        if self.history is not None and tail in self.history.grams:  # most rows, most steps: their tail is not
             response = tokens[self.prompt_len : num_tokens].tolist()
             self.cursor = self.history.reentry(response)
             if self.cursor:
                 self.walking, self.kind = self.history, REENTERED
                 self.match = self.history.match_length(self.cursor[0], response)
                 return
-        shared, params, m = board.shared.history, board.params, board.params.min_match
-        tail = tuple(tokens[num_tokens - m : num_tokens].tolist()) if num_tokens >= m else None
         longest = 0
         if params.shared and tail in shared.grams:
             recent = tokens[max(num_tokens - MAX_MATCH, 0) : num_tokens].tolist()

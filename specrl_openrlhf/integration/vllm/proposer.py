@@ -42,6 +42,14 @@ from .rows import Row
 
 logger = logging.getLogger(__name__)
 
+# Slots priced per candidate at least; then twice the most the last step's budget gave a row (it takes a prefix of
+# each), so a full batch that drafts nothing prices 4 slots a row, not k, and a tail reaches k in two steps.
+LOOKAHEAD = 4
+# A budget that gave at most one slot (its exploring slot) for IDLE_STEPS steps in a row is not asked for the next
+# SLEEP_STEPS (following the rows costs a small model's step several percent), unless the batch shrinks below
+# WAKE_SHARE of its size (a tail).
+IDLE_STEPS, SLEEP_STEPS, WAKE_SHARE = 16, 32, 0.75
+
 
 class Candidate(NamedTuple):
     """A row's draft before the budget cuts it, each slot's features and predicted conditional acceptance ([k])."""
@@ -58,6 +66,8 @@ class HistoryProposer:
 
     def __init__(self, vllm_config):
         self.k, self.max_model_len, self.failed = 0, 0, False
+        self.lookahead = LOOKAHEAD  # slots a candidate is priced for: the budget never took more than half of them
+        self.idle, self.asleep, self.idle_rows = 0, 0, 0  # steps given nothing in a row; asleep for; at batch size
         self.rows: dict[int, Row] = {}
         self.cost = StepCost()
         self.acceptance = AcceptanceModel()
@@ -92,9 +102,15 @@ class HistoryProposer:
             self.rows.clear()
             self.last_call = None
             return [[] for _ in sampled_token_ids]
+        rows = len(sampled_token_ids)
+        if self.asleep:
+            if rows >= WAKE_SHARE * self.idle_rows:
+                self.asleep -= 1
+                self.report.step(0)
+                return [[] for _ in sampled_token_ids]
+            self.asleep = 0  # a tail: where drafting may pay again
         try:
             now = self.clock()
-            rows = len(sampled_token_ids)
             lengths = num_tokens_no_spec[:rows].tolist()
             states, carried, clean = [], 0, self.last_call is not None
             for row, sampled in enumerate(sampled_token_ids):  # the verdicts first: then the predictions are fresh
@@ -166,7 +182,7 @@ class HistoryProposer:
             return None
         params = histories.BOARD.params
         floor = logprob_floor(params.min_accept_prob) if params.budget == "static" else float("-inf")
-        proposed = state.proposal(min(self.k, self.max_model_len - num_tokens), floor)
+        proposed = state.proposal(min(self.k, self.lookahead, self.max_model_len - num_tokens), floor)
         if not proposed.tokens:
             return None
         slots = [features(state.kind, j, support, state.match + j) for j, support in enumerate(proposed.support)]
@@ -192,4 +208,9 @@ class HistoryProposer:
             else:
                 drafts.append([])
         self.report.step(sum(counts))
+        self.lookahead = max(LOOKAHEAD, 2 * max(counts, default=0))  # a budget takes a prefix of each candidate
+        self.idle = 0 if sum(counts) > 1 else self.idle + 1  # one slot: the budget's exploring slot, or as little
+        if self.idle >= IDLE_STEPS:  # rows are followed afresh after the sleep: where they stand is not kept
+            self.idle, self.asleep, self.idle_rows, self.last_call = 0, SLEEP_STEPS, rows, None
+            self.rows.clear()
         return drafts

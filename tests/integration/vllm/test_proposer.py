@@ -15,7 +15,7 @@ import specrl_openrlhf as sr
 from specrl_openrlhf.cache import prompt_key
 from specrl_openrlhf.integration.vllm import cpu_fix, histories, plugin
 from specrl_openrlhf.integration.vllm.histories import HistoryBoard, params_message
-from specrl_openrlhf.integration.vllm.proposer import HistoryProposer
+from specrl_openrlhf.integration.vllm.proposer import IDLE_STEPS, SLEEP_STEPS, HistoryProposer
 from specrl_openrlhf.policies.builtin import LosslessParams
 from tests.helpers import chi2_passes, joint_after, probs
 
@@ -52,8 +52,8 @@ def board(monkeypatch):
 class Batch:
     """A persistent batch as vLLM hands it to the proposer: token ids per row, and tokens per row."""
 
-    def __init__(self, rows=4):
-        self.tokens = np.zeros((rows, MAX_LEN), np.int32)
+    def __init__(self, rows=4, width=MAX_LEN):
+        self.tokens = np.zeros((rows, width), np.int32)
         self.count = np.zeros(rows, np.int64)
 
     def put(self, row, tokens):
@@ -443,7 +443,8 @@ def test_the_proposer_learns_a_steps_cost_and_what_it_keeps_and_drafts_what_pays
     """Rows that follow a history: once a step without drafts has been timed (the drafting check's first probe),
     everything is drafted under the prior (acceptance 0.5 at the first slot); the engine rejects every draft, and
     steps cost 10 ms + 2 ms per carried token: the budget then stops drafting, except one slot now and then (verdicts
-    keep coming). The step cost is fitted from steps that started no row."""
+    keep coming), and after IDLE_STEPS steps without a draft it sleeps. The step cost is fitted from steps that started
+    no row."""
     prompt = [1, 4, 4]
     board.update(prompt_key(prompt), 3, True, rule(min_match=2, budget="goodput"), [list(range(20, 60))], [[0.0] * 40])
     proposer, batch, clock = HistoryProposer(Config(k=4, max_model_len=MAX_LEN)), Batch(rows=2), Clock()
@@ -467,7 +468,33 @@ def test_the_proposer_learns_a_steps_cost_and_what_it_keeps_and_drafts_what_pays
         drafted_counts.append(sum(len(d) for d in drafts))
     report = board.report()
     assert report["proposers"] == 1 and report["verdicts"] > 0 and report["accepted"] == 0
-    assert proposer.acceptance.total[0] == 0 and proposer.cost.steps > 30
+    assert proposer.acceptance.total[0] == 0 and proposer.cost.steps > 15
     assert sum(drafted_counts[-16:]) <= 2  # nothing pays now: an exploring slot at most
     base, per_row, per_token = proposer.cost.params
     assert per_token > 0 and base + 2 * per_row + 2 * per_token == pytest.approx(0.014, rel=0.05)
+
+
+def test_a_proposer_whose_budget_gives_nothing_sleeps_and_wakes_for_the_tail(board):
+    """IDLE_STEPS steps without a draft: the next SLEEP_STEPS propose nothing without following the rows (a step's
+    overhead on a small model); a batch shrunk below WAKE_SHARE wakes it at once, and it drafts there again."""
+    prompt = [1, 4, 4]
+    history = list(range(20, 200))
+    board.update(prompt_key(prompt), 3, True, rule(min_match=2, budget="static"), [history], [[0.0] * len(history)])
+    proposer, batch = HistoryProposer(Config(k=4, max_model_len=256)), Batch(rows=4, width=256)
+    for row in range(4):
+        batch.put(row, prompt + [20])
+    followed = []
+    proposer._follow = lambda *args, follow=proposer._follow: followed.append(1) or follow(*args)
+    for n in range(IDLE_STEPS + SLEEP_STEPS):  # every row leaves the history: nothing to draft
+        for row in range(4):
+            batch.extend(row, [300 + n])
+        assert step(proposer, batch, [[300 + n]] * 4) == [[]] * 4
+    assert len(followed) == 4 * IDLE_STEPS and proposer.asleep == 0  # asleep for SLEEP_STEPS, awake for the last
+    for n in range(IDLE_STEPS):  # asleep again
+        for row in range(4):
+            batch.extend(row, [400 + n])
+        step(proposer, batch, [[400 + n]] * 4)
+    assert proposer.asleep == SLEEP_STEPS
+    tail = Batch(rows=1)  # the tail: one row, back inside its history
+    tail.put(0, prompt + [20, 21])
+    assert step(proposer, tail, [[21]]) == [[22, 23, 24, 25]] and proposer.asleep == 0

@@ -5,9 +5,11 @@ probability p(y) under the request's own sampling settings and otherwise samples
 exact whatever produced the draft. `HistoryProposer` is such a proposer (`speculative_config={"method":
 "custom_class", "model": PROPOSER, ...}`, `engine_kwargs`). At every step it proposes, for each batch row, the greedy
 path below the row's cursor in the prompt's history (`history.History`, `proposal.propose`), re-entering on the
-longest suffix match after a rejection (there, else in the shared history of the engine's other prompts), and cuts
-every row's draft to the step's budget (`budget`): the slots whose expected tokens pay for what they add to the step,
-by the step cost it measures (the time between its calls) and the acceptance it learns (what each row then sampled).
+longest suffix match after a rejection (there, else in the shared history of the engine's other prompts or the row's
+own tokens), and cuts every row's draft to the step's budget (`budget`): the slots whose expected tokens pay for what
+they add to the step, by the step cost it measures (the time between its calls) and the acceptance it learns (what
+each row then sampled). Where the budget gives nothing for `IDLE_STEPS` steps, it sleeps: a full batch that drafts
+nothing pays little for it, and a shrinking batch (the tail) wakes it.
 
 Histories reach it through `histories` (registered over `collective_rpc`; a row's prompt is found by the digest of
 its leading tokens). A proposal never depends on the row's own randomness to come, so a late, missing or wrong

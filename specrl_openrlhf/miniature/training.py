@@ -41,6 +41,8 @@ def engine_columns(steps: EngineSteps, start: float, curve: StepCurve | None) ->
     in the tail, drafts per row in each), and the steps' time projected on a GPU's curve at scale 1 and 8."""
     split = steps.split(start)
     columns = {"engine_steps": len(steps), **split}
+    if steps.accepted.sum():  # what the engine's own proposer drafted and kept (every rule verified in the engine)
+        columns["engine_drafted"], columns["engine_accepted"] = int(steps.drafted.sum()), int(steps.accepted.sum())
     if curve is not None:
         columns["gpu_s"] = projected_time(steps, curve)
         columns["gpu8_s"] = projected_time(steps, curve, RL_SCALE, RL_MAX_ROWS)
@@ -69,7 +71,26 @@ def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) 
     for logger in run.loggers:
         logger.log_train(step, logs)
     columns = engine_columns(steps, rollout_start, args.projection_curve)
-    return {"kind": "step", "run": run.label, "epoch": epoch, **step_row(step, logs), **losses, **columns}
+    row = with_engine_drafts(step_row(step, logs), columns)
+    return {"kind": "step", "run": run.label, "epoch": epoch, **row, **losses, **columns}
+
+
+def with_engine_drafts(row: dict, columns: dict) -> dict:
+    """A step's row where the engine drafted by itself and no executor of ours counted it (vLLM's own speculation
+    runs on OpenRLHF's executor): its accepted draft tokens are reused, not decoded, as the step log counts them.
+
+    >>> with_engine_drafts({"decoded_tokens": 100.0}, {"engine_drafted": 60, "engine_accepted": 40})
+    {'decoded_tokens': 60.0, 'reused_tokens': 40, 'draft_tokens': 60}
+    """
+    if "reused_tokens" in row or "engine_accepted" not in columns:
+        return row
+    decoded = row.get("decoded_tokens", 0.0) - columns["engine_accepted"]
+    return {
+        **row,
+        "decoded_tokens": decoded,
+        "reused_tokens": columns["engine_accepted"],
+        "draft_tokens": columns["engine_drafted"],
+    }
 
 
 def epoch_row(run: Run, epoch: int, steps: list[dict], accuracy: float | None) -> dict:

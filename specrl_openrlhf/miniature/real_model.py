@@ -314,7 +314,7 @@ async def run(settings: Settings, progress=print) -> dict:
                 + ", ".join(f"{lane.method.name} {accuracy[(seed, lane.method.name)]:.3f}" for lane in lanes)
             )
         for lane in lanes:
-            if lane.generator is not None and lane.generator.policy.verifies_in_engine and lane.method.name != "off":
+            if lane.generator is not None and lane.generator.policy.verifies_in_engine:
                 progress(await budget_line(lane))
     finally:
         for lane in lanes:

@@ -41,8 +41,9 @@ def engine_columns(steps: EngineSteps, start: float, curve: StepCurve | None) ->
     in the tail, drafts per row in each), and the steps' time projected on a GPU's curve at scale 1 and 8."""
     split = steps.split(start)
     columns = {"engine_steps": len(steps), **split}
-    if steps.accepted.sum():  # what the engine's own proposer drafted and kept (every rule verified in the engine)
-        columns["engine_drafted"], columns["engine_accepted"] = int(steps.drafted.sum()), int(steps.accepted.sum())
+    accepted = int(steps.accepted.sum())
+    if accepted:  # what the engine's own proposer drafted and kept (every rule verified in the engine)
+        columns["engine_drafted"], columns["engine_accepted"] = int(steps.drafted.sum()), accepted
     if curve is not None:
         columns["gpu_s"] = projected_time(steps, curve)
         columns["gpu8_s"] = projected_time(steps, curve, RL_SCALE, RL_MAX_ROWS)

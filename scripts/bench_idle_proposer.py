@@ -29,7 +29,9 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=8, help="paired rounds (even: half with each engine first)")
     parser.add_argument("--logprobs", action="store_true", help="ask for the sampled tokens' log-probs")
     parser.add_argument("--model", default=None, help="a model folder (default: the overhead regime's tiny model)")
-    parser.add_argument("--dtype", default="float32")
+    from specrl_openrlhf.miniature.engine import add_dtype_argument
+
+    add_dtype_argument(parser, default="float32")  # a real model (--model): --dtype auto
     parser.add_argument(
         "--stock-async-scheduling",
         choices=["auto", "off"],
@@ -45,7 +47,7 @@ async def run(args) -> int:
     import specrl_openrlhf as sr
     from specrl_openrlhf.integration.vllm.edge import engine_generate
     from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs
-    from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
+    from specrl_openrlhf.miniature.engine import cpu_dtype, cpu_engine_kwargs, dtype_line
     from specrl_openrlhf.miniature.tiny_model import build_tiny_model
 
     model_dir = Path(args.model) if args.model else Path(tempfile.gettempdir()) / "specrl_bench_idle"
@@ -55,7 +57,7 @@ async def run(args) -> int:
         kv_cache_bytes=1 << 30,
         max_model_len=32 + args.max_tokens + 8,
         max_num_seqs=args.max_num_seqs or args.requests,
-        dtype=args.dtype,
+        dtype=cpu_dtype(args.dtype),
     )
     stock = dict(base, async_scheduling=False) if args.stock_async_scheduling == "off" else base
     plain = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(model=str(model_dir), **stock))
@@ -96,6 +98,7 @@ async def run(args) -> int:
     # rounds alternate which engine goes first: the mean over both orders cancels what going first or second costs
     first, second = ratios[0::2], ratios[1::2]
     balanced = math.exp((statistics.fmean(map(math.log, first)) + statistics.fmean(map(math.log, second))) / 2)
+    print(dtype_line(args.dtype))
     print(
         f"RESULT overhead={balanced - 1:+.3f} (geometric mean over both orders; stock first "
         f"{statistics.fmean(first) - 1:+.3f}, verifying first {statistics.fmean(second) - 1:+.3f}; {len(ratios)} "

@@ -71,6 +71,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--priority", action="store_true", help="priority scheduling: scoring first, then the longest continuations"
     )
+    from specrl_openrlhf.miniature.engine import add_dtype_argument
+
+    add_dtype_argument(parser, default="float32")
     parser.add_argument("--model-dir", default=None, help="where the random model is built (default: a temp folder)")
     parser.add_argument(
         "--cost-curve",
@@ -120,7 +123,7 @@ async def run(args) -> int:
     from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs
     from specrl_openrlhf.integration.vllm.histories import budget_details
     from specrl_openrlhf.integration.vllm.step_log import take_steps
-    from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
+    from specrl_openrlhf.miniature.engine import cpu_dtype, cpu_engine_kwargs, dtype_line
     from specrl_openrlhf.miniature.tiny_model import build_tiny_model
     from specrl_openrlhf.miniature.weights import (
         EXTENSION,
@@ -146,6 +149,7 @@ async def run(args) -> int:
 
     def start(**extra):
         arguments = cpu_engine_kwargs(
+            dtype=cpu_dtype(args.dtype),
             kv_cache_bytes=1 << 30,
             max_model_len=args.prompt_len + args.max_tokens + 8,
             max_num_seqs=args.max_num_seqs or samples,
@@ -197,7 +201,7 @@ async def run(args) -> int:
         f"{args.regime} regime: {policy.describe()} ({args.scoring} scoring), {args.prompts} prompts x {args.n} "
         f"samples, prompt "
         f"{args.prompt_len} tokens, up to {args.max_tokens} new, weight noise {noise} per visit, temperature "
-        f"{args.temperature}"
+        f"{args.temperature}; {dtype_line(args.dtype)}"
     )
     print(
         " visit  method   wall_s  steps  cpu_s  decoded   reused   scored  prefill  full  score_s  gen_s  "

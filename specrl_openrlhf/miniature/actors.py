@@ -63,7 +63,7 @@ def start_group(group: Group, model_dir: Path, args, progress) -> None:
     from ..integration.openrlhf.cli import AGENT_ENTRY, run_settings
     from ..integration.openrlhf.draft_store import RUN_ENV, start_reuse
     from ..integration.vllm.engine_args import engine_kwargs
-    from .engine import cpu_engine_kwargs
+    from .engine import cpu_dtype, cpu_engine_kwargs
     from .grpo import GRPOConfig, GRPOTrainer
     from .weights import EXTENSION, rollout_actor_class
 
@@ -80,6 +80,7 @@ def start_group(group: Group, model_dir: Path, args, progress) -> None:
             executor = {"agent_func_path": AGENT_ENTRY, "remote_rm_url": None}
             options = {"runtime_env": {"env_vars": {RUN_ENV: run_id}}}
         engine = cpu_engine_kwargs(
+            dtype=cpu_dtype(args.dtype),
             kv_cache_bytes=128 << 20,
             max_model_len=MAX_LEN,
             max_num_seqs=args.max_num_seqs or max(args.rollout_batch * args.samples // 4, 1),

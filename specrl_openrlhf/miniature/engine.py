@@ -8,6 +8,9 @@ on CPU therefore gets `kv_cache_memory_bytes`; the fraction stays for GPUs, wher
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 DEFAULT_KV_CACHE_BYTES = 256 << 20  # 131k tokens of the 2-layer tiny model, 4k of a 100M one
 # A record of every engine step (`integration.vllm.step_log`), and no log line per step from vLLM's own logger.
 RECORD_STEPS = {"enable_logging_iteration_details": True, "disable_log_stats": True}
@@ -40,6 +43,80 @@ def run_on_cpu_engines(main) -> int:
 
     use_cpu_engine_env()
     return asyncio.run(main())
+
+
+# CPU features that compute bfloat16 natively. Without either (AVX2-only CPUs, AVX-512 without BF16), PyTorch emulates
+# bfloat16 through float32 conversions, several times slower than float32 itself (docs/benchmarks.md).
+NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags (the first processor's `flags` line); empty where the file can't be read."""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_dtype(requested: str = "auto", flags: frozenset[str] | None = None) -> str:
+    """The dtype a CPU engine runs a model in: `requested`, or for "auto" bfloat16 where the CPU computes it natively
+    (AMX or AVX-512 BF16) and float32 elsewhere.
+
+    >>> cpu_dtype("auto", frozenset({"avx2"})), cpu_dtype("auto", frozenset({"avx2", "amx_bf16"}))
+    ('float32', 'bfloat16')
+    """
+    if requested not in DTYPES:
+        raise ValueError(f"--dtype must be one of {DTYPES}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    flags = cpu_flags() if flags is None else flags
+    return "bfloat16" if any(flag in flags for flag in NATIVE_BF16) else "float32"
+
+
+def machine(flags: frozenset[str] | None = None, cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """This machine as a figure names it: CPU model, cores, and how it computes bfloat16."""
+    model = "unknown CPU"
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = cpu_flags(cpuinfo) if flags is None else flags
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if "amx_bf16" in flags:
+        isa = "AMX" + (", AVX-512 BF16" if "avx512_bf16" in flags else "")
+    elif "avx512_bf16" in flags:
+        isa = "AVX-512 BF16 (no AMX)"
+    elif "avx512f" in flags:
+        isa = "AVX-512 without BF16 (no AMX)"
+    else:
+        isa = "AVX2 (no AVX-512, no AMX)" if "avx2" in flags else "no AVX2"
+    native = any(flag in flags for flag in NATIVE_BF16)
+    return f"{model}, {cores} cores, {isa}: bfloat16 {'native' if native else 'emulated'}"
+
+
+def add_dtype_argument(parser, default: str = "auto") -> None:
+    """`--dtype` for a command that starts CPU engines; `cpu_dtype(args.dtype)` resolves it."""
+    tiny = " (the tiny model's default: it is bound by per-step overheads, and its figures are float32's)"
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=default,
+        help="the engines' dtype; auto: bfloat16 where the CPU computes it natively (AMX or AVX-512 BF16), else "
+        f"float32 (default: {default}{tiny if default == 'float32' else ''})",
+    )
+
+
+def dtype_line(requested: str) -> str:
+    """What a report says of its engines' dtype: the choice, why, and the machine."""
+    why = "as asked" if requested != "auto" else "--dtype auto: bfloat16 only where the CPU computes it natively"
+    return f"engines in {cpu_dtype(requested)} ({why}); machine: {machine()}"
 
 
 def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrides) -> dict:

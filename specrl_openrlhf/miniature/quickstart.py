@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .. import config as reuse_config
 from ..policies import PluginError, UnknownPolicyError
+from .engine import add_dtype_argument
 from .plan import GRIDS, REGIMES, SUFFIX_AT_SCALE, Method, Regime, plan, with_trace_dirs
 
 DEFAULT_POLICY, DEFAULT_LENIENCE = "spec", 1.65
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a GPU's step curve (scripts/bench_gpu_step.py): lossless's budget prices draft slots on it, and rollout "
         "times are projected on it (projection only, default: docs/gpu_step_h200.json where the repository has it)",
     )
+    add_dtype_argument(parser, default="float32")
     parser.add_argument("--held-out-size", type=int, default=200, help="held-out prompts (default: 200)")
     parser.add_argument("--rollout-batch", type=int, default=32, help="prompts per step (default: 32)")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default: 8)")
@@ -333,7 +335,7 @@ def main(argv=None) -> int:
     from ..integration.openrlhf.eval import WORKER_SETUP_HOOK, install_in_worker
     from . import summary
     from .actors import held_out_accuracy, start_group, stop_group
-    from .engine import CPU_ENGINE_ENV
+    from .engine import CPU_ENGINE_ENV, dtype_line
     from .task import TaskConfig, splits
     from .training import train_group
     from .warm_start import WarmStartConfig
@@ -352,6 +354,7 @@ def main(argv=None) -> int:
         + (f", {len(done)} finished before" if done else "")
         + ":\n"
         + describe_plan(groups)
+        + f"\n[quickstart] {dtype_line(args.dtype)}"
     )
     started = time.perf_counter()
     settings = {k: v for k, v in vars(args).items() if k not in ("groups", "main_method", "projection_curve")}

@@ -15,7 +15,8 @@ Rules, each on an engine of its own: `off` (stock generation), `spec@1.65`, `los
 the engine (at every step, re-entering after rejections), and vLLM's own speculation: `suffix` (its defaults),
 `suffix@scale` (its response cache sized as at RL scale) and `ngram`. Every engine step is recorded, and each rule's
 steps are projected onto a GPU's step curve (`--cost-curve`, default docs/gpu_step_h200.json), which `lossless`'s
-budget then prices its draft slots on too. Engines run the model in bfloat16 (the CPU's AMX units), in
+budget then prices its draft slots on too. Engines run the model in bfloat16 where the CPU computes it natively (AMX
+or AVX-512 BF16) and in float32 elsewhere (`--dtype`), in
 a process of their own (`VLLM_ENABLE_V1_MULTIPROCESSING=1`: a compute-bound model needs its own OpenMP threads).
 
 It prints a table per visit and the paper's Table 3 shape over seeds (decoded tokens, speedup, kept share, accuracy,
@@ -72,6 +73,7 @@ class Settings:
     rules: tuple[str, ...] = tuple(m.name for m in RULES[:4])
     out: str = "runs/real_model"
     cost_curve: str | None = None  # lossless prices its draft slots on this GPU step curve; the projection uses it
+    dtype: str = "auto"  # the engines' (`engine.cpu_dtype`)
 
     def __post_init__(self):
         for name in ("prompts", "samples", "visits", "max_tokens", "train_layers"):
@@ -83,6 +85,9 @@ class Settings:
             raise ValueError(f"--rules takes off and any of {names}, got {list(self.rules)}")
         if self.cost_curve is not None and not Path(self.cost_curve).is_file():
             raise ValueError(f"--cost-curve {self.cost_curve}: no such file (scripts/bench_gpu_step.py writes one)")
+        from .engine import cpu_dtype
+
+        cpu_dtype(self.dtype)  # an unknown dtype: one clear error
 
     def methods(self) -> list[Method]:
         """The rules to run, `lossless` priced on the cost curve where one is given."""
@@ -155,7 +160,7 @@ class Lane:
 
 def engine_args(model_dir: Path, settings: Settings, policy, prompt_len: int) -> dict:
     from ..integration.vllm.engine_args import engine_kwargs
-    from .engine import cpu_engine_kwargs
+    from .engine import cpu_dtype, cpu_engine_kwargs
     from .weights import EXTENSION
 
     concurrent = settings.prompts * settings.samples
@@ -167,7 +172,7 @@ def engine_args(model_dir: Path, settings: Settings, policy, prompt_len: int) ->
         **engine_kwargs(
             policy,
             cpu_engine_kwargs(
-                dtype="bfloat16",
+                dtype=cpu_dtype(settings.dtype),
                 kv_cache_bytes=max(
                     concurrent * (prompt_len + settings.max_tokens) * (48 << 10), 256 << 20
                 ),  # 46 KiB/token
@@ -407,6 +412,8 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
 
 
 def parse_args(argv=None) -> Settings:
+    from .engine import add_dtype_argument
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = Settings()
     for name in ("prompts", "samples", "visits", "max_tokens", "train_layers", "held_out", "eval_samples"):
@@ -423,6 +430,7 @@ def parse_args(argv=None) -> Settings:
         help="a GPU's step curve: lossless's budget prices draft slots on it, and each rule's engine steps are "
         "projected on it (projection only, default: docs/gpu_step_h200.json)",
     )
+    add_dtype_argument(parser)
     args = parser.parse_args(argv)
     try:
         values = {k: v for k, v in vars(args).items() if k not in ("seeds", "rules")}
@@ -438,12 +446,14 @@ def parse_args(argv=None) -> Settings:
 def main(argv=None) -> int:
     import json
 
+    from .engine import cpu_dtype, dtype_line
+
     for key, value in ENGINE_ENV.items():
         os.environ[key] = value
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     settings = parse_args(argv)
     started = time.perf_counter()
-    print(f"[real-model] {settings}\n{HEADER}", flush=True)
+    print(f"[real-model] {settings}\n[real-model] {dtype_line(settings.dtype)}\n{HEADER}", flush=True)
     result = asyncio.run(run(settings, progress=lambda line: print(line, flush=True)))
     table, figures = summary(result, settings)
     out = Path(settings.out)
@@ -464,7 +474,8 @@ def main(argv=None) -> int:
             for rule, f in figures.items()
             if rule != "off"
         )
-        + f"seeds={len(settings.seeds)} visits={settings.visits} wall_s={time.perf_counter() - started:.0f} out={out}"
+        + f"dtype={cpu_dtype(settings.dtype)} seeds={len(settings.seeds)} visits={settings.visits} "
+        f"wall_s={time.perf_counter() - started:.0f} out={out}"
     )
     return 0
 

@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+import specrl_openrlhf as sr
+from specrl_openrlhf.miniature import engine, quickstart, real_model
 from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
 
 pytestmark = pytest.mark.engine
@@ -65,3 +67,47 @@ def test_fractions_are_refused_on_cpu():
         cpu_engine_kwargs(gpu_memory_utilization=0.3)
     with pytest.raises(ValueError, match="positive number of bytes"):
         cpu_engine_kwargs(kv_cache_bytes=0)
+
+
+CPUINFO = "processor\t: 0\nmodel name\t: {model}\nflags\t\t: fpu sse2 avx2 {extra}\n\nprocessor\t: 1\n"
+
+
+@pytest.mark.parametrize(
+    "extra, dtype, isa",
+    [
+        ("", "float32", "AVX2 (no AVX-512, no AMX): bfloat16 emulated"),
+        ("avx512f avx512bw", "float32", "AVX-512 without BF16 (no AMX): bfloat16 emulated"),
+        ("avx512f avx512_bf16", "bfloat16", "AVX-512 BF16 (no AMX): bfloat16 native"),
+        ("avx512f avx512_bf16 amx_tile amx_bf16", "bfloat16", "AMX, AVX-512 BF16: bfloat16 native"),
+    ],
+)
+def test_auto_dtype_follows_what_the_cpu_computes_natively(tmp_path, monkeypatch, extra, dtype, isa):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(CPUINFO.format(model="AMD EPYC 7B13", extra=extra))
+    flags = engine.cpu_flags(cpuinfo)
+    assert "avx2" in flags and engine.cpu_dtype("auto", flags) == dtype
+    assert engine.cpu_dtype("float32", flags) == "float32" and engine.cpu_dtype("bfloat16", flags) == "bfloat16"
+    line = engine.machine(cpuinfo=cpuinfo)
+    assert line.startswith("AMD EPYC 7B13, ") and line.endswith(isa)
+    # every command resolves `--dtype auto` through the flags of the machine it runs on
+    monkeypatch.setattr(engine, "cpu_flags", lambda cpuinfo="/proc/cpuinfo": flags)
+    settings = real_model.parse_args(["--seeds", "0"])
+    assert settings.dtype == "auto"
+    assert real_model.engine_args(tmp_path, settings, sr.make("off"), 40)["dtype"] == dtype
+    assert f"engines in {dtype} (--dtype auto" in engine.dtype_line("auto")
+    assert (
+        real_model.engine_args(tmp_path, real_model.parse_args(["--dtype", "float32"]), sr.make("off"), 40)["dtype"]
+        == "float32"
+    )
+
+
+def test_an_unreadable_cpuinfo_means_float32_and_a_bad_dtype_is_refused(tmp_path):
+    assert engine.cpu_flags(tmp_path / "missing") == frozenset()
+    assert engine.cpu_dtype("auto", frozenset()) == "float32"
+    with pytest.raises(ValueError, match="--dtype must be one of"):
+        engine.cpu_dtype("fp8")
+    with pytest.raises(SystemExit):
+        real_model.parse_args(["--dtype", "fp8"])
+    with pytest.raises(SystemExit):
+        quickstart.parse_args(["--dtype", "half"])
+    assert quickstart.parse_args(["--rollout_reuse", "spec"]).dtype == "float32"  # the tiny model's default

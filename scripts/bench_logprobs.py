@@ -20,12 +20,15 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
+    from specrl_openrlhf.miniature.engine import add_dtype_argument
+
+    add_dtype_argument(parser, default="float32")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from specrl_openrlhf.miniature.engine import cpu_engine_kwargs, use_cpu_engine_env
+    from specrl_openrlhf.miniature.engine import cpu_dtype, cpu_engine_kwargs, dtype_line, use_cpu_engine_env
 
     use_cpu_engine_env()
     from vllm import LLM, SamplingParams
@@ -34,7 +37,7 @@ def main(argv=None) -> None:
     from specrl_openrlhf.miniature.tiny_model import build_tiny_model
 
     model = build_tiny_model(tempfile.mkdtemp(prefix="bench_logprobs-"), hidden_size=192, eos_logit=-5.0)
-    llm = LLM(model=str(model), **cpu_engine_kwargs(max_model_len=256))
+    llm = LLM(model=str(model), **cpu_engine_kwargs(dtype=cpu_dtype(args.dtype), max_model_len=256))
     prompts = [TokensPrompt(prompt_token_ids=[5 + i % 50, 7, 9, 11] * 4) for i in range(args.prompts)]
     settings = {
         "no log-probs": {},
@@ -56,7 +59,7 @@ def main(argv=None) -> None:
         for name, extra in settings.items():
             times[name].append(run(**extra))
     base = min(times["no log-probs"])
-    print(f"{args.prompts} prompts x {args.max_tokens} tokens, min of {args.repeats}")
+    print(f"{args.prompts} prompts x {args.max_tokens} tokens, min of {args.repeats}; {dtype_line(args.dtype)}")
     for name, seconds in times.items():
         print(f"  {name:<36} {min(seconds):6.2f} s  ({min(seconds) / base:.2f}x no log-probs)")
 

@@ -26,6 +26,9 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=64, help="engine concurrency (the quickstart's)")
     parser.add_argument("--repeats", type=int, default=3)
+    from specrl_openrlhf.miniature.engine import add_dtype_argument
+
+    add_dtype_argument(parser, default="float32")
     return parser.parse_args(argv)
 
 
@@ -35,7 +38,7 @@ async def run(args) -> None:
     from vllm.sampling_params import RequestOutputKind
 
     from specrl_openrlhf.integration.vllm.edge import engine_generate
-    from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
+    from specrl_openrlhf.miniature.engine import cpu_dtype, cpu_engine_kwargs, dtype_line
     from specrl_openrlhf.miniature.tiny_model import build_tiny_model
 
     model = build_tiny_model(tempfile.mkdtemp(prefix="bench_output_kind-"), hidden_size=128, eos_logit=0.0)
@@ -43,6 +46,7 @@ async def run(args) -> None:
         vllm.AsyncEngineArgs(
             model=str(model),
             **cpu_engine_kwargs(
+                dtype=cpu_dtype(args.dtype),
                 kv_cache_bytes=1 << 30, max_model_len=64 + args.max_tokens + 8, max_num_seqs=args.max_num_seqs
             ),
         )
@@ -67,6 +71,7 @@ async def run(args) -> None:
             times[kind].append(await visit(kind))
             print(f"  {kind.name:<11} {times[kind][-1]:6.2f} s", flush=True)
     cumulative, final = (sum(times[kind]) for kind in kinds)
+    print(dtype_line(args.dtype))
     print(
         f"RESULT samples={args.prompts * args.n} max_tokens={args.max_tokens} max_num_seqs={args.max_num_seqs} "
         f"cumulative_s={cumulative:.2f} final_only_s={final:.2f} ratio={cumulative / final:.3f}"

@@ -47,7 +47,9 @@ async def run(args) -> None:
             model=str(model),
             **cpu_engine_kwargs(
                 dtype=cpu_dtype(args.dtype),
-                kv_cache_bytes=1 << 30, max_model_len=64 + args.max_tokens + 8, max_num_seqs=args.max_num_seqs
+                kv_cache_bytes=1 << 30,
+                max_model_len=64 + args.max_tokens + 8,
+                max_num_seqs=args.max_num_seqs,
             ),
         )
     )

@@ -81,7 +81,15 @@ def parse_args(argv=None):
         help="a GPU's step curve: lossless's budget prices draft slots on it, and both runs' engine steps are "
         "projected on it (projection only, default: docs/gpu_step_h200.json)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.cost_curve is not None:  # one clear error before any engine starts
+        from specrl_openrlhf.step_curve import StepCurve
+
+        try:
+            StepCurve.load(args.cost_curve)
+        except ValueError as error:
+            parser.error(f"--cost-curve {error}")
+    return args
 
 
 async def stock_visit(generate, prompts, n, params):

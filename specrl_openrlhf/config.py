@@ -196,6 +196,14 @@ class ReuseConfig:
             params["lenience"] = self.lenience
         return make(self.policy, **params)
 
+    def resolved(self) -> ReuseConfig:
+        """This config with the rule's parameters as the rule read them: a file a parameter names (`cost_curve`) is
+        read once, where the run starts, and the processes the config is sent to get its data, not its path."""
+        read = getattr(self.build_policy(), "params", None)
+        if not dataclasses.is_dataclass(read):
+            return self
+        return dataclasses.replace(self, params={k: getattr(read, k, v) for k, v in self.params.items()})
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 

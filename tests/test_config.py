@@ -3,6 +3,7 @@
 
 import argparse
 import dataclasses
+import json
 import re
 
 import pytest
@@ -91,3 +92,16 @@ def test_a_folder_is_writable_when_a_file_can_be_written_in_it(tmp_path):
     assert (tmp_path / "new" / "traces").is_dir() and not list((tmp_path / "new" / "traces").iterdir())
     with pytest.raises(ValueError, match="--reuse.trace_dir /proc/specrl: not a writable folder"):
         check_writable_folder("--reuse.trace_dir", "/proc/specrl")  # root's permission bits say yes; /proc says no
+
+
+def test_a_file_a_rule_names_travels_as_its_data(tmp_path):
+    """`resolved()` (what a run publishes to its executors) holds a step curve's data: no process reads the file."""
+    path = tmp_path / "curve.json"
+    grid = [{"rows": r, "tokens": q, "seconds": 0.01 * r * q} for r in (32, 64) for q in (1, 2)]
+    path.write_text(json.dumps({"device": "a GPU", "curve": grid}))
+    config = ReuseConfig(policy="lossless", params={"cost_curve": str(path), "cost_scale": 8})
+    published = ReuseConfig.from_json(config.resolved().to_json())
+    path.unlink()
+    assert published.params["cost_scale"] == 8 and published.params["cost_curve"]["device"] == "a GPU"
+    assert published.build_policy().params.cost_curve == published.params["cost_curve"]
+    assert ReuseConfig(policy="spec").resolved() == ReuseConfig(policy="spec")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .. import config as reuse_config
 from ..policies import PluginError, UnknownPolicyError
+from ..step_curve import StepCurve
 from .engine import add_dtype_argument
 from .plan import GRIDS, REGIMES, SUFFIX_AT_SCALE, Method, Regime, plan, with_trace_dirs
 
@@ -135,14 +136,17 @@ def parse_args(argv=None) -> argparse.Namespace:
             )
     elif args.regimes is not None:
         parser.error("--regimes picks regimes of a grid; add --grid, or set --epochs, --train-size and --lr instead")
+    if args.cost_curve is not None:  # one clear error before anything starts
+        try:
+            StepCurve.load(args.cost_curve)
+        except ValueError as error:
+            parser.error(f"--cost-curve {error}")
     try:
         args.groups = planned_groups(args, overrides)
     except (UnknownPolicyError, PluginError) as error:
         parser.error(f"--rollout_reuse: {error}")
     except (ValueError, TypeError) as error:
         parser.error(str(error))
-    if args.cost_curve is not None and not Path(args.cost_curve).is_file():
-        parser.error(f"--cost-curve {args.cost_curve}: no such file (scripts/bench_gpu_step.py writes one)")
     args.curve_file = args.cost_curve or (str(DEFAULT_CURVE) if DEFAULT_CURVE.is_file() else None)
     if not args.only and not args.grid and args.main_method.is_baseline:
         parser.error("--rollout_reuse off is the baseline, which always runs; pick a reuse rule such as spec")
@@ -331,7 +335,6 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
-    from ..analysis.projection import StepCurve
     from ..integration.openrlhf.eval import WORKER_SETUP_HOOK, install_in_worker
     from . import summary
     from .actors import held_out_accuracy, start_group, stop_group

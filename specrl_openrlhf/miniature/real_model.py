@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..step_curve import StepCurve
 from .grpo import PartialTrainer
 from .plan import Method
 
@@ -83,8 +84,11 @@ class Settings:
         if unknown or "off" not in self.rules:
             names = [m.name for m in RULES[1:]] + [SUFFIX_AT_SCALE]
             raise ValueError(f"--rules takes off and any of {names}, got {list(self.rules)}")
-        if self.cost_curve is not None and not Path(self.cost_curve).is_file():
-            raise ValueError(f"--cost-curve {self.cost_curve}: no such file (scripts/bench_gpu_step.py writes one)")
+        if self.cost_curve is not None:
+            try:
+                StepCurve.load(self.cost_curve)
+            except ValueError as error:
+                raise ValueError(f"--cost-curve {error}") from None
         from .engine import cpu_dtype
 
         cpu_dtype(self.dtype)  # an unknown dtype: one clear error
@@ -212,7 +216,6 @@ def new_generator(lane: Lane, settings: Settings, seed: int):
 async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, number: int, tokenizer) -> Record:
     from vllm import SamplingParams
 
-    from ..analysis.projection import StepCurve
     from ..integration.rollout.generator import gather_samples
     from ..integration.vllm.step_log import take_steps
     from .training import engine_columns

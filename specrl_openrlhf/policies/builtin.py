@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..lenience import DEFAULT_LENIENCE
+from ..step_curve import StepCurve
 from .base import DraftBatch, ReusePolicy, check_lenience, first_rejection, lenient_acceptance_logprob, lenient_cut
 from .registry import register
 
@@ -112,11 +113,12 @@ class LosslessParams:
     draft), "majority" (the majority path through the prompt's previous responses) or "tree" (their tree, walked by
     sampling p_curr at each node, `specrl_openrlhf.proposal.walk`). history: how many of the prompt's last visits the
     proposal draws on (1 or 2; not "own"). Acceptance follows p_curr, so the likelier proposal keeps more; every choice
-    is exact. cost_curve: a GPU's step curve (a JSON file of `scripts/bench_gpu_step.py`, on every engine's machine):
-    the goodput budget then prices slots on it at `cost_scale` times the rows a step serves instead of on this
-    machine's measured step cost, so the drafts are those that GPU would choose (acceptance does not depend on the
-    hardware); the drafting check, which measures this machine's steps, is off then. shared: in the engine, where the
-    prompt's own history holds no suffix of the sample (or the prompt has none yet), re-enter in the engine's other
+    is exact. cost_curve: a GPU's step curve, the path of a JSON file of `scripts/bench_gpu_step.py` (read once, here,
+    where the run starts: the rule then holds the curve's data, which travels to the engines with its parameters) or
+    that data: the goodput budget then prices slots on it at `cost_scale` times the rows a step serves instead of on
+    this machine's measured step cost, so the drafts are those that GPU would choose (acceptance does not depend on
+    the hardware); the drafting check, which measures this machine's steps, is off then. shared: in the engine, where
+    the prompt's own history holds no suffix of the sample (or the prompt has none yet), re-enter in the engine's other
     prompts' recent responses, one tree of them all (as vLLM's suffix decoding does with its global tree). lookup: and
     in the sample's own tokens, its prompt and response so far (prompt lookup, as vLLM's n-gram proposer): the longer
     match of the two."""
@@ -128,7 +130,7 @@ class LosslessParams:
     min_match: int = 4
     min_accept_prob: float = 0.1
     budget: str = "goodput"
-    cost_curve: str | None = None
+    cost_curve: str | dict | None = field(default=None, repr=False)  # the data: `describe` leaves it out
     cost_scale: int = 1
     shared: bool = True
     lookup: bool = True
@@ -159,10 +161,13 @@ class LosslessParams:
             raise ValueError(f"budget must be one of {BUDGET_CHOICES}, got {self.budget!r}")
         if isinstance(self.min_accept_prob, bool) or not 0.0 <= self.min_accept_prob < 1.0:
             raise ValueError(f"min_accept_prob must be in [0, 1), got {self.min_accept_prob!r}")
-        if self.cost_curve is not None and not Path(self.cost_curve).is_file():
-            raise ValueError(
-                f"cost_curve must be a step curve file (scripts/bench_gpu_step.py), got {self.cost_curve!r}"
-            )
+        if self.cost_curve is not None:  # a path is read once, here: its data, not the path, reaches the engines
+            try:
+                curve = self.cost_curve
+                curve = StepCurve.load(curve) if isinstance(curve, (str, Path)) else StepCurve.from_data(curve)
+            except ValueError as error:
+                raise ValueError(f"cost_curve: {error}") from None
+            object.__setattr__(self, "cost_curve", curve.as_data())
         for name in ("shared", "lookup"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

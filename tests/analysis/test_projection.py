@@ -3,11 +3,11 @@
 import doctest
 import json
 
-import numpy as np
 import pytest
 
 from specrl_openrlhf.analysis import projection
-from specrl_openrlhf.analysis.projection import EngineSteps, StepCurve, projected_ratio, projected_time
+from specrl_openrlhf.analysis.projection import EngineSteps, projected_ratio, projected_time
+from specrl_openrlhf.step_curve import StepCurve
 
 # t = 4 ms + 10 us per row + 20 us per token carried, measured on a grid of rows x tokens per row
 GRID = [{"rows": r, "tokens": q, "seconds": 0.004 + 1e-5 * r + 2e-5 * r * q} for r in (32, 64, 128) for q in (1, 2, 5)]
@@ -21,18 +21,6 @@ def steps(*rows_and_tokens, drafted=0, dt=0.01):
 
 def test_doctests():
     assert doctest.testmod(projection).failed == 0
-
-
-def test_the_curve_is_exact_on_its_grid_and_linear_between_and_beyond():
-    curve = StepCurve(GRID)
-    for point in GRID:
-        assert curve.time(point["rows"], point["tokens"]) == pytest.approx(point["seconds"])
-    assert curve.time(96, 3) == pytest.approx(0.004 + 1e-5 * 96 + 2e-5 * 96 * 3)  # inside: bilinear, exact here
-    assert curve.time(256, 9) == pytest.approx(0.004 + 1e-5 * 256 + 2e-5 * 256 * 9)  # past the grid: its slopes
-    assert curve.time(4, 1) == curve.time(32, 1)  # a small batch costs what the smallest measured one does
-    np.testing.assert_allclose(curve.time([32, 64], [1, 2]), [curve.time(32, 1), curve.time(64, 2)])
-    one, per_token = curve.linear_at(64)
-    assert one == pytest.approx(0.004 + 64 * 3e-5) and per_token == pytest.approx(2e-5)
 
 
 def test_projected_time_sums_the_curve_over_the_steps(tmp_path):

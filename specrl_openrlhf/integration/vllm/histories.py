@@ -25,6 +25,7 @@ from ...budget import BudgetReport
 from ...cache import prompt_key
 from ...history import History
 from ...policies.builtin import LosslessParams
+from ...step_curve import StepCurve
 
 MAX_HISTORY_NODES = 1 << 21  # history nodes (about tokens) an engine keeps; least recently registered prompts go first
 MAX_SHARED_NODES = 1 << 18  # the shared history's nodes; past them it is rebuilt from its newer half of responses
@@ -66,6 +67,7 @@ class HistoryBoard:
         self.version = 0  # bumped by every update: rows without a history look again
         self.proposers = 0  # proposers built in this process
         self.params = LosslessParams()  # the rule's parameters, as the latest update sent them
+        self.curve: StepCurve | None = None  # the GPU step curve they carry, which the budget prices slots on
         self.reports: list[BudgetReport] = []  # the proposers' reports
         self._sent: dict | None = None
         self.shared = SharedHistory(self.params.min_match)
@@ -75,6 +77,7 @@ class HistoryBoard:
         the rule's `LosslessParams` as a dict; logprobs: per response, a list or None (unknown p_prev)."""
         if params != self._sent:
             self.params, self._sent = LosslessParams(**params), params
+            self.curve = StepCurve.from_data(self.params.cost_curve) if self.params.cost_curve else None
             if self.params.min_match != self.shared.history.min_match:
                 self.shared = SharedHistory(self.params.min_match, self.shared.max_nodes)
         history = self.histories.pop(key, None)

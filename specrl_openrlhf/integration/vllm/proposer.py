@@ -28,7 +28,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...analysis.projection import StepCurve
 from ...budget import (
     AcceptanceModel,
     BudgetReport,
@@ -193,9 +192,9 @@ class HistoryProposer:
     def _allocate(self, candidates: list, rows: int) -> list[list[int]]:
         """Every row's draft, cut to the step's budget (`DraftBudget`)."""
         live = [c for c in candidates if c is not None]
-        params = histories.BOARD.params
-        if params.cost_curve:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
-            cost, margin = StepCurve.cached(params.cost_curve).budget_cost(rows, params.cost_scale), 0.0
+        params, curve = histories.BOARD.params, histories.BOARD.curve
+        if curve is not None:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
+            cost, margin = curve.budget_cost(rows, params.cost_scale), 0.0
         else:
             cost, margin = self.cost.params, math.inf if self.check.probe() else self.check.margin
         counts = self.budget.allocate([c.acceptance for c in live], rows, cost, params.budget, margin)

@@ -1,0 +1,163 @@
+"""A GPU's step curve: the measured time of one engine step by the rows it serves and the tokens each carries.
+
+Terminology:
+- *decode grid* (`StepCurve.seconds`): one forward of `rows` rows carrying `tokens` tokens each, a decoding step (1
+  token a row) or a verification step (1 + drafts a row), timed on a GPU (`scripts/bench_gpu_step.py`;
+  docs/gpu_step_h200.json holds an H200's, for a Qwen3-1.7B shape);
+- *prefill column* (`StepCurve.prefill`, optional): one forward that prefills `tokens` prompt tokens, timed the same
+  way (`bench_gpu_step.py --prefill`). Where a curve has none, a prefill's tokens are priced as carried tokens at the
+  decode grid's slope, a model (`prefill_measured` says which).
+
+A curve travels as data (`as_data`, `from_data`): a run reads its file once, where it starts, and hands the data to
+every engine with the rule's parameters, so no engine reads a file. Bad data is one `ValueError` naming its source.
+
+Core module: numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+
+class StepCurve:
+    """A GPU's step time by rows and tokens per row, measured on a grid (`points`: rows, tokens per row, seconds),
+    and optionally a prefill column (`prefill`: tokens, seconds).
+
+    Between grid points, linear in rows and in tokens per row. Past the grid: fewer rows than the smallest measured
+    cost what it does (a small batch is bound by reading the weights, not by its rows), more rows or tokens than the
+    largest extend the last measured slope.
+
+    >>> grid = [{"rows": r, "tokens": q, "seconds": 0.004 + 1e-5 * r * q} for r in (32, 64) for q in (1, 2)]
+    >>> curve = StepCurve(grid)
+    >>> round(curve.time(48, 1.5) * 1e3, 3), round(curve.time(8, 1) * 1e3, 3), round(curve.time(64, 4) * 1e3, 3)
+    (4.72, 4.32, 6.56)
+    """
+
+    def __init__(self, points: list[dict], device: str = "", prefill: list[dict] | None = None, source: str = ""):
+        self.device, self.source = device, source or "the step curve"
+        try:
+            table = {(int(p["rows"]), float(p["tokens"])): float(p["seconds"]) for p in points}
+            prefill_table = {float(p["tokens"]): float(p["seconds"]) for p in prefill or []}
+        except (TypeError, KeyError, ValueError) as error:
+            raise ValueError(
+                f"{self.source}: not a step curve ({type(error).__name__}: {error}); each point needs rows, tokens "
+                "and seconds (scripts/bench_gpu_step.py writes one)"
+            ) from None
+        values = [*table.values(), *prefill_table.values()]
+        if not all(math.isfinite(s) and s > 0 for s in values) or any(r < 1 or q < 1 for r, q in table):
+            raise ValueError(f"{self.source}: a step curve's rows, tokens and seconds must be positive")
+        self.rows = np.array(sorted({r for r, _ in table}), np.float64)  # [R]
+        self.tokens = np.array(sorted({q for _, q in table}), np.float64)  # [Q]
+        missing = [(int(r), q) for r in self.rows for q in self.tokens if (int(r), q) not in table]
+        if missing or len(self.rows) < 2 or len(self.tokens) < 2:
+            raise ValueError(
+                f"{self.source}: a step curve needs a full grid of at least 2 x 2 points; missing {missing[:4]}"
+            )
+        self.seconds = np.array([[table[(int(r), q)] for q in self.tokens] for r in self.rows])  # [R, Q]
+        if prefill is not None and len(prefill_table) < 2:
+            raise ValueError(f"{self.source}: a prefill column needs at least 2 points, got {len(prefill_table)}")
+        self.prefill_tokens = np.array(sorted(prefill_table), np.float64)  # [P], empty without a column
+        self.prefill_seconds = np.array([prefill_table[t] for t in self.prefill_tokens])  # [P]
+
+    @classmethod
+    def from_data(cls, data, source: str = "") -> StepCurve:
+        """From a curve's JSON object (`as_data`, or the file `bench_gpu_step.py` writes)."""
+        if not isinstance(data, dict) or not isinstance(data.get("curve"), list):
+            raise ValueError(
+                f"{source or 'the step curve'}: not a step curve (a JSON object with a 'curve' list of points; "
+                "scripts/bench_gpu_step.py writes one)"
+            )
+        prefill = data.get("prefill")
+        if prefill is not None and not isinstance(prefill, list):
+            raise ValueError(f"{source or 'the step curve'}: 'prefill' must be a list of points (tokens, seconds)")
+        return cls(data["curve"], str(data.get("device", "")), prefill, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> StepCurve:
+        """The curve of a file; a missing, unreadable or malformed file is one ValueError naming it."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such step curve file (scripts/bench_gpu_step.py writes one)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path}: not a readable step curve ({type(error).__name__}: {error})") from None
+        return cls.from_data(data, str(path))
+
+    def as_data(self) -> dict:
+        """The curve as a JSON object `from_data` reads back (what travels to the engines)."""
+        points = [
+            {"rows": int(r), "tokens": float(q), "seconds": float(self.seconds[i, j])}
+            for i, r in enumerate(self.rows)
+            for j, q in enumerate(self.tokens)
+        ]
+        data = {"device": self.device, "curve": points}
+        if self.prefill_measured:
+            data["prefill"] = [{"tokens": float(t), "seconds": float(s)} for t, s in self.prefill_points()]
+        return data
+
+    def prefill_points(self) -> list[tuple[float, float]]:
+        return list(zip(self.prefill_tokens.tolist(), self.prefill_seconds.tolist()))
+
+    @property
+    def prefill_measured(self) -> bool:
+        """Whether prefills are priced on a measured column (else on the decode grid's token slope: a model)."""
+        return len(self.prefill_tokens) >= 2
+
+    def time(self, rows, tokens_per_row):
+        """Seconds of steps with `rows` rows and `tokens_per_row` tokens each (scalars or arrays alike): bilinear on
+        the grid, extended past it by its edge slopes."""
+        r, q = np.broadcast_arrays(np.asarray(rows, np.float64), np.asarray(tokens_per_row, np.float64))
+        shape, r, q = r.shape, np.maximum(r.ravel(), self.rows[0]), q.ravel()
+        i, wr = _cell(self.rows, r)
+        j, wq = _cell(self.tokens, q)
+        s = self.seconds
+        out = (1 - wr) * ((1 - wq) * s[i, j] + wq * s[i, j + 1]) + wr * ((1 - wq) * s[i + 1, j] + wq * s[i + 1, j + 1])
+        return float(out[0]) if not shape else out.reshape(shape)
+
+    def prefill_cost(self, tokens, rows=0.0):
+        """Seconds that `tokens` prefill tokens add to a step that also serves `rows` decoding rows (scalars or
+        arrays): the measured column's time less its intercept at zero tokens (the fixed cost the step pays anyway);
+        without a column, the tokens at the decode grid's per-token slope at those rows (a model)."""
+        tokens = np.asarray(tokens, np.float64)
+        if self.prefill_measured:
+            t, s = self.prefill_tokens, self.prefill_seconds
+            intercept = s[0] - (s[1] - s[0]) / (t[1] - t[0]) * t[0]
+            j, w = _cell(t, tokens)
+            extra = (1 - w) * s[j] + w * s[j + 1] - intercept
+        else:
+            per_token = self.token_slope(np.maximum(np.asarray(rows, np.float64), 1.0))
+            extra = tokens * per_token
+        out = np.where(tokens > 0, np.maximum(extra, 0.0), 0.0)
+        return float(out) if out.ndim == 0 else out
+
+    def token_slope(self, rows):
+        """Seconds per carried token more, at `rows` rows: the least-squares slope over every measured tokens-per-row,
+        per row (scalars or arrays)."""
+        rows = np.asarray(rows, np.float64)
+        flat = np.atleast_1d(rows).ravel()
+        times = self.time(np.repeat(flat, len(self.tokens)), np.tile(self.tokens, len(flat))).reshape(len(flat), -1)
+        centred = self.tokens - self.tokens.mean()
+        slopes = np.maximum((times * centred).sum(axis=1) / (centred**2).sum(), 0.0) / np.maximum(flat, 1.0)
+        return float(slopes[0]) if rows.ndim == 0 else slopes.reshape(rows.shape)
+
+    def budget_cost(self, rows: int, scale: int = 1) -> np.ndarray:
+        """[3] (base, per_row, per_token) that price a step of `rows` rows as the curve does at rows x `scale`, each
+        row and draft slot standing for `scale` of the GPU's (`budget.DraftBudget.allocate`'s linear model)."""
+        one, per_token = self.linear_at(rows * scale)
+        per_token *= scale
+        return np.array([one - per_token * rows, 0.0, per_token])
+
+    def linear_at(self, rows: float) -> tuple[float, float]:
+        """(seconds of a step of `rows` rows carrying 1 token each, seconds per token more) at `rows`: the curve as
+        a budget prices a step near it, the token cost a least-squares slope over every measured tokens-per-row."""
+        return self.time(rows, 1.0), self.token_slope(float(rows))
+
+
+def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The grid interval of each x (the first or last one past the ends) and x's weight towards its upper end."""
+    index = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    return index, (x - grid[index]) / (grid[index + 1] - grid[index])

@@ -3,9 +3,10 @@
 # the venv that `PYTHON` runs, as an `arctic_inference` package without dist-info: vLLM's suffix decoding
 # (`speculative_config={"method": "suffix"}`, our `--rollout_reuse suffix`) imports
 # `arctic_inference.suffix_decoding.SuffixDecodingCache`, and nothing of arctic-inference's vLLM plugin is installed
-# (its `vllm.general_plugins` entry point would patch vLLM in every run, stock included).
-# arctic-inference is Apache-2.0 (Snowflake Inc.); PyPI has it as an sdist only, whose full build needs CUDA.
-# Run by `bash scripts/install.sh --suffix`; GPU users install arctic-inference itself (docs/usage.md).
+# (no dist-info, so no `vllm.general_plugins` entry point of its own).
+# arctic-inference is Apache-2.0 (Snowflake Inc.); PyPI has it as an sdist only, whose full build needs CUDA and torch.
+# Run by `bash scripts/install.sh --suffix`, and on GPU nodes as `PYTHON=$(which python) bash scripts/build_suffix_tree.sh`
+# (docs/install.md, "Suffix decoding on GPUs").
 set -euo pipefail
 PYTHON=${PYTHON:-python}
 VERSION=0.3.0

@@ -5,7 +5,7 @@
 # `arctic_inference.suffix_decoding.SuffixDecodingCache`, and nothing of arctic-inference's vLLM plugin is installed
 # (no dist-info, so no `vllm.general_plugins` entry point of its own).
 # arctic-inference is Apache-2.0 (Snowflake Inc.); PyPI has it as an sdist only, whose full build needs CUDA and torch.
-# Run by `bash scripts/install.sh --suffix`, and on GPU nodes as `PYTHON=$(which python) bash scripts/build_suffix_tree.sh`
+# Run by `bash scripts/install.sh`, and on GPU nodes as `PYTHON=$(which python) bash scripts/build_suffix_tree.sh`
 # (docs/install.md, "Suffix decoding on GPUs").
 set -euo pipefail
 PYTHON=${PYTHON:-python}

@@ -35,8 +35,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
   echo "$want" > "$stamp"
 fi
-# `bash scripts/install.sh --suffix` (or SPECRL_SUFFIX=1 where it is sourced): vLLM's suffix decoding, the peer rule
-# `suffix`, needs arctic-inference's suffix tree; PyPI has only its sdist, whose full build needs CUDA.
-if [ "${SPECRL_SUFFIX:-0}" = 1 ] || { [ "${BASH_SOURCE[0]}" = "$0" ] && [ "${1:-}" = --suffix ]; }; then
-  PYTHON="$VENV/bin/python" bash scripts/build_suffix_tree.sh
-fi
+# vLLM's suffix decoding (the peer rule `suffix`) and the C++ suffix tree our proposer can draft from need
+# arctic-inference's suffix tree; PyPI has only its sdist, whose full build needs CUDA: build only the tree (about 20 s
+# once; skipped where it imports). `--suffix` is kept for older instructions: the tree is always built now.
+PYTHON="$VENV/bin/python" bash scripts/build_suffix_tree.sh

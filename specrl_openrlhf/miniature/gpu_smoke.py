@@ -1,22 +1,27 @@
-"""`bash scripts/gpu_smoke.sh`: the literal command on one GPU with a tiny model, two steps, `off` then `spec`.
+"""`bash scripts/gpu_smoke.sh`: every kind of rule for two steps on one GPU, with the literal command and a tiny model.
 
-It builds a tiny model and a prompt file here (no model hub), runs
-`python -m openrlhf.cli.train_ppo_ray ... --rollout_reuse off|spec` for two steps over the same 8 prompts (so the
-second step has drafts), reads each run's TensorBoard logs with the report, and prints one line:
+It builds a tiny model and a prompt file here (no model hub), then runs
+`python -m openrlhf.cli.train_ppo_ray ... --rollout_reuse RULE` for two steps over the same 8 prompts (so the second
+step has drafts) for each kind of rule: `off` (stock), `spec` (the request path), `lossless` (verified in the engine
+by our proposer) and `suffix` (vLLM's own speculation; where arctic-inference's suffix tree is installed). It reads
+each run's TensorBoard logs and prints a line per rule (steps, the share of the response tokens kept from drafts,
+rollout time) and one RESULT line. A rule that drafts but kept nothing, fell back to stock generation, or ran a step
+short fails the script, naming the rule and what happened: a silent fallback to stock is the failure it looks for.
 
-    RESULT gpu=<name> off_steps=2 spec_steps=2 spec_draft_hit_rate=... spec_reused_tokens=... off_rollout_s=...
-
-Without CUDA it goes as far as it can: it builds the model and data, dry-runs both commands through OpenRLHF's own
-parser and validation (`--reuse.dry_run`), then stops before training, which needs CUDA (DeepSpeed, NCCL), and
-says so on its RESULT line (`gpu=none stopped=before_training`).
+Without CUDA it builds the model and data, dry-runs every command through OpenRLHF's own parser and validation
+(`--reuse.dry_run`), then stops before training (`RESULT gpu=none stopped=before_training`). `--cpu` goes on with its
+CPU twin: the same rules for two steps each on CPU engines, through OpenRLHF's rollout actors on Ray and the
+quickstart's trainer (`bash scripts/quickstart.sh --grid smoke`), checked the same way; the test suite runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis import report
@@ -24,7 +29,42 @@ from .task import TaskConfig, splits
 from .tiny_model import build_tiny_model
 
 REWARD_FILE = Path(__file__).resolve().parents[1] / "rewards" / "math_verify_reward.py"
-POLICIES = ("off", "spec")
+RULES = ("off", "spec", "lossless", "suffix")
+STEPS = 2
+PROMPTS, SAMPLES = 8, 4
+SUMMED = ("decoded_tokens", "reused_tokens", "fallbacks", "rollout_s")  # a run's totals, as `RuleRun` holds them
+
+
+@dataclass(frozen=True)
+class RuleRun:
+    """What one rule's run did, summed over its steps."""
+
+    rule: str
+    steps: int
+    decoded: float
+    reused: float
+    fallbacks: float
+    rollout_s: float
+
+    @classmethod
+    def of(cls, rule: str, steps: int, total) -> RuleRun:
+        """From `total(key)`, a metric summed over the run's steps."""
+        return cls(rule, steps, *(float(total(key)) for key in SUMMED))
+
+    @property
+    def kept(self) -> float:
+        return self.reused / max(self.reused + self.decoded, 1.0)
+
+
+def suffix_installed() -> bool:
+    try:
+        return importlib.util.find_spec("arctic_inference.suffix_decoding") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def rules_here() -> tuple[str, ...]:
+    return RULES if suffix_installed() else tuple(r for r in RULES if r != "suffix")
 
 
 def flags(model: Path, data: Path, out: Path, policy: str) -> list[str]:
@@ -36,9 +76,10 @@ def flags(model: Path, data: Path, out: Path, policy: str) -> list[str]:
         *("--actor.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1"),
         *("--train.colocate_all", "--vllm.gpu_memory_utilization", "0.3", "--vllm.enable_prefix_caching"),
         *("--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0"),
-        *("--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "32"),
-        *("--train.micro_batch_size", "8", "--rollout.micro_batch_size", "8", "--data.max_samples", "8"),
-        *("--train.max_epochs", "1", "--train.num_episodes", "2", "--data.max_len", "256"),
+        *("--rollout.batch_size", str(PROMPTS), "--rollout.n_samples_per_prompt", str(SAMPLES)),
+        *("--train.batch_size", str(PROMPTS * SAMPLES), "--train.micro_batch_size", "8"),
+        *("--rollout.micro_batch_size", "8", "--data.max_samples", str(PROMPTS)),
+        *("--train.max_epochs", "1", "--train.num_episodes", str(STEPS), "--data.max_len", "256"),
         *("--rollout.max_new_tokens", "64", "--rollout.temperature", "1.0", "--rollout.top_p", "1.0"),
         *("--actor.adam.lr", "1e-5", "--ds.zero_stage", "0", "--ckpt.save_steps", "-1", "--eval.steps", "-1"),
         *("--ckpt.path", str(out / policy / "ckpt"), "--ckpt.output_dir", str(out / policy / "final")),
@@ -51,7 +92,7 @@ def prepare(out: Path) -> tuple[Path, Path]:
     """A tiny model (head_dim 64, as vLLM wants) and 8 of the quickstart's problems as a JSONL prompt file."""
     model = build_tiny_model(out / "model", hidden_size=128, num_layers=2)
     data = out / "prompts.jsonl"
-    train, _ = splits(TaskConfig(train_size=8, held_out_size=8, seed=0))
+    train, _ = splits(TaskConfig(train_size=PROMPTS, held_out_size=8, seed=0))
     data.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in train))
     return model, data
 
@@ -61,41 +102,113 @@ def run(command: list[str], log: Path) -> int:
         return subprocess.call(command, stdout=f, stderr=subprocess.STDOUT)
 
 
+def check(runs: list[RuleRun]) -> list[str]:
+    """What went wrong, one line each (empty: every rule ran its steps, and every rule that drafts kept drafts)."""
+    problems = []
+    for r in runs:
+        if r.steps != STEPS:
+            problems.append(f"{r.rule} ran {r.steps} steps, not {STEPS}")
+        if r.fallbacks:
+            problems.append(f"{r.rule} fell back to stock generation for {r.fallbacks:.0f} samples (see its log)")
+        if r.rule != "off" and r.reused <= 0:
+            problems.append(f"{r.rule} kept no draft token: it ran as stock (is its proposer or plugin installed?)")
+        if r.rule == "off" and r.reused > 0:
+            problems.append(f"off reused {r.reused:.0f} tokens: stock generation must reuse nothing")
+    return problems
+
+
+def report_runs(device: str, runs: list[RuleRun], out: Path) -> int:
+    """A line per rule, the problems, and the RESULT line; 0 when there are none."""
+    for r in runs:
+        print(
+            f"[gpu_smoke] {r.rule:<9} steps={r.steps} kept={r.kept:6.1%} reused={r.reused:.0f} "
+            f"decoded={r.decoded:.0f} fallbacks={r.fallbacks:.0f} rollout_s={r.rollout_s:.1f}"
+        )
+    problems = check(runs)
+    for problem in problems:
+        print(f"[gpu_smoke] FAILED: {problem}")
+    print(
+        f"RESULT gpu={device} rules={','.join(r.rule for r in runs)} "
+        + "".join(f"steps[{r.rule}]={r.steps} kept[{r.rule}]={r.kept:.3f} " for r in runs)
+        + f"ok={int(not problems)} out={out}"
+    )
+    return 1 if problems else 0
+
+
+def gpu_runs(out: Path, rules: tuple[str, ...]) -> list[RuleRun]:
+    """Each rule's run, from its TensorBoard logs."""
+    series = {s.name: s for s in report.discover(out / "tb")}
+    return [
+        RuleRun.of(rule, len(series[rule].steps), series[rule].total)
+        if rule in series
+        else RuleRun(rule, 0, 0.0, 0.0, 0.0, 0.0)
+        for rule in rules
+    ]
+
+
+def cpu_twin(out: Path, rules: tuple[str, ...]) -> list[RuleRun] | None:
+    """The CPU twin: the quickstart's smoke grid (the same rules beside `off`, two steps of 8 prompts x 4 samples on
+    CPU engines through OpenRLHF's rollout actors); None where it failed."""
+    command = [
+        *(sys.executable, "-m", "specrl_openrlhf.miniature.quickstart", "--grid", "smoke"),
+        *("--rollout-batch", str(PROMPTS), "--samples", str(SAMPLES), "--held-out-size", "8", "--out", str(out)),
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    if run(command, out / "quickstart.log"):
+        return None
+    metrics = json.loads((out / "metrics.json").read_text())
+    runs = []
+    for rule in rules:
+        name = next(r["name"] for r in metrics["runs"] if r["policy"] == rule)
+        steps = [row for row in metrics["rows"] if row["kind"] == "step" and row["run"] == name]
+        runs.append(RuleRun.of(rule, len(steps), lambda key, steps=steps: sum(row.get(key) or 0.0 for row in steps)))
+    return runs
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bash scripts/gpu_smoke.sh", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/gpu_smoke", help="output folder (default: runs/gpu_smoke)")
+    parser.add_argument(
+        "--cpu", action="store_true", help="without CUDA, go on with the CPU twin (the same rules on CPU engines)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    rules = rules_here()
+    if "suffix" not in rules:
+        print("[gpu_smoke] suffix left out: arctic-inference's suffix tree is not installed (docs/install.md)")
     model, data = prepare(out)
     openrlhf = [sys.executable, "-m", "openrlhf.cli.train_ppo_ray"]
-    for policy in POLICIES:  # OpenRLHF's parser and validation, with ours: fails fast on any flag
+    for policy in rules:  # OpenRLHF's parser and validation, with ours: fails fast on any flag
         (out / policy).mkdir(exist_ok=True)
         if run([*openrlhf, *flags(model, data, out, policy), "--reuse.dry_run"], out / policy / "dry_run.log"):
             print(f"[gpu_smoke] the {policy} command does not parse: see {out / policy / 'dry_run.log'}")
             return 1
-    print(f"[gpu_smoke] model, prompts and both commands ready in {out}")
+    print(f"[gpu_smoke] model, prompts and the commands of {', '.join(rules)} ready in {out}")
     import torch
 
     if not torch.cuda.is_available():
-        print("[gpu_smoke] no CUDA device: OpenRLHF's training (DeepSpeed, NCCL weight sync) stops here")
-        print(f"RESULT gpu=none stopped=before_training dry_runs=ok out={out}")
-        return 0
-    for policy in POLICIES:
-        print(f"[gpu_smoke] training {policy} for 2 steps (log: {out / policy / 'train.log'})")
-        if run([*openrlhf, *flags(model, data, out, policy)], out / policy / "train.log"):
-            print(f"[gpu_smoke] {policy} failed: see {out / policy / 'train.log'}")
+        if not args.cpu:
+            print("[gpu_smoke] no CUDA device: OpenRLHF's training (DeepSpeed, NCCL weight sync) stops here")
+            print(f"RESULT gpu=none stopped=before_training dry_runs=ok out={out}")
+            return 0
+        from .engine import machine
+
+        print(f"[gpu_smoke] no CUDA device: the CPU twin, {STEPS} steps of each rule on {machine()}")
+        if "suffix" not in rules:
+            print("[gpu_smoke] FAILED: the CPU twin runs suffix too: bash scripts/install.sh builds its tree")
             return 1
-    runs = {run.name: run for run in report.discover(out / "tb")}
-    off, spec = runs["off"], runs["spec"]
-    hit_rate = spec.total("drafts_found") / max(spec.total("samples"), 1.0)
-    print(
-        f"RESULT gpu={torch.cuda.get_device_name(0).replace(' ', '_')} off_steps={len(off.steps)} "
-        f"spec_steps={len(spec.steps)} spec_draft_hit_rate={hit_rate:.2f} "
-        f"spec_reused_tokens={spec.total('reused_tokens'):.0f} off_rollout_s={off.total('rollout_s'):.1f} "
-        f"spec_rollout_s={spec.total('rollout_s'):.1f} out={out}"
-    )
-    return 0 if len(off.steps) == len(spec.steps) == 2 and spec.total("reused_tokens") > 0 else 1
+        runs = cpu_twin(out / "cpu", rules)
+        if runs is None:
+            print(f"[gpu_smoke] FAILED: the CPU twin did not finish: see {out / 'cpu' / 'quickstart.log'}")
+            return 1
+        return report_runs("cpu", runs, out)
+    for policy in rules:
+        print(f"[gpu_smoke] training {policy} for {STEPS} steps (log: {out / policy / 'train.log'})")
+        if run([*openrlhf, *flags(model, data, out, policy)], out / policy / "train.log"):
+            print(f"[gpu_smoke] FAILED: {policy} did not finish: see {out / policy / 'train.log'}")
+            return 1
+    return report_runs(torch.cuda.get_device_name(0).replace(" ", "_"), gpu_runs(out, rules), out)
 
 
 if __name__ == "__main__":

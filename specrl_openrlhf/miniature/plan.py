@@ -52,6 +52,7 @@ REGIMES = {
     "many-visits": Regime(name="many-visits", train_size=96, epochs=12),
     "low-lr": Regime(name="low-lr", lr=5e-5),
     "many-visits-low-lr": Regime(name="many-visits-low-lr", train_size=96, epochs=12, lr=5e-5),
+    "smoke": Regime(name="smoke", train_size=8, epochs=2),  # gpu_smoke's CPU twin: 2 steps of its 8 prompts
 }
 
 
@@ -119,6 +120,7 @@ GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of
             Method.of("ngram"),
         ),
     ),
+    "smoke": (("smoke",), (Method.of("spec"), Method.of("lossless"), Method.of("suffix"))),  # each kind of rule
     "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless verified in the engine and on requests
         ("default", "many-visits"),
         (

@@ -86,7 +86,7 @@ def test_grids_plan_every_regime_and_seed_side_by_side(tmp_path):
 def test_the_peers_grid_sizes_suffix_decodings_cache_as_at_scale(tmp_path):
     """vLLM keeps 10,000 responses, about one step's requests at 512 prompts x 16 samples: `suffix@scale` keeps 1.2
     steps' (32 prompts x 8 samples here); `--cost-curve` prices lossless's budget on a GPU's curve."""
-    pytest.importorskip("arctic_inference.suffix_decoding", reason="bash scripts/install.sh --suffix builds it")
+    pytest.importorskip("arctic_inference.suffix_decoding", reason="bash scripts/install.sh builds it")
     curve = str(Path(quickstart.__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json")
     args = quickstart.parse_args(["--grid", "peers", "--out", str(tmp_path), "--cost-curve", curve])
     runs = {run.method.name: run.method.config for run in args.groups[0].runs}

@@ -61,6 +61,6 @@ def test_suffix_decoding_without_its_suffix_tree_names_the_install(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "arctic_inference" else real(name)
     )
-    with pytest.raises(SpeculativeConfigError, match="install.sh --suffix"):
+    with pytest.raises(SpeculativeConfigError, match="build_suffix_tree.sh"):
         engine_args.engine_kwargs(sr.make("suffix"))
     assert engine_args.engine_kwargs(sr.make("ngram"))["speculative_config"]["method"] == "ngram"

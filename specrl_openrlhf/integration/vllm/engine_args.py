@@ -35,8 +35,8 @@ def check_installed(config: dict) -> None:
     names an old version of it, and comes from the engine, once it starts)."""
     if config.get("method") == "suffix" and importlib.util.find_spec("arctic_inference") is None:
         raise SpeculativeConfigError(
-            "speculative_config method 'suffix' needs arctic-inference's suffix tree: `pip install arctic-inference` "
-            "on GPUs, `bash scripts/install.sh --suffix` on CPU machines (docs/install.md)"
+            "speculative_config method 'suffix' needs arctic-inference's suffix tree: `PYTHON=$(which python) bash "
+            "scripts/build_suffix_tree.sh` builds it (docs/install.md, 'Suffix decoding on GPUs')"
         )
 
 

@@ -161,3 +161,50 @@ def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The grid interval of each x (the first or last one past the ends) and x's weight towards its upper end."""
     index = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
     return index, (x - grid[index]) / (grid[index + 1] - grid[index])
+
+
+class HostCurve:
+    """The engine's host (CPU) time of one step by the rows it serves, measured on a model whose forward costs almost
+    nothing (`bench_at_scale.py` measures it on the tiny model): the work async scheduling overlaps with the GPU's
+    forward, and which a rule that turns it off (every model-free proposer in vLLM) pays on top. Linear between the
+    measured rows, the first point's below them, the last slope past them.
+
+    >>> HostCurve([{"rows": 32, "seconds": 0.002}, {"rows": 512, "seconds": 0.01}]).time(272)
+    0.006
+    """
+
+    def __init__(self, points: list[dict], machine: str = "", source: str = ""):
+        self.machine, self.source = machine, source or "the host step curve"
+        try:
+            table = {int(p["rows"]): float(p["seconds"]) for p in points}
+        except (TypeError, KeyError, ValueError) as error:
+            raise ValueError(f"{self.source}: each point needs rows and seconds ({error})") from None
+        if len(table) < 2 or not all(r >= 1 and math.isfinite(s) and s > 0 for r, s in table.items()):
+            raise ValueError(f"{self.source}: a host step curve needs at least 2 points of positive rows and seconds")
+        self.rows = np.array(sorted(table), np.float64)  # [H]
+        self.seconds = np.array([table[int(r)] for r in self.rows])  # [H]
+
+    @classmethod
+    def load(cls, path: str | Path) -> HostCurve:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such host step curve file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path}: not a readable host step curve ({type(error).__name__}: {error})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("points"), list):
+            raise ValueError(f"{path}: not a host step curve (a JSON object with a 'points' list)")
+        return cls(data["points"], str(data.get("machine", "")), str(path))
+
+    def as_data(self) -> dict:
+        return {"machine": self.machine, "points": [{"rows": int(r), "seconds": float(s)} for r, s in self.points()]}
+
+    def points(self) -> list[tuple[float, float]]:
+        return list(zip(self.rows.tolist(), self.seconds.tolist()))
+
+    def time(self, rows):
+        """Seconds of the host's part of steps of `rows` rows (scalars or arrays)."""
+        r = np.maximum(np.asarray(rows, np.float64), self.rows[0])
+        i, w = _cell(self.rows, r)
+        out = (1 - w) * self.seconds[i] + w * self.seconds[i + 1]
+        return float(out) if out.ndim == 0 else out

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..step_curve import StepCurve
+from ..step_curve import HostCurve, StepCurve
 
 RL_SCALE, RL_MAX_ROWS = 8, 512  # the RL scale the benchmarks print beside scale 1
 FULL_SHARE = 0.9  # a step at a full batch serves at least this share of the rollout's peak rows
@@ -105,21 +105,91 @@ class EngineSteps:
         }
 
 
-def projected_time(steps: EngineSteps, curve: StepCurve, scale: int = 1, max_rows: int | None = None) -> float:
-    """Seconds the recorded steps would take on the curve's GPU, each step's rows x `scale` (at most `max_rows`)."""
-    rows = steps.rows.astype(np.float64)
-    served = rows > 0
-    if not served.any():
-        return 0.0
-    per_row = steps.tokens[served] / rows[served]
-    scaled = rows[served] * scale
-    if max_rows is not None:
-        scaled = np.minimum(scaled, max_rows)
-    return float(np.sum(curve.time(scaled, per_row)))
+@dataclass(frozen=True)
+class Pricing:
+    """How steps are priced: the GPU's step curve at rows x `scale` (at most `max_rows`), and every cost a step pays
+    besides its forward: the proposer's own time (it runs serially), and, for a rule that turns vLLM's async
+    scheduling off, the engine's host time (`HostCurve`), which stock overlaps with the GPU's forward."""
+
+    curve: StepCurve
+    scale: int = 1
+    max_rows: int | None = None
+    host: HostCurve | None = None
+
+    @property
+    def optimistic(self) -> bool:
+        """Whether the figure leaves costs out: the host's (no host curve) or a prefill's measured cost (no column);
+        ragged drafted steps are priced at their mean tokens per row, as the curve's uniform steps were timed."""
+        return self.host is None or not self.curve.prefill_measured
 
 
-def projected_ratio(stock: EngineSteps, rule: EngineSteps, curve: StepCurve, scale: int = 1) -> float:
-    """Stock's projected time over the rule's (above 1: the rule is faster on the curve's GPU)."""
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds per step [S]: the GPU's forward, the host's part, the proposer's."""
+
+    gpu: np.ndarray
+    host: np.ndarray
+    proposer: np.ndarray
+
+    def total(self, async_scheduling: bool) -> float:
+        """A rollout's projected seconds: with async scheduling (stock) the host's part overlaps the forward; without
+        it (every model-free proposer) a step pays the forward, the host's part and the proposer one after another."""
+        if async_scheduling:
+            return float(np.maximum(self.gpu, self.host).sum())
+        return float((self.gpu + self.host + self.proposer).sum())
+
+
+def step_costs(decode_rows, decode_tokens, prefill_tokens, pricing: Pricing, proposer_s=0.0) -> StepCosts:
+    """Per step: decoding rows x scale at their mean tokens per row on the curve, prefill tokens x scale priced as
+    prefill (`StepCurve.prefill_cost`; a step of prefill alone pays the curve's smallest step too), the host's part at
+    those rows, and `proposer_s` (per step, or one value for all)."""
+    rows = np.asarray(decode_rows, np.float64)
+    tokens = np.asarray(decode_tokens, np.float64)
+    prefill = np.asarray(prefill_tokens, np.float64) * pricing.scale
+    scaled = rows * pricing.scale
+    if pricing.max_rows is not None:
+        scaled = np.minimum(scaled, pricing.max_rows)
+    decoding = rows > 0
+    per_row = np.where(decoding, tokens / np.maximum(rows, 1.0), 1.0)
+    gpu = np.where(decoding, pricing.curve.time(np.maximum(scaled, 1.0), per_row), 0.0)
+    gpu = gpu + np.where(~decoding & (prefill > 0), pricing.curve.time(1.0, 1.0), 0.0)
+    gpu = gpu + np.asarray(pricing.curve.prefill_cost(prefill, np.maximum(scaled, 1.0)), np.float64)
+    served = decoding | (prefill > 0)
+    host = pricing.host.time(np.maximum(scaled, 1.0)) if pricing.host is not None else np.zeros_like(gpu)
+    host = np.where(served, host, 0.0)
+    proposer = np.broadcast_to(np.asarray(proposer_s, np.float64), gpu.shape) * served
+    return StepCosts(gpu, host, proposer)
+
+
+def projected_time(
+    steps: EngineSteps,
+    curve: StepCurve,
+    scale: int = 1,
+    max_rows: int | None = None,
+    *,
+    host: HostCurve | None = None,
+    proposer_s: float = 0.0,
+    async_scheduling: bool = True,
+) -> float:
+    """Seconds the recorded steps would take on the curve's GPU, each step's rows x `scale` (at most `max_rows`),
+    with every cost a step pays (`step_costs`, `StepCosts.total`)."""
+    pricing = Pricing(curve, scale, max_rows, host)
+    costs = step_costs(steps.decode_rows, steps.decode_tokens, steps.prefill_tokens, pricing, proposer_s)
+    return costs.total(async_scheduling)
+
+
+def projected_ratio(
+    stock: EngineSteps,
+    rule: EngineSteps,
+    curve: StepCurve,
+    scale: int = 1,
+    *,
+    host: HostCurve | None = None,
+    proposer_s: float = 0.0,
+) -> float:
+    """Stock's projected time over the rule's (above 1: the rule is faster on the curve's GPU); the rule verifies
+    drafts from a model-free proposer (vLLM turns async scheduling off for it) taking `proposer_s` a step."""
     max_rows = RL_MAX_ROWS if scale > 1 else None
-    mine = projected_time(rule, curve, scale, max_rows)
-    return projected_time(stock, curve, scale, max_rows) / mine if mine else math.nan
+    mine = projected_time(rule, curve, scale, max_rows, host=host, proposer_s=proposer_s, async_scheduling=False)
+    theirs = projected_time(stock, curve, scale, max_rows, host=host)
+    return theirs / mine if mine else math.nan

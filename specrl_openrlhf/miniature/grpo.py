@@ -128,14 +128,19 @@ class GRPOTrainer:
 
 
 class PartialTrainer:
-    """Policy-gradient steps on the last decoder layers and the final norm of a causal LM (bfloat16 autocast on CPU):
-    loss = -mean over samples of A * mean log p(response tokens), A the group-normalised reward (GRPO's)."""
+    """Policy-gradient steps on the last decoder layers and the final norm of a causal LM (bfloat16 autocast where the
+    CPU computes bfloat16 natively, `engine.cpu_dtype`; float32 elsewhere): loss = -mean over samples of A * mean
+    log p(response tokens), A the group-normalised reward (GRPO's)."""
 
     MICRO_BATCH = 4
 
-    def __init__(self, model_dir: Path, lr: float, layers: int, seed: int):
+    def __init__(self, model_dir: Path, lr: float, layers: int, seed: int, dtype: str = "auto"):
         import torch
         from transformers import AutoModelForCausalLM
+
+        from .engine import cpu_dtype
+
+        self.autocast = cpu_dtype(dtype) == "bfloat16"
 
         torch.manual_seed(seed)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -153,7 +158,7 @@ class PartialTrainer:
         chosen = [i for i in range(len(rewards)) if advantages[i] != 0 and responses[i]]
         for start in range(0, len(chosen), self.MICRO_BATCH):
             batch = chosen[start : start + self.MICRO_BATCH]
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 loss = sum(self._sample_loss(prompts[i], responses[i], advantages[i]) for i in batch) / len(chosen)
             loss.backward()
         if chosen:

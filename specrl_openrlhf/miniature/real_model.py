@@ -303,7 +303,7 @@ async def run(settings: Settings, progress=print) -> dict:
             problems = random.Random(seed).sample(train_all, settings.prompts)
             prompts = [chat_prompt(tokenizer, p) for p in problems]
             for lane in lanes:
-                lane.trainer = PartialTrainer(model_dir, settings.lr, settings.train_layers, seed)
+                lane.trainer = PartialTrainer(model_dir, settings.lr, settings.train_layers, seed, settings.dtype)
                 if not initial.exists():
                     lane.trainer.write(initial)
                 await reload(lane.engine, str(initial))

@@ -1,0 +1,479 @@
+"""`python scripts/bench_at_scale.py`: `lossless` at RL scale, in the simulator (`analysis.simulator`), against stock,
+vLLM's suffix decoding and n-gram proposer, every cost counted.
+
+The real proposers run here as vLLM drives them, on a recorded corpus (`corpus`): our engine proposer
+(`HistoryProposer`, its histories registered as the rollout registers them: the prompt's previous epoch when its visit
+starts, each finished sample after), vLLM's `SuffixDecodingProposer` (arctic-inference's cache) and `NgramProposer`,
+each built from a stand-in of the `VllmConfig` fields it reads and called with a stand-in of the persistent batch.
+Per engine step the simulator records the rows, the tokens they carried, the prefill, the drafts verified and accepted
+and the proposer's wall time here. Pricing (`analysis.projection.step_costs`):
+- measured on a GPU: the forward, on the step curve (`--curve`, an H200's by default) at the step's rows and mean
+  tokens per row; prefill on the curve's prefill column where it has one (else modelled at its per-token slope);
+- measured here: the proposer's own time, history updates included (it runs serially in vLLM);
+- measured here, on the tiny model: the engine's host time per step (`--host-steps`), which stock overlaps with the
+  forward (async scheduling) and every model-free proposer pays on top (vLLM turns async scheduling off for them).
+A projection: the figures say what these schedules would cost on that GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..analysis.projection import Pricing, step_costs
+from ..analysis.simulator import BatchView, Corpus, EngineSimulator, Request, Schedule, Simulation
+from ..step_curve import HostCurve, StepCurve
+from .corpus import CorpusSettings, cached_or_recorded
+
+DEFAULT_CURVE = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"
+RULES = ("off", "lossless", "suffix", "ngram")
+SUFFIX_DEPTH, NGRAM_K, LOSSLESS_K = 24, 8, 16  # vLLM's defaults (suffix: depth and k; n-gram: our k), ours
+HOST_ROWS = (16, 64, 128, 256, 512)  # rows the host step curve is measured at
+
+
+def vllm_config(k: int, max_model_len: int, max_num_seqs: int, **speculative) -> SimpleNamespace:
+    """The fields of vLLM's `VllmConfig` the proposers read."""
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k, **speculative),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+    )
+
+
+class Stock:
+    name, async_scheduling = "off", True
+
+    def visit(self, epoch, prompts, corpus) -> float:
+        return 0.0
+
+    def propose(self, batch, sampled):
+        return [[] for _ in sampled]
+
+    def finished(self, request) -> None:
+        pass
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+class Lossless:
+    """Our engine proposer; the prompt's previous epoch is registered when its visit starts, as the rollout does
+    from the draft store, and each finished sample's response after it."""
+
+    name, async_scheduling = "lossless", False
+
+    def __init__(self, max_model_len: int, max_num_seqs: int, curve: StepCurve):
+        from ..cache import prompt_key
+        from ..integration.vllm import histories
+        from ..integration.vllm.proposer import HistoryProposer
+        from ..policies.builtin import LosslessParams
+
+        histories.BOARD = self.board = histories.HistoryBoard()
+        self.key = prompt_key
+        self.params = histories.params_message(LosslessParams(cost_curve=curve.as_data()))
+        self.proposer = HistoryProposer(vllm_config(LOSSLESS_K, max_model_len, max_num_seqs))
+        self.keys: dict[int, bytes] = {}
+
+    def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
+        for p in prompts:
+            key = self.keys.setdefault(p, self.key(corpus.prompts[p]))
+            previous = corpus.responses[epoch - 1][p] if epoch > 0 else []
+            self.board.update(key, len(corpus.prompts[p]), True, self.params, previous, [None] * len(previous))
+        held = [self.board.histories.get(self.keys[p]) for p in prompts]
+        return sum(h is not None and h.num_nodes > 1 for h in held) / len(prompts)
+
+    def propose(self, batch: BatchView, sampled):
+        return self.proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
+
+    def finished(self, request: Request) -> None:
+        key = self.keys[request.prompt_index]
+        self.board.update(key, len(request.prompt), False, self.params, [request.response], [None])
+
+    def memory_bytes(self) -> int:
+        """The histories' memory, estimated from their nodes at the bytes a node takes (measured once)."""
+        return int((self.board.nodes + self.board.shared.history.num_nodes) * history_bytes_per_node())
+
+
+def history_bytes_per_node() -> float:
+    """Bytes one node of a `History` (a Python trie) takes, measured on a history of 16 random responses."""
+    from ..history import History
+
+    rng = np.random.default_rng(0)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    history = History(4)
+    for _ in range(16):
+        history.add(rng.integers(0, 1000, 200).tolist())
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return used / history.num_nodes
+
+
+class Suffix:
+    """vLLM's suffix decoding, its defaults, its response cache of `cached` requests (FIFO)."""
+
+    name, async_scheduling = "suffix", False
+
+    def __init__(self, max_model_len: int, max_num_seqs: int, cached: int):
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        config = vllm_config(
+            SUFFIX_DEPTH,
+            max_model_len,
+            max_num_seqs,
+            suffix_decoding_max_tree_depth=SUFFIX_DEPTH,
+            suffix_decoding_max_cached_requests=cached,
+            suffix_decoding_max_spec_factor=1.0,
+            suffix_decoding_min_token_prob=0.1,
+        )
+        self.proposer = SuffixDecodingProposer(config)
+
+    def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
+        cached = self.proposer.suffix_cache.cached_requests
+        previous = [any(f"e{epoch - 1}-p{p}-s{s}" in cached for s in range(corpus.samples)) for p in prompts]
+        return sum(previous) / len(prompts)
+
+    def propose(self, batch: BatchView, sampled):
+        return self.proposer.propose(SUFFIX_DEPTH, batch, sampled)
+
+    def finished(self, request) -> None:
+        pass
+
+    def memory_bytes(self) -> int:
+        return int(self.proposer.suffix_cache._global_tree.estimate_memory())
+
+
+class Ngram:
+    """vLLM's n-gram proposer (prompt lookup), its defaults (n 5), k 8."""
+
+    name, async_scheduling = "ngram", False
+
+    def __init__(self, max_model_len: int, max_num_seqs: int):
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        config = vllm_config(NGRAM_K, max_model_len, max(max_num_seqs, 1024), prompt_lookup_min=5, prompt_lookup_max=5)
+        self.proposer = NgramProposer(config)
+
+    def visit(self, epoch, prompts, corpus) -> float:
+        return 0.0
+
+    def propose(self, batch: BatchView, sampled):
+        return self.proposer.propose(NGRAM_K, sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
+
+    def finished(self, request) -> None:
+        pass
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+def measure_host_steps(rows=HOST_ROWS, progress=print) -> HostCurve:
+    """The engine's host time per decoding step at each of `rows`, on the tiny model (its forward costs almost
+    nothing): the median time of `LLMEngine.step` once every row decodes."""
+    import tempfile
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from .engine import cpu_engine_kwargs, machine, use_cpu_engine_env
+    from .tiny_model import build_tiny_model
+
+    use_cpu_engine_env()
+    model = build_tiny_model(Path(tempfile.gettempdir()) / "specrl_host_steps", hidden_size=128, eos_logit=-5.0)
+    llm = LLM(model=str(model), **cpu_engine_kwargs(max_model_len=256, max_num_seqs=max(rows), kv_cache_bytes=1 << 29))
+    engine, points = llm.llm_engine, []
+    for count in rows:
+        params = SamplingParams(max_tokens=48, ignore_eos=True, temperature=1.0)
+        for i in range(count):
+            engine.add_request(f"host-{count}-{i}", TokensPrompt(prompt_token_ids=[5 + i % 50, 7, 9, 11] * 4), params)
+        times = []
+        while engine.has_unfinished_requests():
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+        steady = sorted(times[4:-4]) or sorted(times)
+        points.append({"rows": count, "seconds": steady[len(steady) // 2]})
+        progress(f"[host steps] {count} rows: {points[-1]['seconds'] * 1e3:.2f} ms a step")
+    del llm
+    return HostCurve(points, machine())
+
+
+def host_curve(path: str | None, progress=print) -> HostCurve:
+    """The host step curve of `path`, or measured here (once: cached per machine)."""
+    if path:
+        return HostCurve.load(path)
+    from .engine import machine
+
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / "at_scale"
+    cached = root / f"host_steps-{hashlib.sha256(machine().encode()).hexdigest()[:12]}.json"
+    if cached.exists():
+        return HostCurve.load(cached)
+    curve = measure_host_steps(progress=progress)
+    root.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(curve.as_data(), indent=1))
+    return curve
+
+
+def build(rule: str, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffix_cache: int):
+    max_model_len = max(len(p) for p in corpus.prompts) + max(len(r) for e in corpus.responses for p in e for r in p)
+    max_model_len += 64
+    if rule == "off":
+        return Stock()
+    if rule == "lossless":
+        return Lossless(max_model_len, schedule.max_num_seqs, curve)
+    if rule == "suffix":
+        return Suffix(max_model_len, schedule.max_num_seqs, suffix_cache)
+    return Ngram(max_model_len, schedule.max_num_seqs)
+
+
+def figures(sim: Simulation, pricing: Pricing, async_scheduling: bool) -> dict:
+    """A rule's projected seconds (and their parts), its proposer's time per row and step, kept share, steps and the
+    tail's share of the projected time."""
+    column = sim.column
+    rows = column("decode_rows") + column("prefill_rows")
+    costs = step_costs(
+        column("decode_rows"), column("decode_tokens"), column("prefill_tokens"), pricing, column("proposer_s")
+    )
+    costs = type(costs)(costs.gpu, costs.host, costs.proposer + column("register_s"))
+    per_step = (
+        np.maximum(costs.gpu, costs.host) if async_scheduling else costs.gpu + costs.host + costs.proposer
+    )  # [S]
+    rl = column("rl_step")
+    tail = np.zeros(len(rows), bool)
+    for step in np.unique(rl):
+        index = np.flatnonzero(rl == step)
+        full = index[rows[index] >= 0.9 * rows[index].max()]
+        tail[index[index > full[-1]]] = True
+    return {
+        "projected_s": float(per_step.sum()),
+        "gpu_s": float(costs.gpu.sum()),
+        "host_s": float(costs.host.sum()),
+        "proposer_s": float(costs.proposer.sum()),
+        "proposer_us": float(column("proposer_s").sum() / max(rows.sum(), 1) * 1e6),
+        "register_ms_max": float(column("register_s").max() * 1e3) if len(rows) else 0.0,
+        "kept": sim.kept,
+        "steps": len(rows),
+        "tail": float(per_step[tail].sum() / max(per_step.sum(), 1e-12)),
+        "found_previous": float(np.mean(sim.found_previous)) if sim.found_previous else math.nan,
+        "accepted_per_drafted": float(column("accepted").sum() / max(column("drafted").sum(), 1)),
+    }
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python scripts/bench_at_scale.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rules", default=",".join(RULES), help=f"off and any of {RULES[1:]}")
+    parser.add_argument("--max-num-seqs", type=int, default=512, help="the engine's rows (default: 512)")
+    parser.add_argument("--prompts-per-step", type=int, default=32, help="prompts per RL step (default: 32)")
+    parser.add_argument("--curve", default=str(DEFAULT_CURVE), help="a GPU's step curve (default: the H200's)")
+    parser.add_argument(
+        "--prefill",
+        choices=("auto", "measured"),
+        default="auto",
+        help="auto: the curve's prefill column where it has one, else prefill modelled at its token slope; "
+        "measured: refuse a curve without one",
+    )
+    parser.add_argument("--host-steps", default=None, help="a host step curve (default: measured here, once)")
+    parser.add_argument("--corpus", default=None, help="a corpus file (default: recorded once into the cache)")
+    parser.add_argument("--prompts", type=int, default=CorpusSettings.prompts, help="the corpus's prompts")
+    parser.add_argument("--samples", type=int, default=CorpusSettings.samples, help="its samples per prompt")
+    parser.add_argument("--epochs", type=int, default=CorpusSettings.epochs, help="its epochs")
+    parser.add_argument(
+        "--suffix-cache",
+        type=int,
+        default=None,
+        help="suffix decoding's cached responses (default: 1.2 RL steps' requests, as vLLM's 10,000 at 512 prompts "
+        "x 16 samples a step)",
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="the simulator against the real engine at bench_real_model's size (3 prompts x 8 samples), for off, "
+        "lossless and suffix, on the same prompts and weights",
+    )
+    parser.add_argument("--visits", type=int, default=4, help="with --validate: visits of the prompts (default: 4)")
+    args = parser.parse_args(argv)
+    args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    if "off" not in args.rules or set(args.rules) - set(RULES):
+        parser.error(f"--rules takes off and any of {', '.join(RULES[1:])}, got {','.join(args.rules)}")
+    try:
+        args.step_curve = StepCurve.load(args.curve)
+        args.schedule = Schedule(max_num_seqs=args.max_num_seqs, prompts_per_step=args.prompts_per_step)
+        args.corpus_settings = CorpusSettings(prompts=args.prompts, samples=args.samples, epochs=args.epochs)
+        args.host = HostCurve.load(args.host_steps) if args.host_steps else None
+        if args.corpus:
+            args.loaded = Corpus.load(args.corpus)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.prefill == "measured" and not args.step_curve.prefill_measured:
+        parser.error(
+            f"--curve {args.curve} has no prefill column: measure one (scripts/bench_gpu_step.py --prefill) or drop "
+            "--prefill measured (prefill is then modelled at the curve's token slope)"
+        )
+    if "suffix" in args.rules:
+        from .gpu_smoke import suffix_installed
+
+        if not suffix_installed():
+            parser.error("--rules suffix needs arctic-inference's suffix tree: bash scripts/install.sh builds it")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.validate:
+        return validate(args)
+    from .engine import machine
+
+    started = time.perf_counter()
+    corpus = getattr(args, "loaded", None) or cached_or_recorded(args.corpus_settings, progress=print)
+    host = args.host or host_curve(None, progress=print)
+    schedule = args.schedule
+    requests = schedule.prompts_per_step * corpus.samples
+    suffix_cache = args.suffix_cache or math.ceil(1.2 * requests)
+    pricing = Pricing(args.step_curve, host=host)
+    print(
+        f"[at-scale] corpus: {len(corpus.prompts)} prompts x {corpus.samples} samples x {corpus.epochs} epochs "
+        f"({corpus.meta.get('model', '?')}); RL steps of {schedule.prompts_per_step} prompts ({requests} requests) "
+        f"on {schedule.max_num_seqs} rows; suffix cache {suffix_cache} responses\n"
+        f"[at-scale] projected on {args.step_curve.device} ({args.curve}), prefill "
+        f"{'measured' if args.step_curve.prefill_measured else 'modelled at the curve token slope'}; host steps "
+        f"measured on the tiny model ({host.machine}); proposers timed on {machine()}"
+    )
+    results = {}
+    for rule in args.rules:
+        proposer = build(rule, corpus, schedule, args.step_curve, suffix_cache)
+        steps_total = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
+        bar = _bar(rule, steps_total)
+        sim = EngineSimulator(corpus, schedule, proposer).run(progress=bar)
+        print()
+        results[rule] = figures(sim, pricing, proposer.async_scheduling)
+        results[rule]["memory_mb"] = proposer.memory_bytes() / 2**20
+    stock = results["off"]["projected_s"]
+    print(
+        "| rule | projected speedup | forward s | host s | proposer s | proposer µs/row-step | kept | steps | tail | "
+        "memory MB | previous epoch held |\n| --- |" + " ---: |" * 10
+    )
+    for rule, f in results.items():
+        f["projected"] = stock / f["projected_s"]
+        print(
+            f"| {rule} | {f['projected']:.2f} | {f['gpu_s']:.2f} | {f['host_s']:.2f} | {f['proposer_s']:.2f} | "
+            f"{f['proposer_us']:.2f} | {f['kept']:.1%} | {f['steps']} | {f['tail']:.1%} | {f['memory_mb']:.0f} | "
+            f"{f['found_previous']:.0%} |"
+        )
+    print(
+        "RESULT "
+        + "".join(
+            f"projected[{rule}]={f['projected']:.3f} proposer_us[{rule}]={f['proposer_us']:.2f} "
+            f"kept[{rule}]={f['kept']:.3f} "
+            for rule, f in results.items()
+        )
+        + f"optimistic={int(pricing.optimistic)} wall_s={time.perf_counter() - started:.0f}"
+    )
+    return 0
+
+
+def _bar(rule: str, total: int):
+    def progress(done: int) -> None:
+        filled = int(30 * done / max(total, 1))
+        print(f"\r[at-scale] {rule:<9} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} RL steps", end="")
+        sys.stdout.flush()
+
+    return progress
+
+
+VALIDATED = ("off", "lossless", "suffix")
+
+
+async def engine_visits(settings, progress=print) -> tuple[Corpus, dict[str, list[tuple[int, float]]]]:
+    """The real engine at bench_real_model's size (`settings`: a `real_model.Settings`), no training between visits:
+    per rule and visit, the engine steps it ran and the share of response tokens it kept from drafts; and `off`'s
+    responses as a corpus, which the simulator replays."""
+    import random
+
+    import vllm
+    from transformers import AutoTokenizer
+
+    from ..integration.rollout.generator import gather_samples
+    from ..integration.vllm.step_log import take_steps
+    from .real_model import Lane, engine_args, new_generator
+    from .smollm2 import converted
+    from .word_problems import chat_prompt, splits
+
+    model_dir = converted(temperature=settings.temperature)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    train, _ = splits(settings.prompts * 16, settings.held_out, seed=1234)
+    problems = random.Random(settings.seeds[0]).sample(train, settings.prompts)
+    prompts = [chat_prompt(tokenizer, p) for p in problems]
+    params = vllm.SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0, logprobs=0)
+    lanes, measured, responses = [], {}, []
+    try:
+        for method in settings.methods():
+            args = engine_args(model_dir, settings, method.config.build_policy(), max(len(p) for p in prompts))
+            lane = Lane(method, vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**args)))
+            lane.generator = new_generator(lane, settings, settings.seeds[0])
+            lanes.append(lane)
+        for visit in range(settings.visits):
+            for lane in lanes:
+                take_steps(lane.engine)
+                batch = await gather_samples(lane.generator, prompts, params)
+                steps, s = take_steps(lane.engine), batch.stats
+                measured.setdefault(lane.method.config.policy, []).append(
+                    (len(steps), s.reused_tokens / max(s.reused_tokens + s.decoded_tokens, 1))
+                )
+                if lane.method.config.policy == "off":
+                    responses.append([[list(o.token_ids) for o in row] for row in batch.outputs])
+                progress(f"[validate] visit {visit} {lane.method.name}: {len(steps)} steps")
+    finally:
+        for lane in lanes:
+            lane.engine.shutdown()
+    return Corpus(prompts, responses, {"model": "SmolLM2-135M-Instruct", "validation": True}), measured
+
+
+def validate(args) -> int:
+    """`--validate`: the simulator against the engine at bench_real_model's size, for off, lossless and suffix."""
+    import asyncio
+
+    from .engine import use_cpu_engine_env
+    from .real_model import Settings
+
+    use_cpu_engine_env()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # as bench_real_model: the model's own OpenMP threads
+    settings = Settings(
+        prompts=3, samples=8, visits=args.visits, seeds=(0,), rules=VALIDATED, cost_curve=args.curve, lr=0.0
+    )
+    corpus, engine = asyncio.run(engine_visits(settings, progress=print))
+    schedule = Schedule(max_num_seqs=settings.prompts * settings.samples, prompts_per_step=settings.prompts)
+    errors = {}
+    print("| rule | engine steps | simulated steps | engine kept | simulated kept |\n| --- |" + " ---: |" * 4)
+    for rule in VALIDATED:
+        proposer = build(rule, corpus, schedule, args.step_curve, 10_000)  # vLLM's cache: every visit here
+        sim = EngineSimulator(corpus, schedule, proposer).run()
+        visits = [(v, [r for r in sim.records if r.rl_step == v]) for v in range(1, corpus.epochs)]
+        sim_steps = sum(len(records) for _, records in visits)
+        sim_kept = sum(r.accepted for _, rs in visits for r in rs) / sum(
+            len(x) for v, _ in visits for p in corpus.responses[v] for x in p
+        )
+        real_steps = sum(steps for steps, _ in engine[rule][1:])
+        real_kept = sum(kept for _, kept in engine[rule][1:]) / len(engine[rule][1:])
+        errors[rule] = (sim_steps / real_steps - 1, (sim_kept - real_kept) / real_kept if real_kept else 0.0)
+        print(f"| {rule} | {real_steps} | {sim_steps} | {real_kept:.1%} | {sim_kept:.1%} |")
+    print(
+        "RESULT "
+        + "".join(f"steps_err[{r}]={e[0]:+.3f} kept_err[{r}]={e[1]:+.3f} " for r, e in errors.items())
+        + f"visits={settings.visits}"
+    )
+    return 0

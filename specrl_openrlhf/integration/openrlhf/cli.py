@@ -4,6 +4,10 @@ OpenRLHF's module runs as it is (see `seams`): its parser, its validation, its `
 argument group; once it has validated the arguments, `train_with_reuse` starts Ray with our worker setup hook, starts
 the run's reuse actors (its settings, the shared draft cache) and hands the vLLM engines our agent executor through
 OpenRLHF's `--train.agent_func_path`, then calls OpenRLHF's `train`. Without our flags, OpenRLHF runs untouched.
+
+The peers (`vllm`, `suffix`, `ngram`: vLLM's own speculation) reuse nothing, but the run is ours all the same
+(`steps_in`): their engines need the speculative config, and our executor reports, per sample, what vLLM drafted and
+accepted (`reuse/`), as for `lossless` verified in the engine.
 """
 
 from __future__ import annotations
@@ -39,10 +43,18 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
     reuse_config.add_arguments(parser)
 
 
+def steps_in(config: ReuseConfig) -> bool:
+    """Whether the run needs us: a rule that reuses drafts, or one that vLLM verifies by itself (the peers: their
+    engines need its `speculative_config`, and our executor reports, per sample, what vLLM drafted and accepted).
+    `off` leaves OpenRLHF as it is."""
+    policy = config.build_policy()
+    return policy.draft_age > 0 or policy.verifies_in_engine
+
+
 def after_parse(parser: argparse.ArgumentParser, namespace):
     """Validate our flags with OpenRLHF's (a bad one is a usage error, before Ray starts). Returns what to put in the
     command module's namespace (our `train`, and for a rule verified in the engine our `create_vllm_engines`), or
-    None to leave it as it is (reuse off, no dry run)."""
+    None to leave it as it is (`off`, no dry run)."""
     try:
         config = reuse_config.from_namespace(namespace)
         for warning in check_combination(namespace, config):
@@ -50,7 +62,7 @@ def after_parse(parser: argparse.ArgumentParser, namespace):
     except (UnknownPolicyError, PluginError, UnsupportedSamplingError, ValueError, TypeError) as error:
         flag = "--rollout_reuse" if isinstance(error, (UnknownPolicyError, PluginError)) else ""
         parser.error(f"{flag + ': ' if flag and not str(error).startswith('--') else ''}{error}")
-    if not (config.enabled or config.dry_run):
+    if not (steps_in(config) or config.dry_run):
         return None
     return functools.partial(take_over_names, config)
 
@@ -62,7 +74,7 @@ def take_over_names(config: ReuseConfig, module_globals: dict) -> None:
 
     upstream_train = module_globals["train"]
     module_globals["train"] = lambda args: train_with_reuse(args, upstream_train)
-    policy = config.build_policy() if config.enabled else None
+    policy = config.build_policy() if steps_in(config) else None
     if policy is not None and engine_kwargs(policy) and "create_vllm_engines" in module_globals:
         extra = functools.partial(engine_kwargs, policy)  # OpenRLHF's arguments in, ours added
         module_globals["create_vllm_engines"] = with_engine_kwargs(module_globals["create_vllm_engines"], extra)
@@ -81,7 +93,7 @@ def lookup(namespace, dotted: str, default=None):
 def check_combination(namespace, config: ReuseConfig) -> list[str]:
     """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's."""
     policy = config.build_policy()
-    if policy.draft_age == 0:
+    if not steps_in(config):
         return []
     get = lambda name, default=None: lookup(namespace, name, default)  # noqa: E731
     if not get("vllm.num_engines"):
@@ -110,7 +122,7 @@ def check_combination(namespace, config: ReuseConfig) -> list[str]:
 def run_settings(args, config: ReuseConfig) -> dict:
     """What every executor needs to know, held by the run's `ReuseRun` actor."""
     return {
-        "reuse_config": config.to_json(),
+        "reuse_config": config.resolved().to_json(),  # files its rule names travel as their data
         "num_shards": config.cache_shards,
         "samples_per_visit": args.rollout.n_samples_per_prompt,
         "training_signature": [args.rollout.temperature, args.rollout.top_p, -1],
@@ -136,11 +148,11 @@ def print_dry_run(args, config: ReuseConfig) -> None:
     for ours in ("reuse", "rollout_reuse", "lenience"):
         openrlhf_args.pop(ours, None)
     resolved = {"reuse": dataclasses.asdict(config), "policy": config.build_policy().describe()}
-    if config.enabled:
+    if steps_in(config):
         from ..vllm.engine_args import engine_kwargs
 
         # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path, and for a rule
-        # verified in the engine, our proposer
+        # verified in the engine, its speculative config (our proposer, or vLLM's own for the peers)
         resolved["engines"] = {
             "agent_func_path": AGENT_ENTRY,
             "engine_kwargs": engine_kwargs(config.build_policy()),
@@ -214,7 +226,7 @@ def train_with_reuse(args, upstream_train) -> None:
     if config.dry_run:
         print_dry_run(args, config)
         return
-    if not config.enabled:
+    if not steps_in(config):
         return upstream_train(args)
 
     from .draft_store import CACHE_DIRNAME, start_reuse

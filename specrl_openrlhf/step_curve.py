@@ -7,6 +7,9 @@ Terminology:
 - *prefill column* (`StepCurve.prefill`, optional): one forward that prefills `tokens` prompt tokens, timed the same
   way (`bench_gpu_step.py --prefill`). Where a curve has none, a prefill's tokens are priced as carried tokens at the
   decode grid's slope, a model (`prefill_measured` says which).
+- *host column* (`StepCurve.host`, optional, a `HostCurve`): the engine's host time per step by rows, which a step
+  pays on top of its forward where async scheduling is off (every model-free proposer's): a budget priced on the
+  curve counts it in a step's fixed cost.
 
 A curve travels as data (`as_data`, `from_data`): a run reads its file once, where it starts, and hands the data to
 every engine with the rule's parameters, so no engine reads a file. Bad data is one `ValueError` naming its source.
@@ -37,8 +40,16 @@ class StepCurve:
     (4.72, 4.32, 6.56)
     """
 
-    def __init__(self, points: list[dict], device: str = "", prefill: list[dict] | None = None, source: str = ""):
-        self.device, self.source = device, source or "the step curve"
+    def __init__(
+        self,
+        points: list[dict],
+        device: str = "",
+        prefill: list[dict] | None = None,
+        source: str = "",
+        host: HostCurve | None = None,
+    ):
+        self.device, self.source, self.host = device, source or "the step curve", host
+        self._budget_costs: dict[tuple[int, int], np.ndarray] = {}
         try:
             table = {(int(p["rows"]), float(p["tokens"])): float(p["seconds"]) for p in points}
             prefill_table = {float(p["tokens"]): float(p["seconds"]) for p in prefill or []}
@@ -71,10 +82,14 @@ class StepCurve:
                 f"{source or 'the step curve'}: not a step curve (a JSON object with a 'curve' list of points; "
                 "scripts/bench_gpu_step.py writes one)"
             )
-        prefill = data.get("prefill")
+        prefill, host = data.get("prefill"), data.get("host")
         if prefill is not None and not isinstance(prefill, list):
             raise ValueError(f"{source or 'the step curve'}: 'prefill' must be a list of points (tokens, seconds)")
-        return cls(data["curve"], str(data.get("device", "")), prefill, source)
+        if host is not None:
+            if not isinstance(host, dict) or not isinstance(host.get("points"), list):
+                raise ValueError(f"{source or 'the step curve'}: 'host' must be a host step curve's data")
+            host = HostCurve(host["points"], str(host.get("machine", "")), source)
+        return cls(data["curve"], str(data.get("device", "")), prefill, source, host)
 
     @classmethod
     def load(cls, path: str | Path) -> StepCurve:
@@ -97,7 +112,13 @@ class StepCurve:
         data = {"device": self.device, "curve": points}
         if self.prefill_measured:
             data["prefill"] = [{"tokens": float(t), "seconds": float(s)} for t, s in self.prefill_points()]
+        if self.host is not None:
+            data["host"] = self.host.as_data()
         return data
+
+    def with_host(self, host: HostCurve | None) -> StepCurve:
+        """This curve with the host's time per step beside it (`host`)."""
+        return StepCurve.from_data({**self.as_data(), **({"host": host.as_data()} if host else {})}, self.source)
 
     def prefill_points(self) -> list[tuple[float, float]]:
         return list(zip(self.prefill_tokens.tolist(), self.prefill_seconds.tolist()))
@@ -146,10 +167,16 @@ class StepCurve:
 
     def budget_cost(self, rows: int, scale: int = 1) -> np.ndarray:
         """[3] (base, per_row, per_token) that price a step of `rows` rows as the curve does at rows x `scale`, each
-        row and draft slot standing for `scale` of the GPU's (`budget.DraftBudget.allocate`'s linear model)."""
-        one, per_token = self.linear_at(rows * scale)
-        per_token *= scale
-        return np.array([one - per_token * rows, 0.0, per_token])
+        row and draft slot standing for `scale` of the GPU's (`budget.DraftBudget.allocate`'s linear model); the host
+        column's time, where there is one, is part of the base."""
+        key = (int(rows), int(scale))
+        cost = self._budget_costs.get(key)
+        if cost is None:  # the proposer asks at every step, for a few hundred distinct rows at most
+            one, per_token = self.linear_at(rows * scale)
+            per_token *= scale
+            host = self.host.time(rows * scale) if self.host is not None else 0.0  # a fixed cost of the step
+            cost = self._budget_costs[key] = np.array([one + host - per_token * rows, 0.0, per_token])
+        return cost
 
     def linear_at(self, rows: float) -> tuple[float, float]:
         """(seconds of a step of `rows` rows carrying 1 token each, seconds per token more) at `rows`: the curve as

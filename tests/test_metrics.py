@@ -45,3 +45,12 @@ def test_a_samples_engine_report_becomes_the_budgets_gauges():
     assert metrics[f"{PREFIX}engine_reports"] == 0.5 and metrics[f"{PREFIX}drafted_slots"] == 2.5
     assert metrics[f"{PREFIX}predicted_acceptance"] == 0.6 and metrics[f"{PREFIX}observed_acceptance"] == 0.5
     assert metrics[f"{PREFIX}step_base_ms"] == 6.0 and metrics[f"{PREFIX}step_token_ms"] == 0.05  # two proposers
+
+
+def test_drafts_vllm_accepted_past_a_responses_end_are_not_counted_as_reused():
+    """48 tokens, 8 verification steps of 8 drafts: vLLM reports 44 accepted, but its last step's accepted drafts ran
+    past max_tokens; the prefill and every step but the last sampled a token of their own: 40 reused, 8 decoded."""
+    stats = sr.metrics.verified_in_engine([1, 1, 3, 7, 8, 8, 8, 8], [8] * 8, 48)
+    assert (stats.reused_tokens, stats.decoded_tokens, stats.draft_tokens) == (40, 8, 64)
+    untouched = sr.metrics.verified_in_engine([2, 0, 1], [3, 3, 3], 10)  # no step ran past the end: all of them
+    assert (untouched.reused_tokens, untouched.decoded_tokens, untouched.reentries) == (3, 7, 2)

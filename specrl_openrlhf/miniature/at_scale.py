@@ -24,7 +24,6 @@ import math
 import os
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -90,8 +89,11 @@ class Lossless:
             key = self.keys.setdefault(p, self.key(corpus.prompts[p]))
             previous = corpus.responses[epoch - 1][p] if epoch > 0 else []
             self.board.update(key, len(corpus.prompts[p]), True, self.params, previous, [None] * len(previous))
-        held = [self.board.histories.get(self.keys[p]) for p in prompts]
-        return sum(h is not None and h.num_nodes > 1 for h in held) / len(prompts)
+        self.board.drain(set())  # as the proposer would before its next step (timed with the visit)
+        while self.board.pending:
+            self.board.drain(set())
+        held = [self.board.slots.get(self.keys[p]) for p in prompts]
+        return sum(slot is not None and bool(slot.responses) for slot in held) / len(prompts)
 
     def propose(self, batch: BatchView, sampled):
         return self.proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
@@ -101,23 +103,8 @@ class Lossless:
         self.board.update(key, len(request.prompt), False, self.params, [request.response], [None])
 
     def memory_bytes(self) -> int:
-        """The histories' memory, estimated from their nodes at the bytes a node takes (measured once)."""
-        return int((self.board.nodes + self.board.shared.history.num_nodes) * history_bytes_per_node())
-
-
-def history_bytes_per_node() -> float:
-    """Bytes one node of a `History` (a Python trie) takes, measured on a history of 16 random responses."""
-    from ..history import History
-
-    rng = np.random.default_rng(0)
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    history = History(4)
-    for _ in range(16):
-        history.add(rng.integers(0, 1000, 200).tolist())
-    used = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
-    return used / history.num_nodes
+        """The histories' memory: the arena's arrays."""
+        return self.board.arena.nbytes
 
 
 class Suffix:
@@ -231,7 +218,7 @@ def build(rule: str, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffi
     if rule == "off":
         return Stock()
     if rule == "lossless":
-        return Lossless(max_model_len, schedule.max_num_seqs, curve)
+        return Lossless(max_model_len, schedule.max_num_seqs, curve)  # with its host column: a step's fixed cost
     if rule == "suffix":
         return Suffix(max_model_len, schedule.max_num_seqs, suffix_cache)
     return Ngram(max_model_len, schedule.max_num_seqs)
@@ -345,6 +332,7 @@ def main(argv=None) -> int:
     requests = schedule.prompts_per_step * corpus.samples
     suffix_cache = args.suffix_cache or math.ceil(1.2 * requests)
     pricing = Pricing(args.step_curve, host=host)
+    args.step_curve = args.step_curve.with_host(host)  # lossless's budget prices a step's host time too
     print(
         f"[at-scale] corpus: {len(corpus.prompts)} prompts x {corpus.samples} samples x {corpus.epochs} epochs "
         f"({corpus.meta.get('model', '?')}); RL steps of {schedule.prompts_per_step} prompts ({requests} requests) "

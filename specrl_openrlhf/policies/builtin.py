@@ -121,7 +121,8 @@ class LosslessParams:
     the prompt's own history holds no suffix of the sample (or the prompt has none yet), re-enter in the engine's other
     prompts' recent responses, one tree of them all (as vLLM's suffix decoding does with its global tree). lookup: and
     in the sample's own tokens, its prompt and response so far (prompt lookup, as vLLM's n-gram proposer): the longer
-    match of the two."""
+    match of the two. history_mb: the memory an engine's histories may take (MiB); past it the histories of the
+    prompts that left the engine go first."""
 
     draft: str = "tree"
     history: int = 1
@@ -134,6 +135,7 @@ class LosslessParams:
     cost_scale: int = 1
     shared: bool = True
     lookup: bool = True
+    history_mb: int = 1024
 
     def __post_init__(self):
         if self.draft not in DRAFT_CHOICES:
@@ -171,6 +173,9 @@ class LosslessParams:
         for name in ("shared", "lookup"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        mb = self.history_mb
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+            raise ValueError(f"history_mb must be a positive integer (MiB an engine's histories may take), got {mb!r}")
         if isinstance(self.cost_scale, bool) or not isinstance(self.cost_scale, int) or self.cost_scale < 1:
             raise ValueError(f"cost_scale must be an integer >= 1 (rows each row stands for), got {self.cost_scale!r}")
 

@@ -22,6 +22,7 @@ platform without Triton. Where it runs decides how:
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
@@ -65,7 +66,24 @@ def _put(impl) -> None:
 
     current = rejection_sampler.expand_kernel
     if isinstance(current, KernelOverride) and current.func is not impl:  # the platform registered its kernels
-        register_kernels({EXPAND_KERNEL: impl})
+        hidden = _unscannable()
+        try:
+            register_kernels({EXPAND_KERNEL: impl})
+        finally:
+            sys.modules.update(hidden)
+
+
+def _unscannable() -> dict:
+    """Modules out of `sys.modules` for a moment: those holding an object whose `__dict__` is not a dict (llvmlite's
+    `ffi.lib`, once numba is imported, as our proposer's kernels are), on which vLLM 0.32's `register_kernels` scan
+    of every module fails (docs/upstream.md). Returned, to be put back."""
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if namespace and name.startswith("llvmlite"):
+            if any(hasattr(v, "__dict__") and not isinstance(vars(v), dict) for v in list(namespace.values())):
+                hidden[name] = sys.modules.pop(name)
+    return hidden
 
 
 def install() -> bool:

@@ -3,17 +3,18 @@
 vLLM's rejection sampler, given a draft without draft probabilities (a model-free proposer), keeps draft token y with
 probability p(y) under the request's own sampling settings and otherwise samples p without y: the fixed-proposal rule,
 exact whatever produced the draft. `HistoryProposer` is such a proposer (`speculative_config={"method":
-"custom_class", "model": PROPOSER, ...}`, `engine_kwargs`). At every step it proposes, for each batch row, the greedy
-path below the row's cursor in the prompt's history (`history.History`, `proposal.propose`), re-entering on the
-longest suffix match after a rejection (there, else in the shared history of the engine's other prompts or the row's
-own tokens), and cuts every row's draft to the step's budget (`budget`): the slots whose expected tokens pay for what
-they add to the step, by the step cost it measures (the time between its calls) and the acceptance it learns (what
-each row then sampled). Where the budget gives nothing for `IDLE_STEPS` steps, it sleeps: a full batch that drafts
-nothing pays little for it, and a shrinking batch (the tail) wakes it.
+"custom_class", "model": PROPOSER, ...}`, `engine_kwargs`). At every step it follows every batch row at once
+(`rows.follow`, compiled): the row's response joins its prompt's trie as it is sampled (`arena`), and it proposes the
+likeliest path below where it stands there, or where its last tokens re-enter best (its prompt's previous responses,
+its siblings in flight, other prompts' responses, its prompt's text: `rows`). The step's budget (`budget`) then cuts
+every row's draft to the slots whose expected tokens pay for what they add to the step, by the step cost it measures
+(the time between its calls) or a GPU's step curve, and the acceptance it learns (what each row then sampled). Where
+the budget gives nothing for `IDLE_STEPS` steps it sleeps (it still follows the rows, drafting nothing): a full batch
+that drafts nothing pays little for it, and a shrinking batch (the tail) wakes it.
 
-Histories reach it through `histories` (registered over `collective_rpc`; a row's prompt is found by the digest of
-its leading tokens). A proposal never depends on the row's own randomness to come, so a late, missing or wrong
-history costs speed, never exactness, and so does a budget.
+Histories reach it through `histories` (queued over `collective_rpc`, inserted between steps; a row's prompt is found
+by the digest of its leading tokens). A proposal never depends on the row's own randomness to come, so a late,
+missing or wrong history costs speed, never exactness, and so does a budget.
 
 A proposer that fails never stops the engine: its constructor and `propose` catch everything, log it once and propose
 nothing, and `update_histories` then answers 0 proposers, which the rollout reads as "no proposer" and says so.
@@ -21,44 +22,26 @@ nothing, and `update_histories` then answers 0 proposers, which the rollout read
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
-from typing import NamedTuple
 
 import numpy as np
 
-from ...budget import (
-    AcceptanceModel,
-    BudgetReport,
-    DraftBudget,
-    DraftingCheck,
-    SlotFeatures,
-    StepCost,
-    features,
-)
-from ...history import logprob_floor
+from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, StepCost, features
 from . import histories, plugin
-from .rows import Row
+from .arena import NONE, warn_if_interpreted
+from .rows import FOLLOWED, NEW, RowState, anchor, follow, warm_up
 
 logger = logging.getLogger(__name__)
 
 # Slots priced per candidate at least; then twice the most the last step's budget gave a row (it takes a prefix of
 # each), so a full batch that drafts nothing prices 4 slots a row, not k, and a tail reaches k in two steps.
 LOOKAHEAD = 4
-# A budget that gave at most one slot (its exploring slot) for IDLE_STEPS steps in a row is not asked for the next
-# SLEEP_STEPS (following the rows costs a small model's step several percent), unless the batch shrinks below
-# WAKE_SHARE of its size (a tail).
+# A budget that gave at most one slot (its exploring slot) for IDLE_STEPS steps in a row drafts nothing for the next
+# SLEEP_STEPS, unless the batch shrinks below WAKE_SHARE of its size (a tail).
 IDLE_STEPS, SLEEP_STEPS, WAKE_SHARE = 16, 32, 0.75
-
-
-class Candidate(NamedTuple):
-    """A row's draft before the budget cuts it, each slot's features and predicted conditional acceptance ([k])."""
-
-    row: Row
-    tokens: list[int]
-    slots: list[SlotFeatures]
-    acceptance: list[float]
 
 
 class HistoryProposer:
@@ -69,7 +52,6 @@ class HistoryProposer:
         self.k, self.max_model_len, self.failed = 0, 0, False
         self.lookahead = LOOKAHEAD  # slots a candidate is priced for: the budget never took more than half of them
         self.idle, self.asleep, self.idle_rows = 0, 0, 0  # steps given nothing in a row; asleep for; at batch size
-        self.rows: dict[int, Row] = {}
         self.cost = StepCost()
         self.acceptance = AcceptanceModel()
         self.budget = DraftBudget()
@@ -77,11 +59,16 @@ class HistoryProposer:
         self.report = BudgetReport()
         self.clock = time.perf_counter  # what step times are read from
         self.last_call: float | None = None  # when the previous step's `propose` began
+        self.followed = 0  # rows followed at the last step
+        self.version = histories.BOARD.version
         try:
             self.k = int(vllm_config.speculative_config.num_speculative_tokens)
             self.max_model_len = int(vllm_config.model_config.max_model_len)
+            self.rows = RowState(self.k)
             histories.BOARD.proposers += 1
             histories.BOARD.reports.append(self.report)
+            warn_if_interpreted()
+            warm_up(self.k, self.max_model_len)
         except Exception as error:  # the engine must start whatever happens here
             self._fail(error)
         plugin.register()  # where `VLLM_PLUGINS` left our plugin out: the CPU fixes, before the engine's first step
@@ -98,120 +85,157 @@ class HistoryProposer:
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list:
         # sampled_token_ids: [B] lists of the tokens each row sampled this step (empty: still in prefill)
         # num_tokens_no_spec: [>= B] int, tokens per row (prompt + response so far); token_ids_cpu: [>= B, max_len]
-        board = histories.BOARD
-        if self.failed or (not board.histories and board.shared.history.num_nodes <= 1):  # nothing to draft from
-            self.rows.clear()
-            self.last_call = None
+        if self.failed:
             return [[] for _ in sampled_token_ids]
-        rows = len(sampled_token_ids)
-        if self.asleep:
-            if rows >= WAKE_SHARE * self.idle_rows:
-                self.asleep -= 1
-                self.report.step(0)
-                return [[] for _ in sampled_token_ids]
-            self.asleep = 0  # a tail: where drafting may pay again
         try:
-            now = self.clock()
-            lengths = num_tokens_no_spec[:rows].tolist()
-            states, carried, clean = [], 0, self.last_call is not None
-            for row, sampled in enumerate(sampled_token_ids):  # the verdicts first: then the predictions are fresh
-                state, drafted = self._follow(row, sampled, lengths[row], token_ids_cpu[row])
-                clean &= drafted is not None  # a step that started a row ran its prefill too: not a decode's cost
-                carried += 1 + (drafted or 0)
-                states.append(state if sampled and state.placed else None)
-            candidates = [None if state is None else self._candidate(state, n) for state, n in zip(states, lengths)]
-            for row in [r for r in self.rows if r >= rows]:
-                del self.rows[row]
-            if clean:  # the step that ran: its cost, and whether its drafts paid (`DraftingCheck`)
-                seconds, produced = now - self.last_call, sum(len(s) for s in sampled_token_ids)
-                self.cost.observe(rows, carried, seconds)
-                plain_s, gain = self.cost.predict(rows, rows), self.budget.predicted_gain
-                self.check.observe(rows, carried - rows, produced, seconds, plain_s, gain)
-                self.report.cost, self.report.cost_error = self.cost.params, self.cost.relative_error
-                self.report.margin, self.report.plain_scale = self.check.margin, self.check.plain_scale
-            self.report.deciles = self.acceptance.deciles
-            self.last_call = now
-            return self._allocate(candidates, rows)
+            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         except Exception as error:
             self._fail(error)
             return [[] for _ in sampled_token_ids]
 
-    def _follow(self, row: int, sampled, num_tokens: int, tokens: np.ndarray) -> tuple[Row, int | None]:
-        """The row's state after the step: its verdicts on what it was given, and its cursor moved on. Returns it and
-        the draft tokens the step carried for it, None if the row did not hold the same request at the last step."""
-        new = len(sampled)
-        state = self.rows.get(row)
-        if state is not None and new and state.seen + new == num_tokens and tokens.item(0) == state.first:
-            recent = tokens[state.seen - 1 : num_tokens].tolist()  # the token seen last, then those taken since
-            continuing = recent[0] == state.last
-        else:
-            continuing = False
-        drafted = None
-        if not continuing:  # a request new to this row (or still in its prefill)
-            state = self.rows[row] = Row(tokens.item(0), -1, 0)
-            if not new:
-                return state, None
-        else:
-            drafted = len(state.draft)
-            taken = recent[1:]
-            if state.draft:
-                self._verdicts(state, taken)
-            state.advance(taken)
-        if state.history is None and state.version != histories.BOARD.version:
-            state.anchor(histories.BOARD, tokens, num_tokens, new)
-        state.seen, state.last = num_tokens, tokens.item(num_tokens - 1)
-        if not state.placed:  # left where it stood, or never stood anywhere: the longest suffix match
-            state.reenter(histories.BOARD, tokens, num_tokens)
-        return state, drafted
+    def _propose(self, sampled, num_tokens, token_ids) -> list:
+        now, rows, board, state = self.clock(), len(sampled), histories.BOARD, self.rows
+        if state.capacity < rows:
+            state.grow(2 * rows)
+        if board.version != self.version:  # the arena was rebuilt: every row afresh
+            state.forget()
+            self.version = board.version
+        given = state.drafted[:rows].copy()
+        if board.pending:  # responses of rows followed until now were inserted in flight: skipped when registered
+            followed = np.flatnonzero(state.seen[: self.followed] > 0)
+            board.drain(set(state.slot[followed].tolist()), set(state.hash[followed].tolist()))
+        lengths = np.fromiter(map(len, sampled), np.int64, rows)
+        offsets = np.zeros(rows + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(sampled), np.int32, int(offsets[-1]))
+        awake = self._awake(rows)
+        params = board.params
+        k = min(self.k, self.lookahead)
+        args = (params.min_match, k, self.max_model_len, params.shared, awake, state.outputs)
+        arena = board.arena
+        arena.reserve(int(offsets[-1]))
+        sampled_at = (flat, offsets, num_tokens, token_ids, state.kernel_args())
+        arena.size = follow(arena.arrays, arena.size, np.arange(rows, dtype=np.int64), *sampled_at, *args)
+        new = np.flatnonzero(state.status[:rows] == NEW)
+        given[new] = 0  # what was given to the requests that left these rows
+        self._leave(rows, new)
+        if len(new):
+            moved = state.moved(new, range(rows, self.followed), num_tokens[:rows] - lengths, token_ids)
+            given[moved] = state.drafted[moved]  # the moved requests' drafts are judged where they went
+            if len(moved):
+                arena.size = follow(arena.arrays, arena.size, moved, *sampled_at, *args)
+            fresh = np.setdiff1d(new, moved)
+            if len(fresh):
+                self._anchor(fresh, lengths, num_tokens, token_ids, args)
+        self.followed = rows
+        self._verdicts(rows, given)
+        clean = self.last_call is not None and not len(new)
+        if clean:  # the step that ran: its cost, and whether its drafts paid (`DraftingCheck`)
+            seconds, carried = now - self.last_call, rows + int(given.sum())
+            self.cost.observe(rows, carried, seconds)
+            plain_s, gain = self.cost.predict(rows, rows), self.budget.predicted_gain
+            self.check.observe(rows, carried - rows, int(offsets[-1]), seconds, plain_s, gain)
+            self.report.cost, self.report.cost_error = self.cost.params, self.cost.relative_error
+            self.report.margin, self.report.plain_scale = self.check.margin, self.check.plain_scale
+        self.report.deciles = self.acceptance.deciles
+        self.last_call = now
+        if not awake:
+            self.report.step(0)
+            return [[] for _ in range(rows)]
+        return self._allocate(rows)
 
-    def _verdicts(self, state: Row, taken: list[int]) -> None:
-        """What the engine kept of the row's last draft: one-hot verification accepted its slots up to the first
-        token the row did not take; the slots after that one were not verified."""
-        if not state.draft:
+    def _awake(self, rows: int) -> bool:
+        if not self.asleep:
+            return True
+        if rows >= WAKE_SHARE * self.idle_rows:
+            self.asleep -= 1
+            return False
+        self.asleep = 0  # a tail: where drafting may pay again
+        return True
+
+    def _leave(self, rows: int, new: np.ndarray) -> None:
+        """Requests no longer followed where they were (finished, or moved): their responses were inserted in flight,
+        so the same response registered later is skipped (`Slot.in_flight`)."""
+        state, by_id = self.rows, histories.BOARD.by_id
+        gone = np.concatenate([new, np.arange(rows, self.followed)])
+        for r in gone[state.seen[gone] > 0].tolist():
+            slot = by_id.get(int(state.slot[r]))
+            if slot is not None:
+                slot.in_flight.add(int(state.hash[r]))
+
+    def _anchor(self, fresh, lengths, num_tokens, token_ids, args) -> None:
+        """Requests new to their rows: their prompt's slot (found by digest), their response so far a path of it."""
+        board, state = histories.BOARD, self.rows
+        roots, slots = np.full(len(fresh), NONE, np.int64), np.full(len(fresh), NONE, np.int64)
+        for i, r in enumerate(fresh.tolist()):
+            slot, prompt_len = board.find(token_ids[r], int(num_tokens[r]), int(lengths[r]))
+            if slot is not None:
+                roots[i], slots[i], state.prompt_len[r] = slot.root, slot.id, prompt_len
+        arena = board.arena
+        arena.reserve(int(num_tokens[fresh].sum()))
+        placed = (fresh, roots, slots, num_tokens, token_ids, state.kernel_args())
+        arena.size = anchor(arena.arrays, arena.size, *placed, *args)
+
+    def _verdicts(self, rows: int, given: np.ndarray) -> None:
+        """What the engine kept of the rows' last drafts: one-hot verification accepted their slots up to the first
+        token each row did not take; the slots after that one were not verified."""
+        state = self.rows
+        status, accepted = state.status[:rows], state.accepted[:rows]
+        judged_rows = np.flatnonzero((status == FOLLOWED) & (accepted >= 0) & (given > 0))
+        if not len(judged_rows):
             return
-        for j, (token, slot, predicted) in enumerate(zip(state.draft, state.slots, state.predicted)):
-            accepted = j < len(taken) and taken[j] == token
-            self.acceptance.observe(slot, accepted, predicted)
-            self.report.verdict(predicted, accepted)
-            if not accepted:
-                break
-        state.draft, state.slots, state.predicted = [], [], []
+        judged = np.minimum(given[judged_rows], accepted[judged_rows] + 1)  # [J]
+        owner = np.repeat(judged_rows, judged)
+        position = np.arange(len(owner)) - np.repeat(np.cumsum(judged) - judged, judged)
+        hits = position < np.repeat(accepted[judged_rows], judged)
+        buckets, predicted = state.bucket[owner, position], state.predicted[owner, position]
+        self.acceptance.observe(buckets, hits, predicted)
+        self.report.verdicts(predicted, hits)
 
-    def _candidate(self, state: Row, num_tokens: int) -> Candidate | None:
-        """The row's greedy draft (up to k tokens) with each slot's features and predicted acceptance."""
-        if not state.placed or num_tokens >= self.max_model_len:
-            return None
-        params = histories.BOARD.params
-        floor = logprob_floor(params.min_accept_prob) if params.budget == "static" else float("-inf")
-        proposed = state.proposal(min(self.k, self.lookahead, self.max_model_len - num_tokens), floor)
-        if not proposed.tokens:
-            return None
-        slots = [features(state.kind, j, support, state.match + j) for j, support in enumerate(proposed.support)]
-        return Candidate(state, proposed.tokens, slots, [self.acceptance.predict(slot) for slot in slots])
-
-    def _allocate(self, candidates: list, rows: int) -> list[list[int]]:
+    def _allocate(self, rows: int) -> list[list[int]]:
         """Every row's draft, cut to the step's budget (`DraftBudget`)."""
-        live = [c for c in candidates if c is not None]
-        params, curve = histories.BOARD.params, histories.BOARD.curve
-        if curve is not None:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
-            cost, margin = curve.budget_cost(rows, params.cost_scale), 0.0
+        state, board = self.rows, histories.BOARD
+        cand, support, length = state.cand, state.support, state.length
+        live = np.flatnonzero(length[:rows] > 0)
+        if not len(live):
+            return self._step_done(rows, np.zeros(0, np.int64), live)
+        k = int(length[live].max())
+        position = np.arange(k)[None, :]
+        match = state.match[live, None] + position
+        kind = np.broadcast_to(state.kind[live, None], match.shape)
+        buckets = features(kind, np.broadcast_to(position, match.shape), support[live, :k], match)  # [L, k]
+        acceptance = self.acceptance.predict(buckets)
+        params, curve = board.params, board.curve
+        if params.budget == "static":  # every slot while the paths' share of the history says it may be kept
+            alive = np.cumprod(np.where(position < length[live, None], support[live, :k], 0.0), axis=1)
+            counts = (alive >= params.min_accept_prob).sum(axis=1)
+            self.budget.predicted_gain = None
         else:
-            cost, margin = self.cost.params, math.inf if self.check.probe() else self.check.margin
-        counts = self.budget.allocate([c.acceptance for c in live], rows, cost, params.budget, margin)
-        drafts, given = [], dict(zip(map(id, live), counts))
-        for candidate in candidates:
-            n = 0 if candidate is None else given[id(candidate)]
-            if n:
-                state = candidate.row
-                state.draft, state.slots = candidate.tokens[:n], candidate.slots[:n]
-                state.predicted = candidate.acceptance[:n]
-                drafts.append(state.draft)
+            if curve is not None:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
+                cost, margin = curve.budget_cost(rows, params.cost_scale), 0.0
             else:
-                drafts.append([])
-        self.report.step(sum(counts))
-        self.lookahead = max(LOOKAHEAD, 2 * max(counts, default=0))  # a budget takes a prefix of each candidate
-        self.idle = 0 if sum(counts) > 1 else self.idle + 1  # one slot: the budget's exploring slot, or as little
-        if self.idle >= IDLE_STEPS:  # rows are followed afresh after the sleep: where they stand is not kept
-            self.idle, self.asleep, self.idle_rows, self.last_call = 0, SLEEP_STEPS, rows, None
-            self.rows.clear()
+                cost, margin = self.cost.params, math.inf if self.check.probe() else self.check.margin
+            counts = self.budget.allocate(acceptance, length[live], rows, cost, params.budget, margin)
+        drafted = live[counts > 0]
+        n = counts[counts > 0]
+        state.drafted[drafted] = n
+        state.draft[drafted, :k] = cand[drafted, :k]
+        state.bucket[drafted, :k] = buckets[counts > 0]
+        state.predicted[drafted, :k] = acceptance[counts > 0]
+        return self._step_done(rows, counts, live)
+
+    def _step_done(self, rows: int, counts: np.ndarray, live: np.ndarray) -> list[list[int]]:
+        total = int(counts.sum())
+        self.report.step(total)
+        self.lookahead = max(LOOKAHEAD, 2 * int(counts.max(initial=0)))  # a budget takes a prefix of each candidate
+        self.idle = 0 if total > 1 else self.idle + 1  # one slot: the budget's exploring slot, or as little
+        if self.idle >= IDLE_STEPS:
+            self.idle, self.asleep, self.idle_rows = 0, SLEEP_STEPS, rows
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        if total:
+            width = int(counts.max())
+            tokens = self.rows.cand[live, :width].tolist()
+            for r, n, row in zip(live.tolist(), counts.tolist(), tokens):
+                if n:
+                    drafts[r] = row[:n]
         return drafts

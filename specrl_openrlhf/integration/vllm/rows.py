@@ -1,102 +1,239 @@
-"""What the history proposer knows of one batch row between steps, and where it proposes from.
+"""What the history proposer knows of each batch row between steps, and the kernel that follows every row at once.
 
-A row stands in one of three places, tried in this order wherever it has none (`Row.reenter`):
-- its prompt's own history (`history.History`): from the root while its response is a path of it (`ANCHORED`),
-  else after the longest suffix of its response that the history holds (`REENTERED`);
-- the shared history of the engine's other prompts' recent responses (`histories.SharedHistory`, `SHARED`);
-- its own tokens, its prompt and its response so far (`history.OwnTokens`, `OWN`): what followed the longest earlier
-  occurrence of its last tokens (prompt lookup, as vLLM's n-gram proposer and the request's part of a suffix tree).
-The longer match of the last two wins. Every place depends on earlier responses and the row's own tokens, never on
-its randomness to come: each proposal is a fixed one, and vLLM's verification keeps it exact.
+A row stands in its prompt's slot of the arena (`arena`): its own response so far is a path there (*own node*,
+inserted a token at a time as it is sampled, so its siblings in flight draft from it at once), and it proposes from
+its *cursor*:
+- `ANCHORED`: its own node, while other paths go on below it (the prompt's previous responses, siblings that went
+  this way before): the likeliest path below;
+- `REENTERED`, `SHARED`, `OWN`: where it has none, the node, found by its last `min_match` tokens, whose greedy path
+  scores best (`arena.reentry`: expected accepted tokens), in its own prompt's responses, another prompt's, or its
+  prompt's own text; the cursor then moves down as the row's tokens follow it, and re-enters where they leave it.
+Every place depends on earlier responses and the rows' tokens so far, never on a row's randomness to come: each
+proposal is a fixed one, and vLLM's verification keeps it exact.
+
+`follow` runs once per engine step over all rows: the verdicts on each row's last draft, its own path and cursor
+moved on, and its candidate draft (tokens and supports). Rows it does not recognise (a new request in the row, or one
+moved there) are left to the caller (`NEW`), which finds their prompt's slot and calls `anchor`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from ...budget import ANCHORED, OWN, REENTERED, SHARED, SlotFeatures
-from ...history import MAX_MATCH, History, OwnTokens
-from ...proposal import Proposed, propose
+from ...budget import ANCHORED, OWN, REENTERED, SHARED
+from .arena import NONE, insert, njit, reentry, sequence_hash
+
+NEW, FOLLOWED, IDLE = 1, 0, 2  # `follow`'s status per row: not recognised; followed; in prefill (nothing sampled)
+MAX_MATCH = 32  # a re-entry's match is measured back this far at most
+RETRY = 1  # a row that found no re-entry looks again after this many more tokens
 
 
-@dataclass
-class Row:
-    """One batch row's request, as the proposer follows it from step to step."""
+class RowState:
+    """Per row, as arrays [capacity] (the draft's [capacity, k]): tokens seen, first and last token (a different
+    request in the row shows up in one of them or in its length), prompt length, slot, own node, cursor, how the
+    cursor was found, the match it was found with (grown as the row follows it), the hash of its response so far
+    (`arena.sequence_hash`), and the draft given at the last step with each slot's bucket and prediction."""
 
-    first: int  # the row's first token, and
-    last: int  # its last token when seen: a different request in the row shows up in either or in the length
-    seen: int  # tokens of the row seen (prompt + response so far)
-    prompt_len: int = 0
-    history: History | None = None  # the prompt's own
-    version: int = -1  # the board's version when the row last looked for its history
-    walking: History | None = None  # the history the cursor is in: the prompt's own, or the shared one
-    cursor: list[int] = field(default_factory=list)  # where the row stands in `walking` ([]: nowhere)
-    own: OwnTokens | None = None  # the row's own tokens, indexed once it first looks there
-    pointer: int | None = None  # where the row stands in its own tokens (after an earlier match)
-    kind: int = ANCHORED  # where the proposal comes from: ANCHORED, REENTERED, SHARED or OWN
-    match: int = 0  # a re-entry's match length, grown by the tokens the row took inside since
-    draft: list[int] = field(default_factory=list)  # what the row was given to verify at the last step
-    slots: list[SlotFeatures] = field(default_factory=list)  # each drafted slot's features
-    predicted: list[float] = field(default_factory=list)  # and predicted acceptance
+    INTS = ("seen", "first", "last", "prompt_len", "slot", "own", "cursor", "kind", "match", "drafted", "retry")
+
+    def __init__(self, k: int, capacity: int = 64):
+        self.k, self.capacity = k, 0
+        self.grow(capacity)
+
+    def grow(self, capacity: int) -> None:
+        if capacity <= self.capacity:
+            return
+        fresh = {name: np.full(capacity, NONE, np.int32) for name in self.INTS}
+        fresh["seen"][:], fresh["drafted"][:], fresh["retry"][:] = 0, 0, 0
+        fresh["hash"] = np.zeros(capacity, np.int64)
+        fresh["draft"] = np.zeros((capacity, self.k), np.int32)
+        fresh["bucket"] = np.zeros((capacity, self.k), np.int64)
+        fresh["predicted"] = np.zeros((capacity, self.k), np.float64)
+        # what `follow` and `anchor` give per row at each step (`outputs`): status, accepted draft slots, candidate
+        # tokens and their supports, candidate length
+        fresh["status"], fresh["accepted"] = np.zeros(capacity, np.int32), np.zeros(capacity, np.int32)
+        fresh["cand"], fresh["support"] = np.zeros((capacity, self.k), np.int32), np.zeros((capacity, self.k))
+        fresh["length"] = np.zeros(capacity, np.int32)
+        for name, values in fresh.items():
+            if self.capacity:
+                values[: self.capacity] = getattr(self, name)
+            setattr(self, name, values)
+        self.capacity = capacity
+
+    def move(self, source: int, target: int) -> None:
+        """The request followed in row `source` is in row `target` now (vLLM condensed its batch)."""
+        for name in (*self.INTS, "hash", "draft", "bucket", "predicted"):
+            values = getattr(self, name)
+            values[target] = values[source]
+        self.seen[source] = 0
+
+    def kernel_args(self) -> tuple:
+        """What `follow` and `anchor` read and write, in their order."""
+        return (*(getattr(self, name) for name in self.INTS), self.hash, self.draft)
 
     @property
-    def placed(self) -> bool:
-        return bool(self.cursor) or self.pointer is not None
+    def outputs(self) -> tuple:
+        return self.status, self.accepted, self.cand, self.support, self.length
 
-    def advance(self, taken: list[int]) -> None:
-        """The row took `taken` (its accepted draft tokens and the one it sampled): move where it stands."""
-        if self.own is not None:
-            self.own.extend(taken)
-        if self.walking is not None:
-            self.cursor = self.walking.advance(self.cursor, taken)
-        elif self.pointer is not None:
-            ahead = self.own.tokens[self.pointer : self.pointer + len(taken)]
-            self.pointer = self.pointer + len(taken) if ahead == taken else None
-        self.match += len(taken)
+    def moved(self, new, vanished, seen_before, token_ids) -> np.ndarray:
+        """Which `new` rows (not recognised where they are) hold a request followed at the last step in one of the
+        `vanished` rows (now beyond the batch: vLLM moves the last rows into the holes finished ones leave), matched by
+        first token, tokens seen and last token (`seen_before`: each row's tokens before this step's). Their state
+        moves with them; returns them."""
+        found = {}
+        for q in vanished:
+            if self.seen[q] > 0:
+                found[(int(self.first[q]), int(self.seen[q]), int(self.last[q]))] = q
+        moved = []
+        for r in new.tolist() if found else ():
+            s = int(seen_before[r])
+            q = found.pop((int(token_ids[r, 0]), s, int(token_ids[r, s - 1])), None) if s > 0 else None
+            if q is not None:
+                self.move(q, r)
+                moved.append(r)
+        return np.array(moved, np.int64)
 
-    def anchor(self, board, tokens: np.ndarray, num_tokens: int, new: int) -> None:
-        """Look for the prompt's history (once per registration on the board): found, the row starts in it."""
-        self.version = board.version
-        self.history, self.prompt_len = board.find(tokens, num_tokens, new)
-        if self.history is not None:
-            self.cursor = self.history.anchored(tokens[self.prompt_len : num_tokens].tolist())
-            self.walking, self.pointer, self.kind, self.match = self.history, None, ANCHORED, 0
+    def forget(self) -> None:
+        """Follow every row afresh."""
+        self.seen[:] = 0
+        self.drafted[:] = 0
 
-    def reenter(self, board, tokens: np.ndarray, num_tokens: int) -> None:
-        """Where the row has no place: the longest suffix match in its prompt's history, else the longer of the
-        shared history's and its own tokens' (each only where the rule allows it)."""
-        self.walking, self.cursor, self.pointer = None, [], None
-        shared, params, m = board.shared.history, board.params, board.params.min_match
-        tail = tuple(tokens[num_tokens - m : num_tokens].tolist()) if num_tokens - self.prompt_len >= m else None
-        if self.history is not None and tail in self.history.grams:  # most rows, most steps: their tail is not
-            response = tokens[self.prompt_len : num_tokens].tolist()
-            self.cursor = self.history.reentry(response)
-            if self.cursor:
-                self.walking, self.kind = self.history, REENTERED
-                self.match = self.history.match_length(self.cursor[0], response)
-                return
-        longest = 0
-        if params.shared and tail in shared.grams:
-            recent = tokens[max(num_tokens - MAX_MATCH, 0) : num_tokens].tolist()
-            cursor = shared.reentry(recent, board.SHARED_ENDS)
-            if cursor:
-                self.walking, self.cursor, self.kind = shared, cursor, SHARED
-                self.match = longest = shared.match_length(cursor[0], recent)
-        if params.lookup and tail is not None:
-            if self.own is None:
-                self.own = OwnTokens(m)
-                self.own.extend(tokens[:num_tokens].tolist())
-            pointer = self.own.reentry()
-            if pointer is not None and (length := self.own.match_length(pointer)) > longest:
-                self.walking, self.cursor, self.pointer, self.kind, self.match = None, [], pointer, OWN, length
 
-    def proposal(self, k: int, floor: float) -> Proposed:
-        """Up to `k` tokens from where the row stands (nothing where it stands nowhere)."""
-        if self.cursor:
-            return propose(self.walking, self.cursor, k, floor)
-        if self.pointer is not None:
-            tokens = self.own.tokens[self.pointer : self.pointer + k]
-            return Proposed(tokens, [1.0] * len(tokens))
-        return Proposed([], [])
+@njit(cache=True)
+def place(arrays, r, tokens, end, own, slot, m, k, shared, cursor, kind, match, retry):
+    """Where row `r` proposes from next: its own node while paths go on below it, else its cursor while it has paths
+    below, else a re-entry (`reentry`; after one that found nothing, `RETRY` tokens later)."""
+    below, owner = arrays[3], arrays[8]
+    if below[own] > 0:
+        cursor[r], kind[r] = own, ANCHORED
+        return
+    if cursor[r] != NONE and kind[r] != ANCHORED and below[cursor[r]] > 0:
+        return
+    if end < retry[r]:
+        cursor[r] = NONE
+        return
+    node, length = reentry(arrays, tokens, end, m, own, k, MAX_MATCH, slot, shared)
+    cursor[r], match[r] = node, length
+    if node == NONE:
+        retry[r] = end + RETRY
+    if node == NONE or owner[node] == 2 * slot:
+        kind[r] = REENTERED
+    elif owner[node] == 2 * slot + 1:
+        kind[r] = OWN
+    else:
+        kind[r] = SHARED
+
+
+@njit(cache=True)
+def candidate(arrays, node, k, tokens_out, support_out):
+    """The greedy path below `node`, up to `k` tokens, and each token's support; returns its length."""
+    token, count, below, best = arrays[0], arrays[2], arrays[3], arrays[6]
+    n = 0
+    while n < k and node != NONE and below[node] > 0:
+        c = best[node]
+        tokens_out[n] = token[c]
+        support_out[n] = count[c] / below[node]
+        n += 1
+        node = c
+    return n
+
+
+@njit(cache=True)
+def follow(arrays, size, indices, flat, offsets, num_tokens, token_ids, state, m, k, max_len, shared, propose, out):
+    """One engine step for the rows `indices` (see the module's docstring). `flat[offsets[r]:offsets[r + 1]]`: the
+    tokens row r sampled; `num_tokens`, `token_ids`: vLLM's; `state`: `RowState.kernel_args`. Per row, `out` gets
+    its status, the draft slots accepted (-1 where no draft was given) and, with `propose`, its candidate. Returns
+    the arena's new size (the caller reserved room for every sampled token)."""
+    seen, first, last, prompt_len, slot, own, cursor, kind, match, drafted, retry, hashes, draft = state
+    status, accepted, cand, support, length = out
+    for i in range(len(indices)):
+        r = indices[i]
+        new = offsets[r + 1] - offsets[r]
+        n = num_tokens[r]
+        length[r] = 0
+        accepted[r] = NONE
+        if new == 0:  # in prefill: a new request here, or one that was not sampled
+            status[r] = IDLE
+            seen[r], drafted[r] = 0, 0
+            continue
+        s = seen[r]
+        if s == 0 or s + new != n or token_ids[r, 0] != first[r] or token_ids[r, s - 1] != last[r]:
+            status[r] = NEW
+            continue
+        status[r] = FOLLOWED
+        a, d = 0, drafted[r]
+        while a < d and a < new and token_ids[r, s + a] == draft[r, a]:
+            a += 1
+        if d > 0:
+            accepted[r] = a
+        drafted[r] = 0
+        node, size = insert(arrays, size, own[r], token_ids[r], s, n, slot[r] * 2, m)
+        own[r] = node
+        hashes[r] = sequence_hash(hashes[r], token_ids[r], s, n)
+        c = cursor[r]
+        if kind[r] != ANCHORED and c != NONE:
+            for j in range(s, n):
+                c = _child(arrays, c, token_ids[r, j])
+                if c == NONE:
+                    break
+            cursor[r] = c
+            match[r] += new
+        seen[r], last[r] = n, token_ids[r, n - 1]
+        if propose and n < max_len:
+            place(arrays, r, token_ids[r], n, own[r], slot[r], m, k, shared, cursor, kind, match, retry)
+            length[r] = candidate(arrays, cursor[r], min(k, max_len - n), cand[r], support[r])
+    return size
+
+
+@njit(cache=True)
+def _child(arrays, node, value):
+    token, child, sibling = arrays[0], arrays[4], arrays[5]
+    c = child[node]
+    while c != NONE:
+        if token[c] == value:
+            return c
+        c = sibling[c]
+    return NONE
+
+
+@njit(cache=True)
+def anchor(arrays, size, indices, roots, slots, num_tokens, token_ids, state, m, k, max_len, shared, propose, out):
+    """Rows new to the proposer (`indices`), their prompt's slot found (`slots`, its root `roots`; slot -1: none;
+    `state`'s `prompt_len` set): their response so far becomes a path of the slot, and they propose from it.
+    Returns the arena's new size."""
+    seen, first, last, prompt_len, slot, own, cursor, kind, match, drafted, retry, hashes, draft = state
+    status, accepted, cand, support, length = out
+    for i in range(len(indices)):
+        r = indices[i]
+        n = num_tokens[r]
+        seen[r], first[r], last[r], drafted[r] = n, token_ids[r, 0], token_ids[r, n - 1], 0
+        slot[r], kind[r], match[r], cursor[r], length[r], retry[r] = slots[i], ANCHORED, 0, NONE, 0, 0
+        if slots[i] == NONE:
+            own[r], seen[r] = NONE, 0
+            continue
+        p = prompt_len[r]
+        node, size = insert(arrays, size, roots[i], token_ids[r], p, n, slots[i] * 2, m)
+        own[r] = node
+        hashes[r] = sequence_hash(0, token_ids[r], p, n)
+        if propose and n < max_len:
+            place(arrays, r, token_ids[r], n, node, slots[i], m, k, shared, cursor, kind, match, retry)
+            length[r] = candidate(arrays, cursor[r], min(k, max_len - n), cand[r], support[r])
+    return size
+
+
+def warm_up(k: int, max_len: int) -> None:
+    """Compile the kernels (or load them from numba's cache) on a scratch arena, before an engine's first step."""
+    from .arena import Arena
+
+    arena, state = Arena(16), RowState(k, 2)
+    token_ids, num_tokens = np.array([[5, 6, 7, 8, 9, 10, 0]] * 2, np.int32), np.array([6, 6], np.int32)
+    roots, index = np.array([arena.new_root(0)] * 2, np.int64), np.arange(2, dtype=np.int64)
+    state.prompt_len[:] = 2
+    args = (2, k, max_len, True, True, state.outputs)
+    arena.reserve(16)
+    arena.size = anchor(
+        arena.arrays, arena.size, index, roots, index * 0, num_tokens, token_ids, state.kernel_args(), *args
+    )
+    token_ids[:, 6], num_tokens[:] = 11, 7
+    flat, offsets = np.array([11, 11], np.int32), np.array([0, 1, 2], np.int64)
+    follow(arena.arrays, arena.size, index, flat, offsets, num_tokens, token_ids, state.kernel_args(), *args)

@@ -1,43 +1,49 @@
-"""Where a batch row proposes from (`integration.vllm.rows`): its prompt's history, the shared one, its own tokens."""
+"""A row's state between steps (`vllm.rows`): its arrays grow and move with the request, and `follow` tells a row it
+follows from one that holds a new request."""
 
 import numpy as np
 
-from specrl_openrlhf.budget import OWN, SHARED
-from specrl_openrlhf.integration.vllm.histories import HistoryBoard, SharedHistory
-from specrl_openrlhf.integration.vllm.rows import Row
-from specrl_openrlhf.policies.builtin import LosslessParams
+from specrl_openrlhf.integration.vllm.arena import NONE, Arena
+from specrl_openrlhf.integration.vllm.rows import FOLLOWED, IDLE, NEW, RowState, anchor, follow
 
 
-def board_with(shared_responses, **params) -> HistoryBoard:
-    board = HistoryBoard()
-    board.params, board.shared = LosslessParams(min_match=2, **params), SharedHistory(min_match=2)
-    for response in shared_responses:
-        board.shared.add(response)
-    return board
+def test_row_state_grows_and_moves_with_its_request():
+    state = RowState(k=3, capacity=2)
+    state.seen[1], state.draft[1] = 7, [4, 5, 6]
+    state.grow(8)
+    assert state.capacity == 8 and state.seen[1] == 7 and state.draft[1].tolist() == [4, 5, 6] and state.seen[5] == 0
+    state.move(1, 4)
+    assert state.seen[4] == 7 and state.draft[4].tolist() == [4, 5, 6] and state.seen[1] == 0
 
 
-def test_the_longer_of_a_shared_match_and_an_own_tokens_match_wins():
-    tokens = np.array([1, 50, 51, 52, 9, 7, 50, 51, 52], np.int32)  # the row's last 3 tokens occurred before in it
-    row = Row(1, -1, 0)
-    row.reenter(board_with([[60, 51, 52, 70, 71]]), tokens, len(tokens))  # the shared tree matches 2 of them
-    assert row.kind == OWN and row.pointer == 4 and row.proposal(3, -np.inf).tokens == [9, 7, 50]
-    row = Row(1, -1, 0)
-    row.reenter(board_with([[60, 50, 51, 52, 70, 71]]), tokens, len(tokens))  # now it matches 3: a tie goes shared
-    assert row.kind == SHARED and row.proposal(2, -np.inf).tokens == [70, 71]
-
-
-def test_a_row_walks_its_own_tokens_while_it_takes_what_they_propose():
-    tokens = np.array([1, 50, 51, 52, 9, 7, 50, 51, 52], np.int32)
-    row = Row(1, -1, 0)
-    row.reenter(board_with([]), tokens, len(tokens))
-    row.advance([9, 7])  # accepted what its own tokens proposed
-    assert row.pointer == 6 and row.proposal(2, -np.inf).tokens == [50, 51]
-    row.advance([8])  # the engine sampled another token: the row stands nowhere until it re-enters
-    assert row.pointer is None and not row.placed
-
-
-def test_each_place_can_be_turned_off():
-    tokens = np.array([1, 50, 51, 52, 9, 7, 50, 51, 52], np.int32)
-    row = Row(1, -1, 0)
-    row.reenter(board_with([[60, 50, 51, 52, 70]], shared=False, lookup=False), tokens, len(tokens))
-    assert not row.placed
+def test_follow_tells_followed_rows_from_new_requests_and_judges_drafts():
+    arena, state = Arena(64), RowState(k=4, capacity=3)
+    root = arena.new_root(0)
+    arena.insert(root, np.array([10, 11, 12, 13], np.int32), 0, 2)
+    out = (
+        np.zeros(3, np.int32),
+        np.zeros(3, np.int32),
+        np.zeros((3, 4), np.int32),
+        np.zeros((3, 4)),
+        np.zeros(3, np.int32),
+    )
+    tokens = np.zeros((3, 16), np.int32)
+    tokens[0, :3], tokens[1, :3] = [1, 2, 10], [1, 2, 10]
+    num = np.array([3, 3, 0], np.int32)
+    state.prompt_len[:2] = 2
+    args = (2, 4, 64, True, True, out)
+    index = np.arange(2, dtype=np.int64)
+    arena.size = anchor(
+        arena.arrays, arena.size, index, np.array([root] * 2), index * 0, num, tokens, state.kernel_args(), *args
+    )
+    assert out[2][0, :3].tolist() == [11, 12, 13] and out[4][0] == 3  # anchored in the history
+    state.draft[0, :2], state.drafted[0] = [11, 12], 2
+    tokens[0, 3:5], tokens[1, :4] = [11, 99], [7, 7, 7, 7]  # row 0 kept 11, drew 99; row 1 holds a new request
+    num[:] = [5, 4, 0]
+    flat, offsets = np.array([11, 99, 7], np.int32), np.array([0, 2, 3, 3], np.int64)
+    arena.reserve(8)
+    arena.size = follow(
+        arena.arrays, arena.size, np.arange(3, dtype=np.int64), flat, offsets, num, tokens, state.kernel_args(), *args
+    )
+    assert out[0].tolist() == [FOLLOWED, NEW, IDLE] and out[1][0] == 1  # one draft slot accepted
+    assert state.cursor[0] == NONE and out[4][0] == 0  # [11, 99] is nowhere: nothing to propose

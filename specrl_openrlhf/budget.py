@@ -131,16 +131,26 @@ KINDS = 4
 SHAPE = (KINDS, len(POSITION_EDGES) + 1, len(SUPPORT_EDGES) + 1, len(MATCH_EDGES) + 1)  # the buckets' axes
 
 
-def features(kind, position, support, match_length):
-    """The bucket (a flat index into `SHAPE`) of each slot: how its draft was found (ANCHORED: the row's whole
-    response is a path of the history; REENTERED: a suffix match in it; SHARED: in another prompt's responses; OWN: in
-    the prompt's own text), its position in the draft, its support and the match length (anchored: the longest).
-    Arrays (or scalars) of the same shape."""
-    kind = np.asarray(kind)
-    match = np.where(kind == ANCHORED, len(MATCH_EDGES), np.searchsorted(MATCH_EDGES, match_length, side="right"))
-    position = np.searchsorted(POSITION_EDGES, position, side="right")
-    support = np.searchsorted(SUPPORT_EDGES, support, side="right")
-    return np.ravel_multi_index((kind, position, support, match), SHAPE)
+def bucket(kind, position, support, match_length):
+    """A slot's bucket (a flat index into `SHAPE`): how its draft was found (ANCHORED: the row's whole response is a
+    path of the history; REENTERED: a suffix match in it; SHARED: in another prompt's responses; OWN: in the prompt's
+    own text), its position in the draft, its support and the match length (anchored: the longest). Plain Python
+    over scalars, which the proposer's kernels compile (`integration.vllm.rows`)."""
+    p = 0
+    while p < len(POSITION_EDGES) and position >= POSITION_EDGES[p]:
+        p += 1
+    s = 0
+    while s < len(SUPPORT_EDGES) and support >= SUPPORT_EDGES[s]:
+        s += 1
+    m = len(MATCH_EDGES)
+    if kind != ANCHORED:
+        m = 0
+        while m < len(MATCH_EDGES) and match_length >= MATCH_EDGES[m]:
+            m += 1
+    return ((kind * SHAPE[1] + p) * SHAPE[2] + s) * SHAPE[3] + m
+
+
+features = np.vectorize(bucket, otypes=[np.int64])  # `bucket` of each slot of arrays (or scalars) of one shape
 
 
 class AcceptanceModel:
@@ -178,13 +188,18 @@ class AcceptanceModel:
 
     def predict(self, buckets: np.ndarray) -> np.ndarray:
         """Each slot's predicted acceptance (float64, the shape of `buckets`)."""
+        return self.table[buckets]
+
+    @property
+    def table(self) -> np.ndarray:
+        """[buckets] every bucket's predicted acceptance."""
         if self._table is None:
             k = self.strength * self.weight
             overall = (self.total[0] + k * self.prior) / (self.total[1] + k)
             middle = (self.coarse[:, 0] + k * overall) / (self.coarse[:, 1] + k)  # [kinds x supports]
             kind, _, support, _ = np.unravel_index(np.arange(len(self.fine)), SHAPE)
             self._table = (self.fine[:, 0] + k * middle[kind * SHAPE[2] + support]) / (self.fine[:, 1] + k)
-        return self._table[buckets]
+        return self._table
 
     def observe(self, buckets: np.ndarray, accepted: np.ndarray, predicted: np.ndarray | None = None) -> None:
         """Verdicts on slots ([n] each); `predicted`: what `predict` said when they were drafted (the calibration)."""
@@ -196,14 +211,13 @@ class AcceptanceModel:
         hits = np.asarray(accepted, np.float64)
         kind, _, support, _ = np.unravel_index(buckets, SHAPE)
         for table, index in ((self.fine, buckets), (self.coarse, kind * SHAPE[2] + support)):
-            np.add.at(table[:, 0], index, weights * hits)
-            np.add.at(table[:, 1], index, weights)
+            table[:, 0] += np.bincount(index, weights * hits, minlength=len(table))
+            table[:, 1] += np.bincount(index, weights, minlength=len(table))
         self.total += (float(weights @ hits), float(weights.sum()))
         if predicted is not None:
             decile = np.minimum((np.asarray(predicted) * 10).astype(np.int64), 9)
-            np.add.at(self.deciles, (decile, 0), 1.0)
-            np.add.at(self.deciles, (decile, 1), predicted)
-            np.add.at(self.deciles, (decile, 2), hits)
+            for column, values in enumerate((np.ones(n), predicted, hits)):
+                self.deciles[:, column] += np.bincount(decile, values, minlength=10)
         if self.weight > self.RESCALE_AT:
             factor = 1.0 / self.weight
             self.fine *= factor
@@ -221,6 +235,52 @@ EXPLORE_MARGIN = 0.02  # no exploring slot while drafting gains less than predic
 BUDGET_MODES = ("goodput", "static")
 
 
+def survival_floor(rows, base, per_row, per_token):
+    """The survival at or below which a slot never pays: a slot pays when its survival exceeds per_token x the goodput
+    so far, which admitting paying slots only raises, so slots below per_token x the goodput without drafts never do
+    (most of them, in a busy step)."""
+    return per_token * rows / max(base + (per_row + per_token) * rows, 1e-12)
+
+
+def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor, admit_all, counts):
+    """Adds to `counts` ([n]) each row's count in the goodput-maximising set of slots (`admit_all`: every slot) and
+    returns the set's predicted gain: slots by survival (the product of a row's acceptances up to the slot), best
+    first, while the next one raises (rows + expected tokens) / step time; slots at or below `floor` never pay
+    (`survival_floor`; -1 with `admit_all`). Plain Python over arrays, which the proposer compiles
+    (`integration.vllm.rows`)."""
+    n, total = len(lengths), 0
+    for i in range(n):
+        alive = 1.0
+        for j in range(lengths[i]):
+            alive *= acceptance[i, j]
+            if alive <= floor:
+                break
+            total += 1
+    survival, owner = np.empty(total), np.empty(total, np.int64)
+    t = 0
+    for i in range(n):
+        alive = 1.0
+        for j in range(lengths[i]):
+            alive *= acceptance[i, j]
+            if alive <= floor:
+                break
+            survival[t], owner[t] = alive, i
+            t += 1
+    if total == 0:
+        return 0.0
+    order = np.argsort(-survival, kind="mergesort")  # stable: a row's slots stay in order (survival never rises)
+    plain = rows / max(base + (per_row + per_token) * rows, 1e-12)
+    best, best_goodput, gained = 0, plain, 0.0
+    for j in range(total):
+        gained += survival[order[j]]
+        goodput = (rows + gained) / max(base + per_row * rows + per_token * (rows + j + 1), 1e-12)
+        if admit_all or goodput > best_goodput:  # the first maximum: no slot that adds nothing
+            best, best_goodput = j + 1, goodput
+    for j in range(best):
+        counts[owner[order[j]]] += 1
+    return best_goodput / plain - 1.0
+
+
 class DraftBudget:
     """How many slots each row of a step drafts: in the `goodput` mode, the prefix of each row's candidates that the
     goodput-maximising set of slots holds, and after `explore_every` steps without a slot the likeliest one; in the
@@ -234,8 +294,9 @@ class DraftBudget:
     [3, 0]
     """
 
-    def __init__(self, explore_every: int = EXPLORE_EVERY):
+    def __init__(self, explore_every: int = EXPLORE_EVERY, goodput=goodput_allocate):
         self.explore_every = explore_every
+        self.goodput = goodput  # `goodput_allocate`, or the proposer's compiled copy of it
         self.idle_steps = 0  # steps since a slot was last drafted
         self.predicted_gain: float | None = 0.0  # of the last allocation (None: static, which predicts nothing)
 
@@ -271,31 +332,15 @@ class DraftBudget:
         self.predicted_gain = gain
         return counts
 
-    @staticmethod
-    def goodput_counts(acceptance, lengths, rows: int, cost: np.ndarray, admit_all: bool = False):
-        """Each row's count in the goodput-maximising set of slots (`admit_all`: every slot), and the set's predicted
-        gain: slots by survival, best first, while the next one raises (rows + expected tokens) / step time."""
+    def goodput_counts(self, acceptance, lengths, rows: int, cost: np.ndarray, admit_all: bool = False):
+        """Each row's count in the goodput-maximising set of slots (`admit_all`: every slot), and their gain."""
         counts = np.zeros(len(lengths), np.int64)
         if not len(lengths) or not lengths.any():
             return counts, 0.0
-        k = acceptance.shape[1]
         base, per_row, per_token = (float(x) for x in cost)
-        survival = np.cumprod(np.where(np.arange(k)[None, :] < lengths[:, None], acceptance, 0.0), axis=1)  # [n, k]
-        # a slot pays when its survival exceeds per_token x the goodput so far, which admitting paying slots only
-        # raises: slots below per_token x the goodput without drafts never pay (most of them in a busy step)
-        floor = -1.0 if admit_all else per_token * rows / max(base + (per_row + per_token) * rows, 1e-12)
-        owner, position = np.nonzero(survival > floor)
-        survival = survival[owner, position]  # [S], rows in order
-        if not len(survival):
-            return counts, 0.0
-        order = np.argsort(-survival, kind="stable")  # a row's slots stay in order: survival never rises along a row
-        gained = np.concatenate([[0.0], np.cumsum(survival[order])])  # [S + 1], expected tokens of the best slots
-        slots = np.arange(len(gained))
-        time = base + per_row * rows + per_token * (rows + slots)
-        goodput = (rows + gained) / np.maximum(time, 1e-12)
-        best = len(survival) if admit_all else int(np.argmax(goodput))  # the first maximum: no slot that adds nothing
-        np.add.at(counts, owner[order[:best]], 1)
-        return counts, float(goodput[best] / goodput[0] - 1.0)
+        floor = -1.0 if admit_all else survival_floor(rows, base, per_row, per_token)
+        gain = self.goodput(acceptance, lengths, rows, base, per_row, per_token, floor, admit_all, counts)
+        return counts, float(gain)
 
 
 # ---- the check: does drafting pay, as measured ---------------------------------------------------------------------

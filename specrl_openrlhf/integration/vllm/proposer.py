@@ -29,10 +29,10 @@ import time
 
 import numpy as np
 
-from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, StepCost, features
+from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, StepCost
 from . import histories, plugin
 from .arena import NONE, warn_if_interpreted
-from .rows import FOLLOWED, NEW, RowState, anchor, follow, warm_up
+from .rows import NEW, RowState, anchor, follow, goodput_allocate, survival_floor, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class HistoryProposer:
         self.idle, self.asleep, self.idle_rows = 0, 0, 0  # steps given nothing in a row; asleep for; at batch size
         self.cost = StepCost()
         self.acceptance = AcceptanceModel()
-        self.budget = DraftBudget()
+        self.budget = DraftBudget(goodput=goodput_allocate)
         self.check = DraftingCheck()
         self.report = BudgetReport()
         self.clock = time.perf_counter  # what step times are read from
@@ -100,7 +100,7 @@ class HistoryProposer:
         if board.version != self.version:  # the arena was rebuilt: every row afresh
             state.forget()
             self.version = board.version
-        given = state.drafted[:rows].copy()
+        given, state.judged[0] = state.drafted[:rows], 0  # read before `follow` resets them
         if board.pending:  # responses of rows followed until now were inserted in flight: skipped when registered
             followed = np.flatnonzero(state.seen[: self.followed] > 0)
             board.drain(set(state.slot[followed].tolist()), set(state.hash[followed].tolist()))
@@ -108,41 +108,45 @@ class HistoryProposer:
         offsets = np.zeros(rows + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         flat = np.fromiter(itertools.chain.from_iterable(sampled), np.int32, int(offsets[-1]))
+        seen = state.seen[:rows]
+        if self.last_call is not None and ((seen > 0) & (seen + lengths == num_tokens[:rows])).all():
+            self._observe(now - self.last_call, rows, rows + int(given.sum()), int(offsets[-1]))  # a decode's cost
+        self.last_call = now
         awake = self._awake(rows)
         params = board.params
         k = min(self.k, self.lookahead)
-        args = (params.min_match, k, self.max_model_len, params.shared, awake, state.outputs)
+        table = self.acceptance.table if awake else np.zeros(0)  # no table: follow the rows, propose nothing
+        cost, margin = self._cost(rows)
+        floor = -1.0 if params.budget == "static" else survival_floor(rows, *cost)  # slots that can't pay: none
+        args = (params.min_match, k, self.max_model_len, params.shared, table, floor, state.outputs)
         arena = board.arena
         arena.reserve(int(offsets[-1]))
         sampled_at = (flat, offsets, num_tokens, token_ids, state.kernel_args())
-        arena.size = follow(arena.arrays, arena.size, np.arange(rows, dtype=np.int64), *sampled_at, *args)
+        arena.size = follow(*arena.arrays, arena.size, np.arange(rows, dtype=np.int64), *sampled_at, *args)
         new = np.flatnonzero(state.status[:rows] == NEW)
-        given[new] = 0  # what was given to the requests that left these rows
         self._leave(rows, new)
         if len(new):
             moved = state.moved(new, range(rows, self.followed), num_tokens[:rows] - lengths, token_ids)
-            given[moved] = state.drafted[moved]  # the moved requests' drafts are judged where they went
-            if len(moved):
-                arena.size = follow(arena.arrays, arena.size, moved, *sampled_at, *args)
+            if len(moved):  # their drafts are judged where they went
+                arena.size = follow(*arena.arrays, arena.size, moved, *sampled_at, *args)
             fresh = np.setdiff1d(new, moved)
             if len(fresh):
                 self._anchor(fresh, lengths, num_tokens, token_ids, args)
         self.followed = rows
-        self._verdicts(rows, given)
-        clean = self.last_call is not None and not len(new)
-        if clean:  # the step that ran: its cost, and whether its drafts paid (`DraftingCheck`)
-            seconds, carried = now - self.last_call, rows + int(given.sum())
-            self.cost.observe(rows, carried, seconds)
-            plain_s, gain = self.cost.predict(rows, rows), self.budget.predicted_gain
-            self.check.observe(rows, carried - rows, int(offsets[-1]), seconds, plain_s, gain)
-            self.report.cost, self.report.cost_error = self.cost.params, self.cost.relative_error
-            self.report.margin, self.report.plain_scale = self.check.margin, self.check.plain_scale
+        self._verdicts()
         self.report.deciles = self.acceptance.deciles
-        self.last_call = now
         if not awake:
             self.report.step(0)
             return [[] for _ in range(rows)]
-        return self._allocate(rows)
+        return self._allocate(rows, cost, margin)
+
+    def _observe(self, seconds: float, rows: int, carried: int, produced: int) -> None:
+        """The step that ran (it started no row: a decode's cost): its cost, and whether its drafts paid."""
+        self.cost.observe(rows, carried, seconds)
+        plain_s, gain = self.cost.predict(rows, rows), self.budget.predicted_gain
+        self.check.observe(rows, carried - rows, produced, seconds, plain_s, gain)
+        self.report.cost, self.report.cost_error = self.cost.params, self.cost.relative_error
+        self.report.margin, self.report.plain_scale = self.check.margin, self.check.plain_scale
 
     def _awake(self, rows: int) -> bool:
         if not self.asleep:
@@ -174,54 +178,40 @@ class HistoryProposer:
         arena = board.arena
         arena.reserve(int(num_tokens[fresh].sum()))
         placed = (fresh, roots, slots, num_tokens, token_ids, state.kernel_args())
-        arena.size = anchor(arena.arrays, arena.size, *placed, *args)
+        arena.size = anchor(*arena.arrays, arena.size, *placed, *args)
 
-    def _verdicts(self, rows: int, given: np.ndarray) -> None:
-        """What the engine kept of the rows' last drafts: one-hot verification accepted their slots up to the first
-        token each row did not take; the slots after that one were not verified."""
+    def _verdicts(self) -> None:
+        """What the engine kept of the rows' last drafts (`follow` gathered the verdicts): learned, and reported."""
         state = self.rows
-        status, accepted = state.status[:rows], state.accepted[:rows]
-        judged_rows = np.flatnonzero((status == FOLLOWED) & (accepted >= 0) & (given > 0))
-        if not len(judged_rows):
-            return
-        judged = np.minimum(given[judged_rows], accepted[judged_rows] + 1)  # [J]
-        owner = np.repeat(judged_rows, judged)
-        position = np.arange(len(owner)) - np.repeat(np.cumsum(judged) - judged, judged)
-        hits = position < np.repeat(accepted[judged_rows], judged)
-        buckets, predicted = state.bucket[owner, position], state.predicted[owner, position]
-        self.acceptance.observe(buckets, hits, predicted)
-        self.report.verdicts(predicted, hits)
+        n = int(state.judged[0])
+        if n:
+            hits, predicted = state.judged_hit[:n], state.judged_predicted[:n]
+            self.acceptance.observe(state.judged_bucket[:n], hits, predicted)
+            self.report.verdicts(predicted, hits)
 
-    def _allocate(self, rows: int) -> list[list[int]]:
+    def _cost(self, rows: int) -> tuple[np.ndarray, float]:
+        """The step's cost model (base, per row, per token) and the gain its drafts must clear (`DraftingCheck`)."""
+        params, curve = histories.BOARD.params, histories.BOARD.curve
+        if curve is not None:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
+            return curve.budget_cost(rows, params.cost_scale), 0.0
+        return self.cost.params, math.inf if self.check.probe() else self.check.margin
+
+    def _allocate(self, rows: int, cost: np.ndarray, margin: float) -> list[list[int]]:
         """Every row's draft, cut to the step's budget (`DraftBudget`)."""
         state, board = self.rows, histories.BOARD
-        cand, support, length = state.cand, state.support, state.length
-        live = np.flatnonzero(length[:rows] > 0)
+        live = np.flatnonzero(state.length[:rows] > 0)
         if not len(live):
             return self._step_done(rows, np.zeros(0, np.int64), live)
-        k = int(length[live].max())
-        position = np.arange(k)[None, :]
-        match = state.match[live, None] + position
-        kind = np.broadcast_to(state.kind[live, None], match.shape)
-        buckets = features(kind, np.broadcast_to(position, match.shape), support[live, :k], match)  # [L, k]
-        acceptance = self.acceptance.predict(buckets)
-        params, curve = board.params, board.curve
+        k, length = int(state.length[live].max()), state.length[live]
+        params = board.params
         if params.budget == "static":  # every slot while the paths' share of the history says it may be kept
-            alive = np.cumprod(np.where(position < length[live, None], support[live, :k], 0.0), axis=1)
-            counts = (alive >= params.min_accept_prob).sum(axis=1)
-            self.budget.predicted_gain = None
+            valid = np.arange(k)[None, :] < length[:, None]
+            counts = np.cumprod(np.where(valid, state.support[live, :k], 0.0), axis=1) >= params.min_accept_prob
+            counts, self.budget.predicted_gain = counts.sum(axis=1), None
         else:
-            if curve is not None:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
-                cost, margin = curve.budget_cost(rows, params.cost_scale), 0.0
-            else:
-                cost, margin = self.cost.params, math.inf if self.check.probe() else self.check.margin
-            counts = self.budget.allocate(acceptance, length[live], rows, cost, params.budget, margin)
-        drafted = live[counts > 0]
-        n = counts[counts > 0]
-        state.drafted[drafted] = n
-        state.draft[drafted, :k] = cand[drafted, :k]
-        state.bucket[drafted, :k] = buckets[counts > 0]
-        state.predicted[drafted, :k] = acceptance[counts > 0]
+            counts = self.budget.allocate(state.cand_accept[live, :k], length, rows, cost, params.budget, margin)
+        given = counts > 0
+        state.drafted[live[given]] = counts[given]  # the first of each candidate's tokens (`follow` judges them)
         return self._step_done(rows, counts, live)
 
     def _step_done(self, rows: int, counts: np.ndarray, live: np.ndarray) -> list[list[int]]:
@@ -233,9 +223,8 @@ class HistoryProposer:
             self.idle, self.asleep, self.idle_rows = 0, SLEEP_STEPS, rows
         drafts: list[list[int]] = [[] for _ in range(rows)]
         if total:
+            given = live[counts > 0]
             width = int(counts.max())
-            tokens = self.rows.cand[live, :width].tolist()
-            for r, n, row in zip(live.tolist(), counts.tolist(), tokens):
-                if n:
-                    drafts[r] = row[:n]
+            for r, n, row in zip(given.tolist(), counts[counts > 0].tolist(), self.rows.cand[given, :width].tolist()):
+                drafts[r] = row[:n]
         return drafts

@@ -20,19 +20,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import budget
 from ...budget import ANCHORED, OWN, REENTERED, SHARED
-from .arena import NONE, insert, njit, reentry, sequence_hash
+from .arena import BELOW, BEST, COUNT, NONE, OWNER, TOKEN, child_of, insert, njit, reentry, sequence_hash
 
+bucket = njit(cache=True)(budget.bucket)  # the budget's definitions, compiled
+survival_floor = njit(cache=True)(budget.survival_floor)
+goodput_allocate = njit(cache=True)(budget.goodput_allocate)
 NEW, FOLLOWED, IDLE = 1, 0, 2  # `follow`'s status per row: not recognised; followed; in prefill (nothing sampled)
-MAX_MATCH = 32  # a re-entry's match is measured back this far at most
+MAX_MATCH = 16  # a re-entry's match is measured back this far at most
 RETRY = 1  # a row that found no re-entry looks again after this many more tokens
 
 
 class RowState:
-    """Per row, as arrays [capacity] (the draft's [capacity, k]): tokens seen, first and last token (a different
-    request in the row shows up in one of them or in its length), prompt length, slot, own node, cursor, how the
-    cursor was found, the match it was found with (grown as the row follows it), the hash of its response so far
-    (`arena.sequence_hash`), and the draft given at the last step with each slot's bucket and prediction."""
+    """Per row, as arrays [capacity]: tokens seen, first and last token (a different request in the row shows up in
+    one of them or in its length), prompt length, slot, own node, cursor, how the cursor was found, the match it was
+    found with (grown as the row follows it), the draft tokens given at the last step (the first `drafted` of its
+    candidate), and the hash of its response so far (`arena.sequence_hash`); and what the kernels give (`outputs`)."""
 
     INTS = ("seen", "first", "last", "prompt_len", "slot", "own", "cursor", "kind", "match", "drafted", "retry")
 
@@ -46,34 +50,44 @@ class RowState:
         fresh = {name: np.full(capacity, NONE, np.int32) for name in self.INTS}
         fresh["seen"][:], fresh["drafted"][:], fresh["retry"][:] = 0, 0, 0
         fresh["hash"] = np.zeros(capacity, np.int64)
-        fresh["draft"] = np.zeros((capacity, self.k), np.int32)
-        fresh["bucket"] = np.zeros((capacity, self.k), np.int64)
-        fresh["predicted"] = np.zeros((capacity, self.k), np.float64)
         # what `follow` and `anchor` give per row at each step (`outputs`): status, accepted draft slots, candidate
         # tokens and their supports, candidate length
         fresh["status"], fresh["accepted"] = np.zeros(capacity, np.int32), np.zeros(capacity, np.int32)
         fresh["cand"], fresh["support"] = np.zeros((capacity, self.k), np.int32), np.zeros((capacity, self.k))
         fresh["length"] = np.zeros(capacity, np.int32)
+        fresh["cand_bucket"], fresh["cand_accept"] = (
+            np.zeros((capacity, self.k), np.int64),
+            np.zeros((capacity, self.k)),
+        )
+        # the verdicts of a step (`follow` appends them, `judged[0]` of them): each judged slot's bucket, predicted
+        # acceptance and whether it was accepted
+        fresh["judged"] = np.zeros(1, np.int64)
+        fresh["judged_bucket"] = np.zeros(capacity * self.k, np.int64)
+        fresh["judged_predicted"] = np.zeros(capacity * self.k)
+        fresh["judged_hit"] = np.zeros(capacity * self.k, np.bool_)
         for name, values in fresh.items():
-            if self.capacity:
+            if self.capacity and not name.startswith("judged"):
                 values[: self.capacity] = getattr(self, name)
             setattr(self, name, values)
         self.capacity = capacity
 
     def move(self, source: int, target: int) -> None:
         """The request followed in row `source` is in row `target` now (vLLM condensed its batch)."""
-        for name in (*self.INTS, "hash", "draft", "bucket", "predicted"):
+        for name in (*self.INTS, "hash", "cand", "cand_bucket", "cand_accept"):
             values = getattr(self, name)
             values[target] = values[source]
         self.seen[source] = 0
 
     def kernel_args(self) -> tuple:
         """What `follow` and `anchor` read and write, in their order."""
-        return (*(getattr(self, name) for name in self.INTS), self.hash, self.draft)
+        return (*(getattr(self, name) for name in self.INTS), self.hash)
 
     @property
     def outputs(self) -> tuple:
-        return self.status, self.accepted, self.cand, self.support, self.length
+        return (
+            *(self.status, self.accepted, self.cand, self.support, self.length, self.cand_bucket, self.cand_accept),
+            *(self.judged, self.judged_bucket, self.judged_predicted, self.judged_hit),
+        )
 
     def moved(self, new, vanished, seen_before, token_ids) -> np.ndarray:
         """Which `new` rows (not recognised where they are) hold a request followed at the last step in one of the
@@ -100,52 +114,78 @@ class RowState:
 
 
 @njit(cache=True)
-def place(arrays, r, tokens, end, own, slot, m, k, shared, cursor, kind, match, retry):
+def place(nodes, gram, head, r, tokens, end, own, slot, m, k, shared, cursor, kind, match, retry):
     """Where row `r` proposes from next: its own node while paths go on below it, else its cursor while it has paths
     below, else a re-entry (`reentry`; after one that found nothing, `RETRY` tokens later)."""
-    below, owner = arrays[3], arrays[8]
-    if below[own] > 0:
+    if nodes[own, BELOW] > 0:
         cursor[r], kind[r] = own, ANCHORED
         return
-    if cursor[r] != NONE and kind[r] != ANCHORED and below[cursor[r]] > 0:
+    if cursor[r] != NONE and kind[r] != ANCHORED and nodes[cursor[r], BELOW] > 0:
         return
     if end < retry[r]:
         cursor[r] = NONE
         return
-    node, length = reentry(arrays, tokens, end, m, own, k, MAX_MATCH, slot, shared)
+    node, length = reentry(nodes, gram, head, tokens, end, m, own, k, MAX_MATCH, slot, shared)
     cursor[r], match[r] = node, length
     if node == NONE:
         retry[r] = end + RETRY
-    if node == NONE or owner[node] == 2 * slot:
+    if node == NONE or nodes[node, OWNER] == 2 * slot:
         kind[r] = REENTERED
-    elif owner[node] == 2 * slot + 1:
+    elif nodes[node, OWNER] == 2 * slot + 1:
         kind[r] = OWN
     else:
         kind[r] = SHARED
 
 
 @njit(cache=True)
-def candidate(arrays, node, k, tokens_out, support_out):
-    """The greedy path below `node`, up to `k` tokens, and each token's support; returns its length."""
-    token, count, below, best = arrays[0], arrays[2], arrays[3], arrays[6]
-    n = 0
-    while n < k and node != NONE and below[node] > 0:
-        c = best[node]
-        tokens_out[n] = token[c]
-        support_out[n] = count[c] / below[node]
+def candidate(nodes, r, node, k, kind, match, table, floor, out):
+    """Row `r`'s candidate: the greedy path below `node`, up to `k` tokens, each token's support, bucket and predicted
+    acceptance (`table`: `AcceptanceModel.table`), while its survival stays above `floor` (`survival_floor`: no later
+    slot could pay; the first is kept, for the budget's exploring slot); returns its length."""
+    cand, support, buckets, accept = out[2][r], out[3][r], out[5][r], out[6][r]
+    n, alive = 0, 1.0
+    while n < k and node != NONE and nodes[node, BELOW] > 0:
+        c = nodes[node, BEST]
+        cand[n] = nodes[c, TOKEN]
+        support[n] = nodes[c, COUNT] / nodes[node, BELOW]
+        buckets[n] = bucket(kind, n, support[n], match + n)
+        accept[n] = table[buckets[n]]
+        alive *= accept[n]
+        if n > 0 and alive <= floor:
+            break
         n += 1
         node = c
     return n
 
 
 @njit(cache=True)
-def follow(arrays, size, indices, flat, offsets, num_tokens, token_ids, state, m, k, max_len, shared, propose, out):
+def follow(
+    nodes,
+    gram,
+    head,
+    size,
+    indices,
+    flat,
+    offsets,
+    num_tokens,
+    token_ids,
+    state,
+    m,
+    k,
+    max_len,
+    shared,
+    table,
+    floor,
+    out,
+):
     """One engine step for the rows `indices` (see the module's docstring). `flat[offsets[r]:offsets[r + 1]]`: the
     tokens row r sampled; `num_tokens`, `token_ids`: vLLM's; `state`: `RowState.kernel_args`. Per row, `out` gets
-    its status, the draft slots accepted (-1 where no draft was given) and, with `propose`, its candidate. Returns
-    the arena's new size (the caller reserved room for every sampled token)."""
-    seen, first, last, prompt_len, slot, own, cursor, kind, match, drafted, retry, hashes, draft = state
-    status, accepted, cand, support, length = out
+    its status, the draft slots accepted (-1 where no draft was given) and, given the acceptance `table` (empty: the
+    proposer sleeps), its candidate. Returns the arena's new size (the caller reserved room for every sampled
+    token)."""
+    seen, first, last, prompt_len, slot, own, cursor, kind, match, drafted, retry, hashes = state
+    status, accepted, cand, length, cand_bucket, cand_accept = out[0], out[1], out[2], out[4], out[5], out[6]
+    judged, judged_bucket, judged_predicted, judged_hit = out[7], out[8], out[9], out[10]
     for i in range(len(indices)):
         r = indices[i]
         new = offsets[r + 1] - offsets[r]
@@ -162,47 +202,58 @@ def follow(arrays, size, indices, flat, offsets, num_tokens, token_ids, state, m
             continue
         status[r] = FOLLOWED
         a, d = 0, drafted[r]
-        while a < d and a < new and token_ids[r, s + a] == draft[r, a]:
+        while a < d and a < new and token_ids[r, s + a] == cand[r, a]:
             a += 1
-        if d > 0:
+        if d > 0:  # the verdicts: slots accepted up to the first token the row did not take, that one rejected
             accepted[r] = a
+            for j in range(min(d, a + 1)):
+                t = judged[0]
+                judged_bucket[t], judged_predicted[t], judged_hit[t] = cand_bucket[r, j], cand_accept[r, j], j < a
+                judged[0] = t + 1
         drafted[r] = 0
-        node, size = insert(arrays, size, own[r], token_ids[r], s, n, slot[r] * 2, m)
+        node, size = insert(nodes, gram, head, size, own[r], token_ids[r], s, n, slot[r] * 2, m)
         own[r] = node
         hashes[r] = sequence_hash(hashes[r], token_ids[r], s, n)
         c = cursor[r]
         if kind[r] != ANCHORED and c != NONE:
             for j in range(s, n):
-                c = _child(arrays, c, token_ids[r, j])
+                c = child_of(nodes, c, token_ids[r, j])
                 if c == NONE:
                     break
             cursor[r] = c
             match[r] += new
         seen[r], last[r] = n, token_ids[r, n - 1]
-        if propose and n < max_len:
-            place(arrays, r, token_ids[r], n, own[r], slot[r], m, k, shared, cursor, kind, match, retry)
-            length[r] = candidate(arrays, cursor[r], min(k, max_len - n), cand[r], support[r])
+        if len(table) and n < max_len:
+            place(nodes, gram, head, r, token_ids[r], n, own[r], slot[r], m, k, shared, cursor, kind, match, retry)
+            length[r] = candidate(nodes, r, cursor[r], min(k, max_len - n), kind[r], match[r], table, floor, out)
     return size
 
 
 @njit(cache=True)
-def _child(arrays, node, value):
-    token, child, sibling = arrays[0], arrays[4], arrays[5]
-    c = child[node]
-    while c != NONE:
-        if token[c] == value:
-            return c
-        c = sibling[c]
-    return NONE
-
-
-@njit(cache=True)
-def anchor(arrays, size, indices, roots, slots, num_tokens, token_ids, state, m, k, max_len, shared, propose, out):
+def anchor(
+    nodes,
+    gram,
+    head,
+    size,
+    indices,
+    roots,
+    slots,
+    num_tokens,
+    token_ids,
+    state,
+    m,
+    k,
+    max_len,
+    shared,
+    table,
+    floor,
+    out,
+):
     """Rows new to the proposer (`indices`), their prompt's slot found (`slots`, its root `roots`; slot -1: none;
     `state`'s `prompt_len` set): their response so far becomes a path of the slot, and they propose from it.
     Returns the arena's new size."""
-    seen, first, last, prompt_len, slot, own, cursor, kind, match, drafted, retry, hashes, draft = state
-    status, accepted, cand, support, length = out
+    seen, first, last, prompt_len, slot, own, cursor, kind, match, drafted, retry, hashes = state
+    length = out[4]
     for i in range(len(indices)):
         r = indices[i]
         n = num_tokens[r]
@@ -212,12 +263,12 @@ def anchor(arrays, size, indices, roots, slots, num_tokens, token_ids, state, m,
             own[r], seen[r] = NONE, 0
             continue
         p = prompt_len[r]
-        node, size = insert(arrays, size, roots[i], token_ids[r], p, n, slots[i] * 2, m)
+        node, size = insert(nodes, gram, head, size, roots[i], token_ids[r], p, n, slots[i] * 2, m)
         own[r] = node
         hashes[r] = sequence_hash(0, token_ids[r], p, n)
-        if propose and n < max_len:
-            place(arrays, r, token_ids[r], n, node, slots[i], m, k, shared, cursor, kind, match, retry)
-            length[r] = candidate(arrays, cursor[r], min(k, max_len - n), cand[r], support[r])
+        if len(table) and n < max_len:
+            place(nodes, gram, head, r, token_ids[r], n, node, slots[i], m, k, shared, cursor, kind, match, retry)
+            length[r] = candidate(nodes, r, cursor[r], min(k, max_len - n), kind[r], match[r], table, floor, out)
     return size
 
 
@@ -229,11 +280,11 @@ def warm_up(k: int, max_len: int) -> None:
     token_ids, num_tokens = np.array([[5, 6, 7, 8, 9, 10, 0]] * 2, np.int32), np.array([6, 6], np.int32)
     roots, index = np.array([arena.new_root(0)] * 2, np.int64), np.arange(2, dtype=np.int64)
     state.prompt_len[:] = 2
-    args = (2, k, max_len, True, True, state.outputs)
+    args = (2, k, max_len, True, np.full(int(np.prod(budget.SHAPE)), 0.5), -1.0, state.outputs)
     arena.reserve(16)
     arena.size = anchor(
-        arena.arrays, arena.size, index, roots, index * 0, num_tokens, token_ids, state.kernel_args(), *args
+        *arena.arrays, arena.size, index, roots, index * 0, num_tokens, token_ids, state.kernel_args(), *args
     )
     token_ids[:, 6], num_tokens[:] = 11, 7
     flat, offsets = np.array([11, 11], np.int32), np.array([0, 1, 2], np.int64)
-    follow(arena.arrays, arena.size, index, flat, offsets, num_tokens, token_ids, state.kernel_args(), *args)
+    follow(*arena.arrays, arena.size, index, flat, offsets, num_tokens, token_ids, state.kernel_args(), *args)

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 
 from specrl_openrlhf.integration.vllm import arena as arena_module
-from specrl_openrlhf.integration.vllm.arena import NONE, Arena, path_score, reentry
+from specrl_openrlhf.integration.vllm.arena import BELOW, BEST, COUNT, DEPTH, NONE, TOKEN, Arena, path_score, reentry
 
 
 def tokens(*values):
@@ -22,12 +22,12 @@ def test_paths_share_their_prefixes_and_the_greedy_child_is_the_most_taken():
     root = arena.new_root(0)
     for path in ([5, 6, 7], [5, 6, 8], [5, 6, 8], [9]):
         arena.insert(root, tokens(*path), 0, 2)
-    c = arena.columns
-    five = c["best"][root]
-    six = c["best"][five]
-    assert c["token"][five] == 5 and c["count"][five] == 3 and c["below"][root] == 4
-    assert c["token"][c["best"][six]] == 8 and c["below"][six] == 3
-    assert path_score(arena.arrays, root, 4) == 0.75 + 0.75 + 0.75 * 2 / 3  # 5, then 6, then 8
+    nodes = arena.nodes
+    five = nodes[root, BEST]
+    six = nodes[five, BEST]
+    assert nodes[five, TOKEN] == 5 and nodes[five, COUNT] == 3 and nodes[root, BELOW] == 4
+    assert nodes[nodes[six, BEST], TOKEN] == 8 and nodes[six, BELOW] == 3
+    assert path_score(nodes, root, 4) == 0.75 + 0.75 + 0.75 * 2 / 3  # 5, then 6, then 8
     assert arena.size == 1 + 5 and arena.capacity == 8  # the nodes 5, 6, 7, 8, 9
 
 
@@ -36,21 +36,21 @@ def test_a_re_entry_takes_the_match_whose_path_scores_best_not_the_longest():
     a, b = arena.new_root(0), arena.new_root(2)
     arena.insert(a, tokens(1, 2, 3, 4, 40), 0, 2)  # after [1, 2, 3]: 4, 40 (score 2)
     arena.insert(b, tokens(2, 3, 50, 51, 52, 53), 2, 2)  # after [2, 3]: 50, 51, 52, 53 (score 4)
-    row, best, token = tokens(1, 2, 3), arena.columns["best"], arena.columns["token"]
-    node, match = reentry(arena.arrays, row, 3, 2, NONE, 4, 32, 0, True)
-    assert token[best[node]] == 50 and match == 2  # the shorter match, whose path scores more
-    node, match = reentry(arena.arrays, row, 3, 2, NONE, 4, 32, 0, False)  # its own slot only (slot 0)
-    assert token[best[node]] == 4 and match == 3
-    assert reentry(arena.arrays, tokens(7, 8), 2, 2, NONE, 4, 32, 0, True) == (NONE, 0)
+    row, nodes = tokens(1, 2, 3), arena.nodes
+    node, match = reentry(*arena.arrays, row, 3, 2, NONE, 4, 32, 0, True)
+    assert nodes[nodes[node, BEST], TOKEN] == 50 and match == 2  # the shorter match, whose path scores more
+    node, match = reentry(*arena.arrays, row, 3, 2, NONE, 4, 32, 0, False)  # its own slot only (slot 0)
+    assert nodes[nodes[node, BEST], TOKEN] == 4 and match == 3
+    assert reentry(*arena.arrays, tokens(7, 8), 2, 2, NONE, 4, 32, 0, True) == (NONE, 0)
 
 
 def test_growth_keeps_every_node_and_the_index():
     arena = Arena(4)
     root = arena.new_root(0)
     last = arena.insert(root, np.arange(100, 140, dtype=np.int32), 0, 3)
-    assert arena.capacity >= 41 and arena.size == 41 and arena.columns["depth"][last] == 40
-    node, match = reentry(arena.arrays, np.array([7, 120, 121, 122], np.int32), 4, 3, NONE, 4, 32, 0, True)
-    assert arena.columns["token"][node] == 122 and match == 3
+    assert arena.capacity >= 41 and arena.size == 41 and arena.nodes[last, DEPTH] == 40
+    node, match = reentry(*arena.arrays, np.array([7, 120, 121, 122], np.int32), 4, 3, NONE, 4, 32, 0, True)
+    assert arena.nodes[node, TOKEN] == 122 and match == 3
 
 
 FALLBACK = textwrap.dedent(
@@ -63,8 +63,8 @@ FALLBACK = textwrap.dedent(
     a = arena.Arena(8)
     root = a.new_root(0)
     a.insert(root, np.array([5, 6, 7, 8], np.int32), 0, 2)
-    node, match = arena.reentry(a.arrays, np.array([9, 6, 7], np.int32), 3, 2, arena.NONE, 4, 32, 0, True)
-    print(int(a.columns["token"][a.columns["best"][node]]), int(match), a.size)
+    node, match = arena.reentry(*a.arrays, np.array([9, 6, 7], np.int32), 3, 2, arena.NONE, 4, 32, 0, True)
+    print(int(a.nodes[a.nodes[node, arena.BEST], arena.TOKEN]), int(match), a.size)
     """
 )
 
@@ -76,6 +76,6 @@ def test_without_numba_the_kernels_run_as_plain_python_and_agree():
     a = Arena(8)
     root = a.new_root(0)
     a.insert(root, tokens(5, 6, 7, 8), 0, 2)
-    node, match = reentry(a.arrays, tokens(9, 6, 7), 3, 2, NONE, 4, 32, 0, True)
-    assert result.stdout.split() == [str(a.columns["token"][a.columns["best"][node]]), str(match), str(a.size)]
+    node, match = reentry(*a.arrays, tokens(9, 6, 7), 3, 2, NONE, 4, 32, 0, True)
+    assert result.stdout.split() == [str(a.nodes[a.nodes[node, BEST], TOKEN]), str(match), str(a.size)]
     assert arena_module.COMPILED

@@ -7,6 +7,7 @@ import logging
 import numpy as np
 
 from specrl_openrlhf.cache import prompt_key
+from specrl_openrlhf.integration.vllm.arena import BEST, COUNT
 from specrl_openrlhf.integration.vllm.histories import HistoryBoard, params_message, response_hash, update_histories
 from specrl_openrlhf.policies.builtin import LosslessParams
 
@@ -25,7 +26,8 @@ def test_updates_are_queued_and_inserted_a_bounded_slice_at_a_time():
     board.drain(set())
     assert not board.pending and len(board.slots) == 5
     slot = board.slots[prompt_key([2])]
-    assert board.arena.columns["count"][board.arena.columns["best"][slot.root]] == 3
+    nodes = board.arena.nodes
+    assert nodes[nodes[slot.root, BEST], COUNT] == 3
 
 
 def test_a_new_visit_starts_afresh_unless_its_rows_are_in_flight():

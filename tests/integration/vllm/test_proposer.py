@@ -302,7 +302,7 @@ def test_the_budget_priced_on_a_gpus_curve_drafts_as_that_gpu_would(tmp_path):
     cpu, gpu = [], []
     simulate(LINEAR_CPU, 0.25, counts=cpu)
     simulate(LINEAR_CPU, 0.25, counts=gpu, cost_curve=gpu_curve(tmp_path, 1e-6))
-    assert sum(cpu[-200:]) < 200 and sum(gpu[-200:]) > 200 * 32 * 2
+    assert sum(cpu[-200:]) < 200 and sum(gpu[-200:]) > 200 * 32  # a slot a row and step at least
 
 
 def test_a_curve_prices_a_step_as_the_gpu_at_scale(tmp_path):

@@ -433,7 +433,8 @@ class DraftingCheck:
 class BudgetReport:
     """What one proposer's budget measured: decayed sums over recent steps and verdicts (about the last `half_life`
     of each) and the step cost's parameters (`as_dict`, sent with every history update); the cost fit's error and
-    acceptance predicted against observed per predicted decile (`details`, for benchmarks). Sums, so that a
+    acceptance predicted against observed per predicted decile, and the proposer's own time (`details`, for
+    benchmarks). Sums, so that a
     process's proposers and an engine's workers add up."""
 
     def __init__(self, half_life: float = REPORT_HALF_LIFE_STEPS):
@@ -443,6 +444,12 @@ class BudgetReport:
         self.cost_error = 0.0
         self.margin, self.plain_scale = 0.0, 1.0  # the drafting check's (`DraftingCheck`)
         self.deciles = np.zeros((10, 3))  # the acceptance model's calibration (`AcceptanceModel.deciles`)
+        self.timed = {"propose_s": 0.0, "rows_followed": 0.0}  # the proposer's own time and rows, over its life
+
+    def time(self, seconds: float, rows: int) -> None:
+        """A step's `propose` took `seconds` over `rows` rows."""
+        self.timed["propose_s"] += seconds
+        self.timed["rows_followed"] += rows
 
     def step(self, slots: int) -> None:
         self.sums["steps"] = self.sums["steps"] * self.decay + 1.0
@@ -465,7 +472,7 @@ class BudgetReport:
         """`as_dict`, the cost fit's mean relative error, and per predicted decile the verdicts, the predictions'
         sum and the acceptances' sum."""
         out = self.as_dict()
-        out.update(cost_error=self.cost_error, margin=self.margin, plain_scale=self.plain_scale)
+        out.update(cost_error=self.cost_error, margin=self.margin, plain_scale=self.plain_scale, **self.timed)
         for decile, (verdicts, predicted, accepted) in enumerate(self.deciles):
             out.update({f"decile{decile}_verdicts": verdicts, f"decile{decile}_predicted": predicted})
             out[f"decile{decile}_accepted"] = accepted

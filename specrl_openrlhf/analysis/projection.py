@@ -6,7 +6,9 @@ Terminology:
   verified and accepted, and when it ended (vLLM's stats, recorded by `integration.vllm.step_log`).
 - *step curve* (`step_curve.StepCurve`): a GPU's measured time of one step by rows and tokens per row
   (`scripts/bench_gpu_step.py`; docs/gpu_step_h200.json holds an H200's, for a Qwen3-1.7B shape).
-- *projected time*: the sum over the recorded steps of the curve at (rows x scale, tokens per row). Scale 1 prices
+- *projected time*: the sum over the recorded steps of the curve at (rows x scale, tokens per row), prefill priced as
+  prefill, and every cost a step pays besides its forward (`RuleCost`: the host's time and the proposer's where async
+  scheduling is off). Scale 1 prices
   the steps as they ran; an RL scale (rows x 8, at most 512 rows) prices each step as if it served 8 times the
   requests, as a GPU engine at RL batch sizes does. A projection: it keeps the CPU run's schedule (which steps ran,
   with which rows and drafts) and swaps its step times for the GPU's, so it says what that schedule would cost there;
@@ -161,6 +163,19 @@ def step_costs(decode_rows, decode_tokens, prefill_tokens, pricing: Pricing, pro
     return StepCosts(gpu, host, proposer)
 
 
+@dataclass(frozen=True)
+class RuleCost:
+    """What a rule's steps pay besides the forward: vLLM keeps async scheduling for stock and the request-path rules
+    (no proposer in the engine) and turns it off for every model-free proposer, whose own time (`proposer_us` a row
+    and step; None: not known, priced 0 and the figure is optimistic) then runs serially."""
+
+    async_scheduling: bool = True
+    proposer_us: float | None = 0.0
+
+
+STOCK = RuleCost()  # stock generation's steps: async scheduling, no proposer
+
+
 def projected_time(
     steps: EngineSteps,
     curve: StepCurve,
@@ -168,28 +183,22 @@ def projected_time(
     max_rows: int | None = None,
     *,
     host: HostCurve | None = None,
-    proposer_s: float = 0.0,
-    async_scheduling: bool = True,
+    rule: RuleCost = STOCK,
 ) -> float:
     """Seconds the recorded steps would take on the curve's GPU, each step's rows x `scale` (at most `max_rows`),
-    with every cost a step pays (`step_costs`, `StepCosts.total`)."""
+    with every cost a step pays (`step_costs`, `StepCosts.total`): the proposer's at `rule.proposer_us` a row."""
     pricing = Pricing(curve, scale, max_rows, host)
+    rows = steps.rows * scale if max_rows is None else np.minimum(steps.rows * scale, max_rows)
+    proposer_s = (rule.proposer_us or 0.0) * 1e-6 * rows
     costs = step_costs(steps.decode_rows, steps.decode_tokens, steps.prefill_tokens, pricing, proposer_s)
-    return costs.total(async_scheduling)
+    return costs.total(rule.async_scheduling)
 
 
 def projected_ratio(
-    stock: EngineSteps,
-    rule: EngineSteps,
-    curve: StepCurve,
-    scale: int = 1,
-    *,
-    host: HostCurve | None = None,
-    proposer_s: float = 0.0,
+    stock: EngineSteps, rule: EngineSteps, curve: StepCurve, scale: int = 1, *, host=None, cost=STOCK
 ) -> float:
-    """Stock's projected time over the rule's (above 1: the rule is faster on the curve's GPU); the rule verifies
-    drafts from a model-free proposer (vLLM turns async scheduling off for it) taking `proposer_s` a step."""
+    """Stock's projected time over the rule's (above 1: the rule is faster on the curve's GPU)."""
     max_rows = RL_MAX_ROWS if scale > 1 else None
-    mine = projected_time(rule, curve, scale, max_rows, host=host, proposer_s=proposer_s, async_scheduling=False)
+    mine = projected_time(rule, curve, scale, max_rows, host=host, rule=cost)
     theirs = projected_time(stock, curve, scale, max_rows, host=host)
     return theirs / mine if mine else math.nan

@@ -18,210 +18,24 @@ A projection: the figures say what these schedules would cost on that GPU.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 from ..analysis.projection import FULL_SHARE, Pricing, step_costs
-from ..analysis.simulator import BatchView, Corpus, EngineSimulator, Request, Schedule, Simulation
+from ..analysis.simulator import Corpus, EngineSimulator, Schedule, Simulation
 from ..step_curve import HostCurve, StepCurve
 from .corpus import CorpusSettings, cached_or_recorded
+from .costs import cache_root, host_curve, machine_key, proposer_costs
+from .sim_proposers import build
 
 DEFAULT_CURVE = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"
 RULES = ("off", "lossless", "suffix", "ngram")
-SUFFIX_DEPTH, NGRAM_K, LOSSLESS_K = 24, 8, 16  # vLLM's defaults (suffix: depth and k; n-gram: our k), ours
-HOST_ROWS = (16, 64, 128, 256, 512)  # rows the host step curve is measured at
-
-
-def vllm_config(k: int, max_model_len: int, max_num_seqs: int, **speculative) -> SimpleNamespace:
-    """The fields of vLLM's `VllmConfig` the proposers read."""
-    return SimpleNamespace(
-        speculative_config=SimpleNamespace(num_speculative_tokens=k, **speculative),
-        model_config=SimpleNamespace(max_model_len=max_model_len),
-        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
-    )
-
-
-class Stock:
-    name, async_scheduling = "off", True
-
-    def visit(self, epoch, prompts, corpus) -> float:
-        return 0.0
-
-    def propose(self, batch, sampled):
-        return [[] for _ in sampled]
-
-    def finished(self, request) -> None:
-        pass
-
-    def memory_bytes(self) -> int:
-        return 0
-
-
-class Lossless:
-    """Our engine proposer; the prompt's previous epoch is registered when its visit starts, as the rollout does
-    from the draft store, and each finished sample's response after it."""
-
-    name, async_scheduling = "lossless", False
-
-    def __init__(self, max_model_len: int, max_num_seqs: int, curve: StepCurve):
-        from ..cache import prompt_key
-        from ..integration.vllm import histories
-        from ..integration.vllm.proposer import HistoryProposer
-        from ..policies.builtin import LosslessParams
-
-        histories.BOARD = self.board = histories.HistoryBoard()
-        self.key = prompt_key
-        self.params = histories.params_message(LosslessParams(cost_curve=curve.as_data()))
-        self.proposer = HistoryProposer(vllm_config(LOSSLESS_K, max_model_len, max_num_seqs))
-        self.keys: dict[int, bytes] = {}
-
-    def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
-        for p in prompts:
-            key = self.keys.setdefault(p, self.key(corpus.prompts[p]))
-            previous = corpus.responses[epoch - 1][p] if epoch > 0 else []
-            self.board.update(key, len(corpus.prompts[p]), True, self.params, previous, [None] * len(previous))
-        self.board.drain(set())  # as the proposer would before its next step (timed with the visit)
-        while self.board.pending:
-            self.board.drain(set())
-        held = [self.board.slots.get(self.keys[p]) for p in prompts]
-        return sum(slot is not None and bool(slot.responses) for slot in held) / len(prompts)
-
-    def propose(self, batch: BatchView, sampled):
-        return self.proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
-
-    def finished(self, request: Request) -> None:
-        key = self.keys[request.prompt_index]
-        self.board.update(key, len(request.prompt), False, self.params, [request.response], [None])
-
-    def memory_bytes(self) -> int:
-        """The histories' memory: the arena's arrays."""
-        return self.board.arena.nbytes
-
-
-class Suffix:
-    """vLLM's suffix decoding, its defaults, its response cache of `cached` requests (FIFO)."""
-
-    name, async_scheduling = "suffix", False
-
-    def __init__(self, max_model_len: int, max_num_seqs: int, cached: int):
-        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
-
-        config = vllm_config(
-            SUFFIX_DEPTH,
-            max_model_len,
-            max_num_seqs,
-            suffix_decoding_max_tree_depth=SUFFIX_DEPTH,
-            suffix_decoding_max_cached_requests=cached,
-            suffix_decoding_max_spec_factor=1.0,
-            suffix_decoding_min_token_prob=0.1,
-        )
-        self.proposer = SuffixDecodingProposer(config)
-
-    def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
-        cached = self.proposer.suffix_cache.cached_requests
-        previous = [any(f"e{epoch - 1}-p{p}-s{s}" in cached for s in range(corpus.samples)) for p in prompts]
-        return sum(previous) / len(prompts)
-
-    def propose(self, batch: BatchView, sampled):
-        return self.proposer.propose(SUFFIX_DEPTH, batch, sampled)
-
-    def finished(self, request) -> None:
-        pass
-
-    def memory_bytes(self) -> int:
-        return int(self.proposer.suffix_cache._global_tree.estimate_memory())
-
-
-class Ngram:
-    """vLLM's n-gram proposer (prompt lookup), its defaults (n 5), k 8."""
-
-    name, async_scheduling = "ngram", False
-
-    def __init__(self, max_model_len: int, max_num_seqs: int):
-        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
-
-        config = vllm_config(NGRAM_K, max_model_len, max(max_num_seqs, 1024), prompt_lookup_min=5, prompt_lookup_max=5)
-        self.proposer = NgramProposer(config)
-
-    def visit(self, epoch, prompts, corpus) -> float:
-        return 0.0
-
-    def propose(self, batch: BatchView, sampled):
-        return self.proposer.propose(NGRAM_K, sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
-
-    def finished(self, request) -> None:
-        pass
-
-    def memory_bytes(self) -> int:
-        return 0
-
-
-def measure_host_steps(rows=HOST_ROWS, progress=print) -> HostCurve:
-    """The engine's host time per decoding step at each of `rows`, on the tiny model (its forward costs almost
-    nothing): the median time of `LLMEngine.step` once every row decodes."""
-    import tempfile
-
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from .engine import cpu_engine_kwargs, machine, use_cpu_engine_env
-    from .tiny_model import build_tiny_model
-
-    use_cpu_engine_env()
-    model = build_tiny_model(Path(tempfile.gettempdir()) / "specrl_host_steps", hidden_size=128, eos_logit=-5.0)
-    llm = LLM(model=str(model), **cpu_engine_kwargs(max_model_len=256, max_num_seqs=max(rows), kv_cache_bytes=1 << 29))
-    engine, points = llm.llm_engine, []
-    for count in rows:
-        params = SamplingParams(max_tokens=48, ignore_eos=True, temperature=1.0)
-        for i in range(count):
-            engine.add_request(f"host-{count}-{i}", TokensPrompt(prompt_token_ids=[5 + i % 50, 7, 9, 11] * 4), params)
-        times = []
-        while engine.has_unfinished_requests():
-            start = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - start)
-        steady = sorted(times[4:-4]) or sorted(times)
-        points.append({"rows": count, "seconds": steady[len(steady) // 2]})
-        progress(f"[host steps] {count} rows: {points[-1]['seconds'] * 1e3:.2f} ms a step")
-    del llm
-    return HostCurve(points, machine())
-
-
-def host_curve(path: str | None, progress=print) -> HostCurve:
-    """The host step curve of `path`, or measured here (once: cached per machine)."""
-    if path:
-        return HostCurve.load(path)
-    from .engine import machine
-
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / "at_scale"
-    cached = root / f"host_steps-{hashlib.sha256(machine().encode()).hexdigest()[:12]}.json"
-    if cached.exists():
-        return HostCurve.load(cached)
-    curve = measure_host_steps(progress=progress)
-    root.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(curve.as_data(), indent=1))
-    return curve
-
-
-def build(rule: str, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffix_cache: int):
-    max_model_len = max(len(p) for p in corpus.prompts) + max(len(r) for e in corpus.responses for p in e for r in p)
-    max_model_len += 64
-    if rule == "off":
-        return Stock()
-    if rule == "lossless":
-        return Lossless(max_model_len, schedule.max_num_seqs, curve)  # with its host column: a step's fixed cost
-    if rule == "suffix":
-        return Suffix(max_model_len, schedule.max_num_seqs, suffix_cache)
-    return Ngram(max_model_len, schedule.max_num_seqs)
 
 
 def figures(sim: Simulation, pricing: Pricing, async_scheduling: bool, max_rows: int) -> dict:
@@ -364,6 +178,10 @@ def main(argv=None) -> int:
             f"{f['proposer_us']:.2f}; {f['proposer_us_all']:.2f} | {f['kept']:.1%} | {f['steps']} | {f['tail']:.1%} | "
             f"{f['memory_mb']:.0f} | {f['found_previous']:.0%} |"
         )
+    costs = {**proposer_costs(), **{rule: f["proposer_us"] for rule, f in results.items() if rule != "off"}}
+    path = cache_root() / f"proposer_us-{machine_key()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(costs, indent=1))  # what the engine benchmarks price vLLM's proposers at
     print(
         "RESULT "
         + "".join(

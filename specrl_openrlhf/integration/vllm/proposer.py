@@ -32,7 +32,8 @@ import numpy as np
 from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, StepCost
 from . import histories, plugin
 from .arena import NONE, warn_if_interpreted
-from .rows import NEW, RowState, anchor, follow, goodput_allocate, survival_floor, warm_up
+from .follow import anchor, follow, goodput_allocate, survival_floor, warm_up
+from .rows import NEW, RowState
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,10 @@ class HistoryProposer:
         if self.failed:
             return [[] for _ in sampled_token_ids]
         try:
-            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            start = time.perf_counter()
+            drafts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            self.report.time(time.perf_counter() - start, len(sampled_token_ids))  # serial in vLLM: a step's cost
+            return drafts
         except Exception as error:
             self._fail(error)
             return [[] for _ in sampled_token_ids]

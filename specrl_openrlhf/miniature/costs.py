@@ -1,0 +1,98 @@
+"""What an engine step pays besides its forward on a GPU, measured on this machine: the engine's host time per step
+(on the tiny model, whose forward costs almost nothing: what async scheduling hides and a model-free proposer, which
+turns it off, pays on top), and the proposers' own time a row and step (`bench_at_scale.py` measures vLLM's; ours is
+timed in the engine). Cached per machine; how a rule's steps are priced from them (`rule_cost`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from ..step_curve import HostCurve
+
+HOST_ROWS = (16, 64, 128, 256, 512)  # rows the host step curve is measured at
+
+
+def measure_host_steps(rows=HOST_ROWS, progress=print) -> HostCurve:
+    """The engine's host time per decoding step at each of `rows`, on the tiny model (its forward costs almost
+    nothing): the median time of `LLMEngine.step` once every row decodes."""
+    import tempfile
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from .engine import cpu_engine_kwargs, machine, use_cpu_engine_env
+    from .tiny_model import build_tiny_model
+
+    use_cpu_engine_env()
+    multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, as OpenRLHF's actors run it
+    model = build_tiny_model(Path(tempfile.gettempdir()) / "specrl_host_steps", hidden_size=128, eos_logit=-5.0)
+    llm = LLM(model=str(model), **cpu_engine_kwargs(max_model_len=256, max_num_seqs=max(rows), kv_cache_bytes=1 << 29))
+    engine, points = llm.llm_engine, []
+    for count in rows:
+        params = SamplingParams(max_tokens=48, ignore_eos=True, temperature=1.0)
+        for i in range(count):
+            engine.add_request(f"host-{count}-{i}", TokensPrompt(prompt_token_ids=[5 + i % 50, 7, 9, 11] * 4), params)
+        times = []
+        while engine.has_unfinished_requests():
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+        steady = sorted(times[4:-4]) or sorted(times)
+        points.append({"rows": count, "seconds": steady[len(steady) // 2]})
+        progress(f"[host steps] {count} rows: {points[-1]['seconds'] * 1e3:.2f} ms a step")
+    del llm
+    if multiprocessing is not None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = multiprocessing
+    return HostCurve(points, machine())
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / "at_scale"
+
+
+def machine_key() -> str:
+    from .engine import machine
+
+    return hashlib.sha256(machine().encode()).hexdigest()[:12]
+
+
+def proposer_costs() -> dict[str, float]:
+    """Each model-free proposer's time a row and step at a full batch, as this bench last measured it on this machine
+    (empty where it has not run): what the engine benchmarks price vLLM's proposers at."""
+    try:
+        return json.loads((cache_root() / f"proposer_us-{machine_key()}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def rule_cost(policy, measured_us: float | None = None):
+    """How a rule's engine steps are priced besides their forward (`projection.RuleCost`): stock and the request path
+    keep async scheduling; a proposer in the engine turns it off and runs at `measured_us` a row (ours, timed in the
+    engine) or at what this bench measured (vLLM's: `proposer_costs`; None where it has not run)."""
+    from ..analysis.projection import RuleCost
+
+    if not policy.verifies_in_engine:
+        return RuleCost()
+    if measured_us is not None:
+        return RuleCost(False, measured_us)
+    method = getattr(policy.params, "speculative_config", {}).get("method", policy.name)
+    return RuleCost(False, proposer_costs().get(method))
+
+
+def host_curve(path: str | None, progress=print) -> HostCurve:
+    """The host step curve of `path`, or measured here (once: cached per machine)."""
+    if path:
+        return HostCurve.load(path)
+    cached = cache_root() / f"host_steps-{machine_key()}.json"
+    if cached.exists():
+        return HostCurve.load(cached)
+    curve = measure_host_steps(progress=progress)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(curve.as_data(), indent=1))
+    return curve

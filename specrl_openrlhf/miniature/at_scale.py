@@ -29,6 +29,7 @@ import numpy as np
 
 from ..analysis.projection import FULL_SHARE, Pricing, step_costs
 from ..analysis.simulator import Corpus, EngineSimulator, Schedule, Simulation
+from ..config import json_object
 from ..step_curve import HostCurve, StepCurve
 from .corpus import CorpusSettings, cached_or_recorded
 from .costs import cache_root, host_curve, machine_key, proposer_costs
@@ -103,6 +104,13 @@ def parse_args(argv=None):
         "x 16 samples a step)",
     )
     parser.add_argument(
+        "--params",
+        type=json_object,
+        default={},
+        metavar="JSON",
+        help="lossless's parameters (as --reuse.params), e.g. '{\"min_match\": 3}': an ablation is a switch",
+    )
+    parser.add_argument(
         "--validate",
         action="store_true",
         help="the simulator against the real engine at bench_real_model's size (3 prompts x 8 samples), for off, "
@@ -159,7 +167,7 @@ def main(argv=None) -> int:
     )
     results = {}
     for rule in args.rules:
-        proposer = build(rule, corpus, schedule, args.step_curve, suffix_cache)
+        proposer = build(rule, corpus, schedule, args.step_curve, suffix_cache, args.params)
         steps_total = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
         bar = _bar(rule, steps_total)
         sim = EngineSimulator(corpus, schedule, proposer).run(progress=bar)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from ..analysis.simulator import BatchView, Corpus, Request, Schedule
 from ..step_curve import StepCurve
 
-SUFFIX_DEPTH, NGRAM_K, LOSSLESS_K = 24, 8, 16  # vLLM's defaults (suffix: depth and k; n-gram: our k), ours
+SUFFIX_DEPTH, NGRAM_K = 24, 8  # vLLM's defaults (suffix: its tree's depth and k; n-gram: our k)
 
 
 def vllm_config(k: int, max_model_len: int, max_num_seqs: int, **speculative) -> SimpleNamespace:
@@ -47,7 +47,7 @@ class Lossless:
 
     name, async_scheduling = "lossless", False
 
-    def __init__(self, max_model_len: int, max_num_seqs: int, curve: StepCurve):
+    def __init__(self, max_model_len: int, max_num_seqs: int, curve: StepCurve, params: dict | None = None):
         from ..cache import prompt_key
         from ..integration.vllm import histories
         from ..integration.vllm.proposer import HistoryProposer
@@ -55,8 +55,9 @@ class Lossless:
 
         histories.BOARD = self.board = histories.HistoryBoard()
         self.key = prompt_key
-        self.params = histories.params_message(LosslessParams(cost_curve=curve.as_data()))
-        self.proposer = HistoryProposer(vllm_config(LOSSLESS_K, max_model_len, max_num_seqs))
+        rule = LosslessParams(**{**(params or {}), "cost_curve": curve.as_data()})  # priced on the curve
+        self.params = histories.params_message(rule)
+        self.proposer = HistoryProposer(vllm_config(rule.num_speculative_tokens, max_model_len, max_num_seqs))
         self.keys: dict[int, bytes] = {}
 
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
@@ -140,13 +141,14 @@ class Ngram:
         return 0
 
 
-def build(rule: str, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffix_cache: int):
+def build(rule: str, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffix_cache: int, params=None):
+    """The proposer of `rule` (one of at_scale's RULES); `params`: lossless's (`LosslessParams`, as JSON)."""
     max_model_len = max(len(p) for p in corpus.prompts) + max(len(r) for e in corpus.responses for p in e for r in p)
     max_model_len += 64
     if rule == "off":
         return Stock()
     if rule == "lossless":
-        return Lossless(max_model_len, schedule.max_num_seqs, curve)  # with its host column: a step's fixed cost
+        return Lossless(max_model_len, schedule.max_num_seqs, curve, params)  # the curve's host column: a fixed cost
     if rule == "suffix":
         return Suffix(max_model_len, schedule.max_num_seqs, suffix_cache)
     return Ngram(max_model_len, schedule.max_num_seqs)

@@ -4,11 +4,12 @@ step (1 token a row) or of a verification step (1 + drafted tokens a row). Plain
 else: it runs where vLLM does not (the lent GPU machine has neither vLLM nor a model hub).
 
     python scripts/bench_gpu_step.py                        # the Qwen3-1.7B shape on the GPU: rows x tokens per row
-    python scripts/bench_gpu_step.py --shape tiny --device cpu --rows 2,4 --tokens 1,2   # a check on CPU
+    python scripts/bench_gpu_step.py --shape tiny --device cpu --rows 2,4 --tokens 1,2 --prefill 16,64   # on CPU
     python scripts/bench_gpu_step.py --curve curve.json --project '{"rows": 48, "carried": 150, "produced": 130}'
 
-It prints one line per (rows, tokens) with the median step time, the time per carried token and per row, writes the
-curve as JSON (`--out`), and fits the proposer's step-cost model t = base + per_row x rows + per_token x tokens to it.
+It prints one line per (rows, tokens) with the median step time, the time per carried token and per row, and a
+prefill column (one forward of `--prefill` prompt tokens, no cache), writes the curve as JSON (`--out`), and fits
+the proposer's step-cost model t = base + per_row x rows + per_token x tokens to it.
 `--project` then reads a recorded verification step's mean shape (rows, tokens carried, tokens produced: the proposer's
 `reuse/` metrics give them) and prints what it would cost on the curve against plain decoding of the same rows: a
 projection from a PyTorch forward, not a vLLM measurement (no scheduler, sampler or rejection sampler).
@@ -228,6 +229,11 @@ def main(argv=None) -> int:
         help="grouped: one cache read per key-value head, as an engine's kernels; transformers: its SDPA path",
     )
     parser.add_argument("--eager-only", action="store_true", help="on a GPU, time eager forwards only")
+    parser.add_argument(
+        "--prefill",
+        default="256,1024,4096",
+        help="prompt tokens of the prefill column: one forward of that many tokens and no cache ('' for none)",
+    )
     parser.add_argument("--out", default=None, help="write the curve and its fit here (JSON)")
     parser.add_argument("--curve", default=None, help="read a curve written by --out instead of measuring")
     parser.add_argument("--project", default=None, help='a step\'s mean shape: {"rows":, "carried":, "produced":}')
@@ -280,6 +286,18 @@ def main(argv=None) -> int:
                 if args.out:  # a run cut short keeps what it measured
                     Path(args.out).write_text(json.dumps(record, indent=1))
             del cache
+        prefills = [int(t) for t in args.prefill.split(",") if t.strip()]
+        if prefills:  # what a prefill costs: the simulator prices prefill steps on it (`StepCurve.prefill_cost`)
+            del model
+            model, config = build(args.shape, device, dtype, 0 if args.attention == "grouped" else None)
+            record["prefill"] = []
+            for tokens in prefills:
+                cache = static_cache(config, 0, tokens)
+                eager = step_time(model, config, cache, 1, tokens, 0, args.repeats, device)
+                seconds = graph_step_time(model, config, cache, 1, tokens, 0, args.repeats) if graphs else eager
+                record["prefill"].append({"tokens": tokens, "seconds": seconds, "eager_seconds": eager})
+                print(f"prefill {tokens:>6} tokens {seconds * 1e3:>9.2f} ms", flush=True)
+                del cache
         record["fit"] = fit(record["curve"])
         record["fit_eager"] = fit([dict(p, seconds=p["eager_seconds"]) for p in record["curve"]])
         if device.startswith("cuda"):

@@ -135,12 +135,30 @@ def parse_args(argv=None):
             f"--curve {args.curve} has no prefill column: measure one (scripts/bench_gpu_step.py --prefill) or drop "
             "--prefill measured (prefill is then modelled at the curve's token slope)"
         )
+    try:
+        from ..policies.builtin import LosslessParams
+
+        args.lossless = LosslessParams(**args.params)
+    except (TypeError, ValueError) as error:
+        parser.error(f"--params: {error}")
     if "suffix" in args.rules:
         from .gpu_smoke import suffix_installed
 
         if not suffix_installed():
             parser.error("--rules suffix needs arctic-inference's suffix tree: bash scripts/install.sh builds it")
     return args
+
+
+def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:
+    """The arena bytes the largest RL step's previous-epoch histories take (`Arena.BYTES_PER_NODE` a token)."""
+    from ..integration.vllm.arena import Arena
+
+    largest = 0
+    for epoch in range(1, corpus.epochs):
+        for prompts in schedule.steps_of(epoch, len(corpus.prompts)):
+            tokens = sum(len(r) for p in prompts for r in corpus.responses[epoch - 1][p])
+            largest = max(largest, tokens)
+    return largest * Arena.BYTES_PER_NODE
 
 
 def main(argv=None) -> int:
@@ -153,6 +171,14 @@ def main(argv=None) -> int:
     corpus = getattr(args, "loaded", None) or cached_or_recorded(args.corpus_settings, progress=print)
     host = args.host or host_curve(None, progress=print)
     schedule = args.schedule
+    needed = step_history_bytes(corpus, schedule)
+    if "lossless" in args.rules and needed > args.lossless.history_mb << 20:
+        print(
+            f"bench_at_scale.py: error: --params history_mb={args.lossless.history_mb} is too small for one RL step's "
+            f"histories ({needed / 2**20:.1f} MiB); raise it",
+            file=sys.stderr,
+        )
+        return 2
     requests = schedule.prompts_per_step * corpus.samples
     suffix_cache = args.suffix_cache or math.ceil(1.2 * requests)
     pricing = Pricing(args.step_curve, host=host)

@@ -19,10 +19,15 @@ def test_the_step_curve_on_cpu_with_a_tiny_shape(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "curve.json"
     done = run(
-        "--shape", "tiny", "--device", "cpu", "--rows", "2,8", "--tokens", "1,4", "--repeats", "2", "--out", str(out)
+        *("--shape", "tiny", "--device", "cpu", "--rows", "2,8", "--tokens", "1,4", "--repeats", "2"),
+        *("--prefill", "16,64", "--out", str(out)),
     )
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())
+    assert [p["tokens"] for p in record["prefill"]] == [16, 64] and all(p["seconds"] > 0 for p in record["prefill"])
+    from specrl_openrlhf.step_curve import StepCurve
+
+    assert StepCurve.load(out).prefill_measured  # the simulator prices prefill on it
     assert [(p["rows"], p["tokens"]) for p in record["curve"]] == [(2, 1), (2, 4), (8, 1), (8, 4)]
     assert all(p["seconds"] > 0 for p in record["curve"]) and set(record["fit"]) >= {"base_s", "per_token_s"}
     assert "fit: base" in done.stdout

@@ -177,6 +177,8 @@ def rebuild_index(nodes, gram, head, size):
 class Arena:
     """The arrays, their size, and growth. `capacity` nodes; the gram index has about twice as many buckets."""
 
+    BYTES_PER_NODE = FIELDS * 4 + 8 + 2 * 4  # a record, its gram, its share of the buckets
+
     def __init__(self, capacity: int = 1 << 12):
         self.size = 0
         self._allocate(capacity)

@@ -101,8 +101,9 @@ class Settings:
 
         cpu_dtype(self.dtype)  # an unknown dtype: one clear error
 
-    def methods(self) -> list[Method]:
-        """The rules to run, `lossless` priced on the cost curve where one is given."""
+    def methods(self, host=None) -> list[Method]:
+        """The rules to run, `lossless` priced on the cost curve where one is given, with `host` (a `HostCurve`) as
+        its host column: a step of a model-free proposer pays the host's time too, as the projection prices it."""
         from dataclasses import replace
 
         at_scale = {
@@ -116,6 +117,8 @@ class Settings:
         methods = [known[name] for name in self.rules]
         if self.cost_curve:
             curve = str(Path(self.cost_curve).resolve())
+            if host is not None:
+                curve = StepCurve.load(curve).with_host(host).as_data()
             methods = [
                 Method(m.name, replace(m.config, params={**m.config.params, "cost_curve": curve}))
                 if m.config.policy == "lossless" and m.config.params.get("verify") != "requests"
@@ -336,7 +339,7 @@ async def run(settings: Settings, progress=print) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     host = host_curve(None, progress) if settings.curve_file else None  # before the engines: measured alone
     initial = Path(tempfile.mkdtemp(prefix="specrl-real-")) / "initial.safetensors"
-    methods = settings.methods()
+    methods = settings.methods(host)
     lanes, accuracy = [], {}
     train_all, held_out = splits(settings.prompts * 16, settings.held_out, seed=1234)
     held_prompts = [chat_prompt(tokenizer, p) for p in held_out]

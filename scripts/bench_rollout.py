@@ -129,7 +129,7 @@ async def run(args) -> int:
     )
     from specrl_openrlhf.integration.vllm.edge import engine_generate, engine_limits
     from specrl_openrlhf.integration.vllm.engine_args import engine_kwargs
-    from specrl_openrlhf.integration.vllm.histories import budget_details, proposer_us
+    from specrl_openrlhf.integration.vllm.histories import budget_details
     from specrl_openrlhf.integration.vllm.step_log import take_steps
     from specrl_openrlhf.miniature.engine import cpu_dtype, cpu_engine_kwargs, dtype_line
     from specrl_openrlhf.miniature.tiny_model import build_tiny_model
@@ -326,8 +326,7 @@ async def run(args) -> int:
         from specrl_openrlhf.miniature.costs import host_curve, rule_cost
 
         host = host_curve(None)
-        report = (await engines[-1].collective_rpc(budget_details))[0] if policy.verifies_in_engine else {}
-        cost = rule_cost(policy, proposer_us(report))
+        cost = rule_cost(policy)
         projected = {
             scale: projected_ratio(recorded["off"], recorded["spec"], curve, scale, host=host, cost=cost)
             for scale in projected
@@ -335,7 +334,8 @@ async def run(args) -> int:
         print(
             f"PROJECTION on {curve.device}'s step curve (a projection of the recorded engine steps, not a GPU run; "
             f"every cost: the host's time at {host.machine or 'this machine'} where async scheduling is off, the "
-            f"proposer's {cost.proposer_us if cost.proposer_us is not None else 'unknown'} us a row): "
+            f"proposer's as bench_at_scale measured it: {cost.proposer_base_us:.0f} us a step + "
+            f"{cost.proposer_us if cost.proposer_us is not None else float('nan'):.2f} us a row): "
             f"stock / {args.policy} = {projected[1]:.2f} at rows x 1, {projected[RL_SCALE]:.2f} at rows x "
             f"{RL_SCALE} (at most {RL_MAX_ROWS})"
         )

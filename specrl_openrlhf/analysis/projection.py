@@ -166,11 +166,12 @@ def step_costs(decode_rows, decode_tokens, prefill_tokens, pricing: Pricing, pro
 @dataclass(frozen=True)
 class RuleCost:
     """What a rule's steps pay besides the forward: vLLM keeps async scheduling for stock and the request-path rules
-    (no proposer in the engine) and turns it off for every model-free proposer, whose own time (`proposer_us` a row
-    and step; None: not known, priced 0 and the figure is optimistic) then runs serially."""
+    (no proposer in the engine) and turns it off for every model-free proposer, whose own time then runs serially:
+    `proposer_base_us` a step + `proposer_us` a row (None: not known, priced 0, and the figure is optimistic)."""
 
     async_scheduling: bool = True
     proposer_us: float | None = 0.0
+    proposer_base_us: float = 0.0
 
 
 STOCK = RuleCost()  # stock generation's steps: async scheduling, no proposer
@@ -186,10 +187,10 @@ def projected_time(
     rule: RuleCost = STOCK,
 ) -> float:
     """Seconds the recorded steps would take on the curve's GPU, each step's rows x `scale` (at most `max_rows`),
-    with every cost a step pays (`step_costs`, `StepCosts.total`): the proposer's at `rule.proposer_us` a row."""
+    with every cost a step pays (`step_costs`, `StepCosts.total`): the proposer's at `rule`'s cost a step and a row."""
     pricing = Pricing(curve, scale, max_rows, host)
     rows = steps.rows * scale if max_rows is None else np.minimum(steps.rows * scale, max_rows)
-    proposer_s = (rule.proposer_us or 0.0) * 1e-6 * rows
+    proposer_s = np.where(rows > 0, rule.proposer_base_us + (rule.proposer_us or 0.0) * rows, 0.0) * 1e-6
     costs = step_costs(steps.decode_rows, steps.decode_tokens, steps.prefill_tokens, pricing, proposer_s)
     return costs.total(rule.async_scheduling)
 

@@ -18,7 +18,6 @@ A projection: the figures say what these schedules would cost on that GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -32,7 +31,7 @@ from ..analysis.simulator import Corpus, EngineSimulator, Schedule, Simulation
 from ..config import json_object
 from ..step_curve import HostCurve, StepCurve
 from .corpus import CorpusSettings, cached_or_recorded
-from .costs import cache_root, host_curve, machine_key, proposer_costs
+from .costs import host_curve, save_proposer_costs
 from .sim_proposers import build
 
 DEFAULT_CURVE = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"
@@ -65,6 +64,7 @@ def figures(sim: Simulation, pricing: Pricing, async_scheduling: bool, max_rows:
         "proposer_s": float(costs.proposer.sum()),
         "proposer_us": float(column("proposer_s")[full].sum() / max(rows[full].sum(), 1) * 1e6),
         "proposer_us_all": float(column("proposer_s").sum() / max(rows.sum(), 1) * 1e6),
+        "proposer_fit": proposer_fit(rows, column("proposer_s") + column("register_s")),
         "register_ms_max": float(column("register_s").max() * 1e3) if len(rows) else 0.0,
         "kept": sim.kept,
         "steps": len(rows),
@@ -72,6 +72,14 @@ def figures(sim: Simulation, pricing: Pricing, async_scheduling: bool, max_rows:
         "found_previous": float(np.mean(sim.found_previous)) if sim.found_previous else math.nan,
         "accepted_per_drafted": float(column("accepted").sum() / max(column("drafted").sum(), 1)),
     }
+
+
+def proposer_fit(rows: np.ndarray, seconds: np.ndarray) -> dict[str, float]:
+    """A proposer's time a step as `base_us` + `row_us` x rows, least squares over the steps that served rows."""
+    served = rows > 0
+    x = np.stack([np.ones(served.sum()), rows[served]], axis=1)
+    (base, per_row), *_ = np.linalg.lstsq(x, seconds[served] * 1e6, rcond=None)
+    return {"base_us": max(float(base), 0.0), "row_us": max(float(per_row), 0.0)}
 
 
 def parse_args(argv=None):
@@ -212,10 +220,7 @@ def main(argv=None) -> int:
             f"{f['proposer_us']:.2f}; {f['proposer_us_all']:.2f} | {f['kept']:.1%} | {f['steps']} | {f['tail']:.1%} | "
             f"{f['memory_mb']:.0f} | {f['found_previous']:.0%} |"
         )
-    costs = {**proposer_costs(), **{rule: f["proposer_us"] for rule, f in results.items() if rule != "off"}}
-    path = cache_root() / f"proposer_us-{machine_key()}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(costs, indent=1))  # what the engine benchmarks price vLLM's proposers at
+    save_proposer_costs({rule: f["proposer_fit"] for rule, f in results.items() if rule != "off"})
     print(
         "RESULT "
         + "".join(

@@ -1,7 +1,7 @@
 """What an engine step pays besides its forward on a GPU, measured on this machine: the engine's host time per step
 (on the tiny model, whose forward costs almost nothing: what async scheduling hides and a model-free proposer, which
-turns it off, pays on top), and the proposers' own time a row and step (`bench_at_scale.py` measures vLLM's; ours is
-timed in the engine). Cached per machine; how a rule's steps are priced from them (`rule_cost`).
+turns it off, pays on top), and the proposers' own time a step (`bench_at_scale.py` measures each, ours and vLLM's,
+driven as vLLM drives it). Cached per machine; how a rule's steps are priced from them (`rule_cost`).
 """
 
 from __future__ import annotations
@@ -62,27 +62,32 @@ def machine_key() -> str:
     return hashlib.sha256(machine().encode()).hexdigest()[:12]
 
 
-def proposer_costs() -> dict[str, float]:
-    """Each model-free proposer's time a row and step at a full batch, as this bench last measured it on this machine
-    (empty where it has not run): what the engine benchmarks price vLLM's proposers at."""
+def proposer_costs() -> dict[str, dict]:
+    """Each model-free proposer's own time a step, `base_us` + `row_us` x rows, fitted on its steps when this bench
+    last ran on this machine (empty where it has not): what the engine benchmarks price the proposers' steps at."""
     try:
         return json.loads((cache_root() / f"proposer_us-{machine_key()}.json").read_text())
     except (OSError, ValueError):
         return {}
 
 
-def rule_cost(policy, measured_us: float | None = None):
+def save_proposer_costs(costs: dict[str, dict]) -> None:
+    path = cache_root() / f"proposer_us-{machine_key()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**proposer_costs(), **costs}, indent=1))
+
+
+def rule_cost(policy):
     """How a rule's engine steps are priced besides their forward (`projection.RuleCost`): stock and the request path
-    keep async scheduling; a proposer in the engine turns it off and runs at `measured_us` a row (ours, timed in the
-    engine) or at what this bench measured (vLLM's: `proposer_costs`; None where it has not run)."""
+    keep async scheduling; a proposer in the engine turns it off and runs at what `bench_at_scale.py` measured of the
+    same proposer, driven as vLLM drives it, on this machine (`proposer_costs`; unknown where it has not run)."""
     from ..analysis.projection import RuleCost
 
     if not policy.verifies_in_engine:
         return RuleCost()
-    if measured_us is not None:
-        return RuleCost(False, measured_us)
     method = getattr(policy.params, "speculative_config", {}).get("method", policy.name)
-    return RuleCost(False, proposer_costs().get(method))
+    fit = proposer_costs().get(method)
+    return RuleCost(False, fit["row_us"], fit["base_us"]) if fit else RuleCost(False, None)
 
 
 def host_curve(path: str | None, progress=print) -> HostCurve:

@@ -17,8 +17,8 @@ Rules, each on an engine of its own: `off` (stock generation), `spec@1.65`, `los
 the engine (at every step, re-entering after rejections), and vLLM's own speculation: `suffix` (its defaults),
 `suffix@scale` (its response cache sized as at RL scale) and `ngram`. Every engine step is recorded, and each rule's
 steps are projected onto a GPU's step curve (`--cost-curve`, default docs/gpu_step_h200.json) with every cost (the
-host's time per step where a proposer turns async scheduling off, the proposer's own time: ours timed in the engine,
-vLLM's as `bench_at_scale.py` last measured them here), and `lossless`'s budget prices its draft slots on it too.
+host's time per step where a proposer turns async scheduling off, the proposer's own time as `bench_at_scale.py` last
+measured it here), and `lossless`'s budget prices its draft slots on it too.
 Engines run the model in bfloat16 where the CPU computes it natively (AMX or AVX-512 BF16) and in float32 elsewhere
 (`--dtype`), in a process of their own (`VLLM_ENABLE_V1_MULTIPROCESSING=1`: a compute-bound model needs its own
 OpenMP threads).
@@ -261,8 +261,7 @@ async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, nu
         rewards += step_rewards
         stats = batch.stats if stats is None else stats + batch.stats
         policy = lane.generator.policy
-        measured = await proposer_us(lane.engine) if policy.verifies_in_engine else None
-        columns.append(engine_columns(steps, start, curve, host, rule_cost(policy, measured)))
+        columns.append(engine_columns(steps, start, curve, host, rule_cost(policy)))
         if number + 1 < settings.visits or c + 1 < len(chunks):  # the next step's drafts come from before it
             responses = [list(o.token_ids) for o in outputs]
             lane.trainer.step([prompts[g] for g in groups], responses, step_rewards, groups)
@@ -294,14 +293,6 @@ def merged(columns: list[dict]) -> dict:
         steps = sum(c["engine_steps"] for c in columns)
         out["mean_rows"] = sum(c["mean_rows"] * c["engine_steps"] for c in columns) / max(steps, 1)
     return out
-
-
-async def proposer_us(engine) -> float | None:
-    """Our proposer's own time a row and step in this engine so far (None: none of ours runs there)."""
-    from ..integration.vllm.histories import budget_details
-    from ..integration.vllm.histories import proposer_us as per_row
-
-    return per_row((await engine.collective_rpc(budget_details))[0])
 
 
 async def reload(engine, path: str) -> None:
@@ -394,7 +385,8 @@ async def budget_line(lane: Lane) -> str:
         f"{1e3 * report['cost_row_s']:.3f} ms/row + {1e3 * report['cost_token_s']:.3f} ms/token (error "
         f"{report['cost_error']:.0%}); {report['slots'] / report['steps']:.2f} slots a step; acceptance predicted "
         f"{report['predicted'] / verdicts:.2f}, observed {report['accepted'] / verdicts:.2f}; drafting check margin "
-        f"{report['margin']:.3f}, steps without drafts {report['plain_scale']:.2f} x the cost model's"
+        f"{report['margin']:.3f}, steps without drafts {report['plain_scale']:.2f} x the cost model's; its own time "
+        f"{1e6 * report['propose_s'] / max(report['rows_followed'], 1):.1f} us a row and step in this engine"
     )
 
 

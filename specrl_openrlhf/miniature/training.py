@@ -76,9 +76,7 @@ def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) 
     logs = openrlhf_logs(experiences, rollout_s, train_s, time.perf_counter() - start)
     for logger in run.loggers:
         logger.log_train(step, logs)
-    policy = run.method.config.build_policy()
-    measured = ray.get(run.actor.proposer_us.remote()) if policy.verifies_in_engine else None
-    rule = rule_cost(policy, measured)
+    rule = rule_cost(run.method.config.build_policy())
     columns = engine_columns(steps, rollout_start, args.projection_curve, args.host_curve, rule)
     row = with_engine_drafts(step_row(step, logs), columns)
     return {"kind": "step", "run": run.label, "epoch": epoch, **row, **losses, **columns}

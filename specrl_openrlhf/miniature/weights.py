@@ -73,12 +73,6 @@ def rollout_actor_class():
 
             return take_steps(self.llm).as_dict()
 
-        async def proposer_us(self) -> float | None:
-            """Our proposer's own time a row and step in this engine so far (None: none of ours runs here)."""
-            from ..integration.vllm.histories import budget_details, proposer_us
-
-            return proposer_us((await self.llm.collective_rpc(budget_details))[0])
-
         def flush_traces(self) -> None:
             """Write out our executor's draft traces before the actor is killed."""
             if hasattr(self.executor, "flush_traces"):

@@ -201,12 +201,6 @@ def budget_details(worker) -> dict:
     return BOARD.report(details=True)
 
 
-def proposer_us(report: dict) -> float | None:
-    """Our proposers' own time a row and step, from `budget_details`' answer (None: none of ours ran there)."""
-    rows = report.get("rows_followed", 0.0)
-    return 1e6 * report["propose_s"] / rows if rows else None
-
-
 def params_message(params: LosslessParams) -> dict:
     """The rule's parameters as `update_histories` carries them."""
     return dataclasses.asdict(params)

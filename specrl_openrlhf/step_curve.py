@@ -94,13 +94,7 @@ class StepCurve:
     @classmethod
     def load(cls, path: str | Path) -> StepCurve:
         """The curve of a file; a missing, unreadable or malformed file is one ValueError naming it."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such step curve file (scripts/bench_gpu_step.py writes one)") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path}: not a readable step curve ({type(error).__name__}: {error})") from None
-        return cls.from_data(data, str(path))
+        return cls.from_data(_read_json(path, "step curve", "scripts/bench_gpu_step.py writes one"), str(path))
 
     def as_data(self) -> dict:
         """The curve as a JSON object `from_data` reads back (what travels to the engines)."""
@@ -184,6 +178,16 @@ class StepCurve:
         return self.time(rows, 1.0), self.token_slope(float(rows))
 
 
+def _read_json(path: str | Path, what: str, fix: str):
+    """A curve file's JSON; a missing or unreadable file is one ValueError naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such {what} file ({fix})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a readable {what} ({type(error).__name__}: {error})") from None
+
+
 def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The grid interval of each x (the first or last one past the ends) and x's weight towards its upper end."""
     index = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
@@ -213,12 +217,7 @@ class HostCurve:
 
     @classmethod
     def load(cls, path: str | Path) -> HostCurve:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such host step curve file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path}: not a readable host step curve ({type(error).__name__}: {error})") from None
+        data = _read_json(path, "host step curve", "leave --host-steps out to measure one here")
         if not isinstance(data, dict) or not isinstance(data.get("points"), list):
             raise ValueError(f"{path}: not a host step curve (a JSON object with a 'points' list)")
         return cls(data["points"], str(data.get("machine", "")), str(path))

@@ -68,6 +68,7 @@ def test_the_gpu_smoke_test_runs_on_cpu_up_to_training(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # four runs on Ray; test_prototyping runs the quickstart path they share, test_cli each command
 def test_the_cpu_twin_trains_every_kind_of_rule_and_each_keeps_drafts(tmp_path):
     result = smoke(tmp_path, "--cpu")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

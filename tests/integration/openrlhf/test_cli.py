@@ -95,16 +95,11 @@ def test_openrlhfs_example_launch_scripts_dry_run_with_our_flags(name, agent_fil
         assert openrlhf["train"]["agent_func_path"] is None  # set only after OpenRLHF's validation, in train()
 
 
-def test_the_literal_command_takes_our_flags():
-    args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
-    plan = resolved(run_openrlhf(args + OURS + ["--reuse.dry_run"]))
-    assert plan["policy"] == "spec(lenience=1.65)" and plan["engines"]["samples_per_visit"] == 8
-
-
-def test_the_literal_command_gives_lossless_engines_our_proposer():
-    """`--rollout_reuse lossless` verifies in the engine: the engines OpenRLHF starts get our proposer (the dry run
-    prints their arguments), and the command module's `create_vllm_engines` is our stand-in around OpenRLHF's; a rule
-    on the request path leaves it alone."""
+def test_the_literal_command_takes_our_flags_and_gives_lossless_engines_our_proposer():
+    """OpenRLHF's own command (a fresh process: our .pth hook steps in) takes our flags. `--rollout_reuse lossless`
+    verifies in the engine: the engines OpenRLHF starts get our proposer (the dry run prints their arguments), and the
+    command module's `create_vllm_engines` is our stand-in around OpenRLHF's; a rule on the request path (`spec`,
+    whose lenience the same parser reads) leaves it alone."""
     from specrl_openrlhf.integration.vllm.engine_args import PROPOSER
 
     args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
@@ -112,7 +107,9 @@ def test_the_literal_command_gives_lossless_engines_our_proposer():
     extra = plan["engines"]["engine_kwargs"]
     assert extra["speculative_config"]["model"] == PROPOSER and extra["speculative_config"]["method"] == "custom_class"
     assert extra["per_request_spec_decode_metrics"] == "detailed" and extra["scheduling_policy"] == "priority"
-    assert resolved(run_in_process(args + OURS + ["--reuse.dry_run"]))["engines"]["engine_kwargs"] == {}
+    spec = resolved(run_in_process(args + OURS + ["--reuse.dry_run"]))
+    assert spec["policy"] == "spec(lenience=1.65)" and spec["engines"]["samples_per_visit"] == 8
+    assert spec["engines"]["engine_kwargs"] == {}
 
     def upstream_create(*args, **kwargs):
         return "engines"
@@ -206,6 +203,10 @@ def test_the_console_script_names_itself_in_errors():
         (["--rollout_reuse", "rule.py"], "rule.py: the class name is missing; write path/to/rule.py:ClassName"),
         (["--rollout_reuse", f"{Path(__file__)}:Nope"], "has no 'Nope'"),
         (["--rollout_reuse", "lossless", "--reuse.params", '{"history": 3}'], "history must be 1 or 2"),
+        (
+            ["--rollout_reuse", "lossless", "--reuse.params", '{"cost_curve": "/nope/h200.json"}'],
+            "/nope/h200.json: no such step curve file",
+        ),
         (["--rollout_reuse", "spec", "--reuse.trace_dir", "/proc/specrl"], "--reuse.trace_dir /proc/specrl: not a"),
     ],
 )
@@ -243,6 +244,10 @@ def test_without_our_flags_openrlhfs_command_is_untouched():
     hooked = run_openrlhf(BASE + ["--not_a_flag"])
     assert output(hooked) == output(stock)
     assert stock.returncode == 2 and "unrecognized arguments: --not_a_flag" in stock.stderr
+
+
+@pytest.mark.slow  # a longer variant: tests/test_hook.py checks the switch without starting OpenRLHF's module
+def test_with_the_hook_switched_off_openrlhf_never_sees_our_flags():
     switched_off = run_openrlhf(BASE + ["--rollout_reuse", "spec"], env={"SPECRL_OPENRLHF_HOOK": "0"})
     assert "unrecognized arguments: --rollout_reuse spec" in switched_off.stderr  # OpenRLHF never saw our group
 

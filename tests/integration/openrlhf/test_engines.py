@@ -27,7 +27,9 @@ from tests import helpers  # noqa: E402
 N_SAMPLES = 4
 PROMPTS = [f"Q{i}: what is {i}+{i}? " * 3 for i in range(4)]
 LABELS = [str(2 * i) for i in range(4)]
-LOSSLESS = sr.ReuseConfig(policy="lossless", seed=0, cache_shards=1, cache_max_gb=1.0)
+# budget "static": this test is about where drafts are verified; the goodput budget may rightly draft nothing on a CPU
+# whose drafted tokens cost what decoded ones do (tests/integration/vllm/test_proposer.py covers that choice)
+LOSSLESS = sr.ReuseConfig(policy="lossless", params={"budget": "static"}, seed=0, cache_shards=1, cache_max_gb=1.0)
 TEMPERATURE = 0.25  # the tiny random model is diffuse at 1: sampled sharper, its responses recur
 # What a CPU machine needs on top of OpenRLHF's arguments (they are GPU ones: bfloat16, a memory fraction)
 CPU = {"dtype": "float32", "kv_cache_memory_bytes": 128 << 20, "block_size": 32, "max_num_seqs": 64}

@@ -127,6 +127,7 @@ def test_dry_run_and_ray_jobs_print_one_command_per_cell(capsys, tmp_path):
 
 
 @pytest.mark.openrlhf
+@pytest.mark.slow  # a longer variant: OpenRLHF's module in a fresh process; test_cli runs its parser in-process
 def test_a_cell_command_parses_with_openrlhfs_own_command(tmp_path):
     """The dry run's commands are real: OpenRLHF's module (through our hook) accepts one, flag for flag."""
     grid = load_grid(GRIDS / "lenience.yaml")

@@ -192,18 +192,21 @@ def test_recorded_engine_steps_give_rows_the_tail_and_gpu_time_projected():
     assert paired["rows_per_step"] == 24 and paired["rows_per_step_off"] == 32
 
 
-def test_command_line(grid_run, tmp_path):
+def test_command_line(grid_run, tmp_path, capsys):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "specrl_openrlhf.report", *args], capture_output=True, text=True)
 
-    done = run(str(grid_run))
+    done = run(str(grid_run))  # the module's command, in a process of its own
     assert done.returncode == 0 and "| spec_l7.39 | spec | 7.39 |" in done.stdout
     assert (grid_run / "report" / "table.md").read_text().startswith("| run | policy | ℓ |")
-    missing = run(str(tmp_path / "nothing"))
-    assert missing.returncode == 2 and "no such folder" in missing.stderr
     (tmp_path / "empty").mkdir()
-    empty = run(str(tmp_path / "empty"))
-    assert empty.returncode == 2 and "no metrics.json, TensorBoard event files or wandb runs" in empty.stderr
+    for folder, message in (
+        ("nothing", "no such folder"),
+        ("empty", "no metrics.json, TensorBoard event files or wandb runs"),
+    ):  # its errors, in this process
+        with pytest.raises(SystemExit) as exit_:
+            report.main([str(tmp_path / folder)])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_per_draft_values_in_tensorboard_logs_are_means_over_drafts(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import specrl_openrlhf as sr
 from specrl_openrlhf.miniature import gpu_smoke
 from specrl_openrlhf.miniature.gpu_smoke import RuleRun
 
@@ -53,8 +54,7 @@ def test_the_gpu_smoke_test_runs_on_cpu_up_to_training(tmp_path):
     rules = {
         "off": "off()",
         "spec": "spec(lenience=1.6487212707001282)",
-        "lossless": "lossless(draft='tree', history=1, verify='engine', num_speculative_tokens=16, min_match=4, "
-        "min_accept_prob=0.1, budget='goodput', cost_scale=1, shared=True, lookup=True)",
+        "lossless": sr.make("lossless").describe(),  # its defaults: verified in the engine, on the goodput budget
         "suffix": "suffix(speculative_config={'method': 'suffix'})",
     }
     for policy, rule in rules.items():

@@ -408,7 +408,12 @@ def without_extra_args(engine):
 
 @pytest.mark.parametrize(
     "name, plugin, exact_in_distribution",
-    [("lossless", True, True), ("lossless", False, True), ("exact", True, False)],
+    [
+        ("lossless", True, True),
+        # a longer variant: the tree's test below checks the path without the plugin in the default pass
+        pytest.param("lossless", False, True, marks=pytest.mark.slow),
+        ("exact", True, False),
+    ],
     ids=["lossless", "lossless-without-plugin", "exact"],
 )
 def test_lossless_follows_the_current_policy_for_a_draft_chosen_from_it(

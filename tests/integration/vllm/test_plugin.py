@@ -24,10 +24,18 @@ def fixes_after_vllm_loads_its_plugins(**env) -> str:
     return done.stdout.split()
 
 
-def test_vllm_loads_the_fixes_and_the_switch_turns_the_sampler_fix_off():
+@pytest.mark.parametrize(
+    "switch, installed",
+    [
+        ({}, ["True", "True"]),
+        # a longer variant: a second process loading vLLM; tests/integration/vllm/test_sampler_fix.py covers the switch
+        pytest.param({"SPECRL_SAMPLER_FIX": "0"}, ["True", "False"], marks=pytest.mark.slow),
+    ],
+    ids=["on", "sampler-fix-off"],
+)
+def test_vllm_loads_the_fixes_and_the_switch_turns_the_sampler_fix_off(switch, installed):
     from specrl_openrlhf.integration.vllm import cpu_fix
 
     if not cpu_fix.needed():
         pytest.skip("the CPU fixes apply to vLLM's CPU platform")
-    assert fixes_after_vllm_loads_its_plugins() == ["True", "True"]
-    assert fixes_after_vllm_loads_its_plugins(SPECRL_SAMPLER_FIX="0") == ["True", "False"]
+    assert fixes_after_vllm_loads_its_plugins(**switch) == installed

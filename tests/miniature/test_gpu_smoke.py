@@ -55,7 +55,7 @@ def test_the_gpu_smoke_test_runs_on_cpu_up_to_training(tmp_path):
         "off": "off()",
         "spec": "spec(lenience=1.6487212707001282)",
         "lossless": sr.make("lossless").describe(),  # its defaults: verified in the engine, on the goodput budget
-        "suffix": "suffix(speculative_config={'method': 'suffix'})",
+        "suffix": sr.make("suffix").describe(),  # vLLM's suffix decoding
     }
     for policy, rule in rules.items():
         log = (tmp_path / policy / "dry_run.log").read_text()

@@ -31,6 +31,10 @@ from .tiny_model import build_tiny_model
 REWARD_FILE = Path(__file__).resolve().parents[1] / "rewards" / "math_verify_reward.py"
 RULES = ("off", "spec", "lossless", "suffix")
 STEPS = 2
+FLASH_ATTN_HINT = (
+    "[gpu_smoke] OpenRLHF's module imports flash-attn, which needs CUDA: install openrlhf[vllm] on a GPU node; on a "
+    "CPU machine, from a clone of this repository, PYTHONPATH=tests/stubs stands in for it (tests/stubs/README.md)"
+)
 PROMPTS, SAMPLES = 8, 4
 SUMMED = ("decoded_tokens", "reused_tokens", "fallbacks", "rollout_s")  # a run's totals, as `RuleRun` holds them
 
@@ -183,6 +187,8 @@ def main(argv=None) -> int:
         (out / policy).mkdir(exist_ok=True)
         if run([*openrlhf, *flags(model, data, out, policy), "--reuse.dry_run"], out / policy / "dry_run.log"):
             print(f"[gpu_smoke] the {policy} command does not parse: see {out / policy / 'dry_run.log'}")
+            if "No module named 'flash_attn'" in (out / policy / "dry_run.log").read_text():
+                print(FLASH_ATTN_HINT)
             return 1
     print(f"[gpu_smoke] model, prompts and the commands of {', '.join(rules)} ready in {out}")
     import torch

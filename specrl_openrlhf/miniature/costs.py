@@ -66,9 +66,15 @@ def proposer_costs() -> dict[str, dict]:
     """Each model-free proposer's own time a step, `base_us` + `row_us` x rows, fitted on its steps when this bench
     last ran on this machine (empty where it has not): what the engine benchmarks price the proposers' steps at."""
     try:
-        return json.loads((cache_root() / f"proposer_us-{machine_key()}.json").read_text())
+        costs = json.loads((cache_root() / f"proposer_us-{machine_key()}.json").read_text())
     except (OSError, ValueError):
         return {}
+    valid = isinstance(costs, dict)  # an older file held a number a rule: re-measured, not read
+    return (
+        {rule: fit for rule, fit in costs.items() if isinstance(fit, dict) and {"base_us", "row_us"} <= set(fit)}
+        if valid
+        else {}
+    )
 
 
 def save_proposer_costs(costs: dict[str, dict]) -> None:

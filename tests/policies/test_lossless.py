@@ -18,15 +18,15 @@ import pytest
 import specrl_openrlhf as sr
 from specrl_openrlhf.request_path.residual import draw, residual
 from specrl_openrlhf.request_path.scoring import ScoringAnswer
+from tests.helpers import Z_DETECTS, chi2_quantile
 
 EOS, VOCAB, LENGTH = 0, 4, 3
 PROMPT = [9]
-Z_999 = 3.0902  # the standard normal's 99.9% quantile
 
 
 def chi2_999(dof: int) -> float:
-    """The 99.9% quantile of chi-square with `dof` degrees of freedom (Wilson-Hilferty, within 1% for dof >= 5)."""
-    return dof * (1 - 2 / (9 * dof) + Z_999 * math.sqrt(2 / (9 * dof))) ** 3
+    """Chi-square's 99.9% quantile at `dof` degrees of freedom (the draws here are seeded: none fails by chance)."""
+    return chi2_quantile(dof, Z_DETECTS)
 
 
 class ToyPolicy:

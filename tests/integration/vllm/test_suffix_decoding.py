@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from tests.helpers import chi2_passes, joint_after
+from tests.helpers import chi2_detects, chi2_passes, joint_after
 
 pytestmark = [pytest.mark.engine, pytest.mark.peers]
 vllm = pytest.importorskip("vllm")
@@ -47,4 +47,4 @@ def test_suffix_decoding_follows_the_model_with_the_cpu_fix_and_not_without(suff
     finally:
         runner.run(engine.collective_rpc(cpu_fix.set_fix, args=(True,)))
     counts, law = joint_after(async_engine, PROMPT, broken, 1.0)
-    assert not chi2_passes(counts, law)
+    assert chi2_detects(counts, law)

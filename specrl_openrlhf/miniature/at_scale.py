@@ -245,10 +245,11 @@ def _bar(rule: str, total: int):
 VALIDATED = ("off", "lossless", "suffix")
 
 
-async def engine_visits(settings, progress=print) -> tuple[Corpus, dict[str, list[tuple[int, float]]]]:
-    """The real engine at bench_real_model's size (`settings`: a `real_model.Settings`), no training between visits:
-    per rule and visit, the engine steps it ran and the share of response tokens it kept from drafts; and `off`'s
-    responses as a corpus, which the simulator replays."""
+async def engine_visits(settings, progress=print) -> dict[str, tuple[Corpus, list[tuple[int, int, int]]]]:
+    """The real engine at bench_real_model's size (`settings`: a `real_model.Settings`), no training between visits,
+    per rule: its responses as a corpus, and per visit the engine steps it ran, the response tokens it kept from
+    drafts and all its response tokens. Verification is one-hot, so an output token equal to the draft's is exactly
+    a kept one: replaying a rule's own responses, the simulator should find the engine's own verdicts."""
     import random
 
     import vllm
@@ -266,7 +267,7 @@ async def engine_visits(settings, progress=print) -> tuple[Corpus, dict[str, lis
     problems = random.Random(settings.seeds[0]).sample(train, settings.prompts)
     prompts = [chat_prompt(tokenizer, p) for p in problems]
     params = vllm.SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0, logprobs=0)
-    lanes, measured, responses = [], {}, []
+    lanes, measured, responses = [], {}, {}
     try:
         for method in settings.methods():
             args = engine_args(model_dir, settings, method.config.build_policy(), max(len(p) for p in prompts))
@@ -277,17 +278,16 @@ async def engine_visits(settings, progress=print) -> tuple[Corpus, dict[str, lis
             for lane in lanes:
                 take_steps(lane.engine)
                 batch = await gather_samples(lane.generator, prompts, params)
-                steps, s = take_steps(lane.engine), batch.stats
-                measured.setdefault(lane.method.config.policy, []).append(
-                    (len(steps), s.reused_tokens / max(s.reused_tokens + s.decoded_tokens, 1))
-                )
-                if lane.method.config.policy == "off":
-                    responses.append([[list(o.token_ids) for o in row] for row in batch.outputs])
+                steps, s, rule = take_steps(lane.engine), batch.stats, lane.method.config.policy
+                measured.setdefault(rule, []).append((len(steps), s.reused_tokens, s.reused_tokens + s.decoded_tokens))
+                responses.setdefault(rule, []).append([[list(o.token_ids) for o in row] for row in batch.outputs])
                 progress(f"[validate] visit {visit} {lane.method.name}: {len(steps)} steps")
     finally:
         for lane in lanes:
             lane.engine.shutdown()
-    return Corpus(prompts, responses, {"model": "SmolLM2-135M-Instruct", "validation": True}), measured
+            lane.engine = lane.generator = None  # gone before the interpreter's exit, where vLLM's __del__ would fail
+    meta = {"model": "SmolLM2-135M-Instruct", "validation": True}
+    return {rule: (Corpus(prompts, responses[rule], meta), measured[rule]) for rule in measured}
 
 
 def validate(args) -> int:
@@ -302,20 +302,18 @@ def validate(args) -> int:
     settings = Settings(
         prompts=3, samples=8, visits=args.visits, seeds=(0,), rules=VALIDATED, cost_curve=args.curve, lr=0.0
     )
-    corpus, engine = asyncio.run(engine_visits(settings, progress=print))
+    engine = asyncio.run(engine_visits(settings, progress=print))
     schedule = Schedule(max_num_seqs=settings.prompts * settings.samples, prompts_per_step=settings.prompts)
     errors = {}
     print("| rule | engine steps | simulated steps | engine kept | simulated kept |\n| --- |" + " ---: |" * 4)
     for rule in VALIDATED:
+        corpus, visits = engine[rule]  # the rule's own responses: the engine's verdicts are in them
         proposer = build(rule, corpus, schedule, args.step_curve, 10_000)  # vLLM's cache: every visit here
         sim = EngineSimulator(corpus, schedule, proposer).run()
-        visits = [(v, [r for r in sim.records if r.rl_step == v]) for v in range(1, corpus.epochs)]
-        sim_steps = sum(len(records) for _, records in visits)
-        sim_kept = sum(r.accepted for _, rs in visits for r in rs) / sum(
-            len(x) for v, _ in visits for p in corpus.responses[v] for x in p
-        )
-        real_steps = sum(steps for steps, _ in engine[rule][1:])
-        real_kept = sum(kept for _, kept in engine[rule][1:]) / len(engine[rule][1:])
+        later = [r for r in sim.records if r.rl_step >= 1]  # visit 0 has no drafts: compared from visit 1 on
+        tokens = sum(total for *_, total in visits[1:])
+        sim_steps, sim_kept = len(later), sum(r.accepted for r in later) / tokens
+        real_steps, real_kept = sum(steps for steps, *_ in visits[1:]), sum(kept for _, kept, _ in visits[1:]) / tokens
         errors[rule] = (sim_steps / real_steps - 1, (sim_kept - real_kept) / real_kept if real_kept else 0.0)
         print(f"| {rule} | {real_steps} | {sim_steps} | {real_kept:.1%} | {sim_kept:.1%} |")
     print(

@@ -195,8 +195,8 @@ def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class HostCurve:
-    """The engine's host (CPU) time of one step by the rows it serves, measured on a model whose forward costs almost
-    nothing (`bench_at_scale.py` measures it on the tiny model): the work async scheduling overlaps with the GPU's
+    """The engine's host (CPU) time of one step by the rows it serves, with the model's forward, logits and sampling
+    taken out (`bench_at_scale.py` measures it on the tiny model): the work async scheduling overlaps with the GPU's
     forward, and which a rule that turns it off (every model-free proposer in vLLM) pays on top. Linear between the
     measured rows, the first point's below them, the last slope past them.
 

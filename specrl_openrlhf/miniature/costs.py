@@ -1,7 +1,8 @@
 """What an engine step pays besides its forward on a GPU, measured on this machine: the engine's host time per step
-(on the tiny model, whose forward costs almost nothing: what async scheduling hides and a model-free proposer, which
-turns it off, pays on top), and the proposers' own time a step (`bench_at_scale.py` measures each, ours and vLLM's,
-driven as vLLM drives it). Cached per machine; how a rule's steps are priced from them (`rule_cost`).
+(on the tiny model: the step's time less the model's forward, logits and sampling, which a GPU runs; what async
+scheduling hides and a model-free proposer, which turns it off, pays on top), and the proposers' own time a step
+(`bench_at_scale.py` measures each, ours and vLLM's, driven as vLLM drives it). Cached per machine; how a rule's steps
+are priced from them (`rule_cost`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,32 @@ from pathlib import Path
 from ..step_curve import HostCurve
 
 HOST_ROWS = (16, 64, 128, 256, 512)  # rows the host step curve is measured at
+HOST_FORMAT = 2  # 2: the device's work (forward, logits, sampling) taken out of each step; 1: whole steps
+DEVICE_WORK: list[float] = []  # seconds of each call `time_device_work` wrapped, in this process
+
+
+def time_device_work(worker) -> list[str]:
+    """In the engine's worker (`collective_rpc`, the engine core in this process): time every call of what a GPU
+    would run, the model's forward and logits and the sampler, into `DEVICE_WORK`. Answers what it wrapped."""
+    runner, wrapped = worker.model_runner, []
+    for owner, name in ((runner.model, "forward"), (runner.model, "compute_logits"), (runner.sampler, "forward")):
+        call = getattr(owner, name)
+
+        def timed(*args, _call=call, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _call(*args, **kwargs)
+            finally:
+                DEVICE_WORK.append(time.perf_counter() - start)
+
+        setattr(owner, name, timed)
+        wrapped.append(f"{type(owner).__name__}.{name}")
+    return wrapped
 
 
 def measure_host_steps(rows=HOST_ROWS, progress=print) -> HostCurve:
-    """The engine's host time per decoding step at each of `rows`, on the tiny model (its forward costs almost
-    nothing): the median time of `LLMEngine.step` once every row decodes."""
+    """The engine's host time per decoding step at each of `rows`, on the tiny model: the median of `LLMEngine.step`'s
+    time less its forward, logits and sampling (a GPU's work), once every row decodes."""
     import tempfile
 
     from vllm import LLM, SamplingParams
@@ -33,6 +55,7 @@ def measure_host_steps(rows=HOST_ROWS, progress=print) -> HostCurve:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, as OpenRLHF's actors run it
     model = build_tiny_model(Path(tempfile.gettempdir()) / "specrl_host_steps", hidden_size=128, eos_logit=-5.0)
     llm = LLM(model=str(model), **cpu_engine_kwargs(max_model_len=256, max_num_seqs=max(rows), kv_cache_bytes=1 << 29))
+    llm.collective_rpc(time_device_work)
     engine, points = llm.llm_engine, []
     for count in rows:
         params = SamplingParams(max_tokens=48, ignore_eos=True, temperature=1.0)
@@ -40,9 +63,10 @@ def measure_host_steps(rows=HOST_ROWS, progress=print) -> HostCurve:
             engine.add_request(f"host-{count}-{i}", TokensPrompt(prompt_token_ids=[5 + i % 50, 7, 9, 11] * 4), params)
         times = []
         while engine.has_unfinished_requests():
+            DEVICE_WORK.clear()
             start = time.perf_counter()
             engine.step()
-            times.append(time.perf_counter() - start)
+            times.append(time.perf_counter() - start - sum(DEVICE_WORK))
         steady = sorted(times[4:-4]) or sorted(times)
         points.append({"rows": count, "seconds": steady[len(steady) // 2]})
         progress(f"[host steps] {count} rows: {points[-1]['seconds'] * 1e3:.2f} ms a step")
@@ -100,7 +124,7 @@ def host_curve(path: str | None, progress=print) -> HostCurve:
     """The host step curve of `path`, or measured here (once: cached per machine)."""
     if path:
         return HostCurve.load(path)
-    cached = cache_root() / f"host_steps-{machine_key()}.json"
+    cached = cache_root() / f"host_steps-v{HOST_FORMAT}-{machine_key()}.json"
     if cached.exists():
         return HostCurve.load(cached)
     curve = measure_host_steps(progress=progress)

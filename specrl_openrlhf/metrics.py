@@ -68,7 +68,8 @@ class ReuseStats:
     drafted_slots_sum: float = 0.0  # draft tokens a step carried
     step_base_ms_sum: float = 0.0  # the step cost model: fixed cost per step,
     step_row_ms_sum: float = 0.0  # per row,
-    step_token_ms_sum: float = 0.0  # per token carried
+    step_token_ms_sum: float = 0.0  # per token carried,
+    step_kv_ms_sum: float = 0.0  # per 1,000 tokens the rows hold in the KV cache
     resample_requests: int = 0  # requests the redraws cost beyond the continuation (lossless: 0 with the vLLM plugin)
     residual_tail_sum: float = 0.0  # over them: probability mass the top-k lists left out, a bound on the bias
     residual_fallbacks: int = 0  # redrawn from p_curr because the seen residual was empty
@@ -148,6 +149,7 @@ BUDGET_GAUGES = (
     "step_base_ms",
     "step_row_ms",
     "step_token_ms",
+    "step_kv_ms",
 )
 
 
@@ -166,6 +168,7 @@ def budget_gauges(report: dict[str, float]) -> dict[str, float]:
         "step_base_ms_sum": 1e3 * report["cost_base_s"] / reports,
         "step_row_ms_sum": 1e3 * report["cost_row_s"] / reports,
         "step_token_ms_sum": 1e3 * report["cost_token_s"] / reports,
+        "step_kv_ms_sum": 1e6 * report.get("cost_kv_s", 0.0) / reports,
     }
 
 

@@ -23,6 +23,21 @@ sys.path.insert(0, STUBS)
 ENGINE_KWARGS = cpu_engine_kwargs(max_model_len=1024)  # the shared engines' (session fixtures below)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def measurement_cache(tmp_path_factory):
+    """What the suite measures (the host curve, the proposers' costs) is cached in a folder of its own: the tests
+    never write the user's cache (`pricing.measured`). The converted real model's cache is left where it is."""
+    from specrl_openrlhf.pricing.measured import CACHE_ENV
+
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("measurements"))
+    yield Path(os.environ[CACHE_ENV])
+    if previous is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     pytest.importorskip("transformers")

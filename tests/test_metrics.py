@@ -1,5 +1,7 @@
 """Reuse metrics: sums that add across samples, and what each rule reports per sample to OpenRLHF."""
 
+import pytest
+
 import specrl_openrlhf as sr
 from specrl_openrlhf.metrics import PREFIX, ReuseStats, sample_metric_names
 
@@ -38,13 +40,14 @@ def test_each_rule_reports_the_metrics_that_can_move_for_it():
 
 def test_a_samples_engine_report_becomes_the_budgets_gauges():
     report = {"reports": 2.0, "steps": 100.0, "slots": 250.0, "verdicts": 200.0, "predicted": 120.0}
-    report.update(accepted=100.0, cost_base_s=0.012, cost_row_s=0.0002, cost_token_s=0.0001)
+    report.update(accepted=100.0, cost_base_s=0.012, cost_row_s=0.0002, cost_token_s=0.0001, cost_kv_s=4e-8)
     assert sr.metrics.budget_gauges({}) == {}  # before the engine reported
     first = ReuseStats(samples=1, **sr.metrics.budget_gauges(report))
     metrics = (first + ReuseStats(samples=1)).as_dict()  # a sample without a report does not dilute the means
     assert metrics[f"{PREFIX}engine_reports"] == 0.5 and metrics[f"{PREFIX}drafted_slots"] == 2.5
     assert metrics[f"{PREFIX}predicted_acceptance"] == 0.6 and metrics[f"{PREFIX}observed_acceptance"] == 0.5
     assert metrics[f"{PREFIX}step_base_ms"] == 6.0 and metrics[f"{PREFIX}step_token_ms"] == 0.05  # two proposers
+    assert metrics[f"{PREFIX}step_kv_ms"] == pytest.approx(0.02)  # per 1,000 KV tokens
 
 
 def test_drafts_vllm_accepted_past_a_responses_end_are_not_counted_as_reused():

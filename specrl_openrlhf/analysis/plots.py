@@ -218,7 +218,7 @@ def plot_rows_per_step(steps_dir: Path, path: Path) -> Path | None:
     written by the quickstart): the batch stays full, then the tail, as samples finish at different steps."""
     import json
 
-    from .projection import EngineSteps
+    from ..pricing.steps import EngineSteps
 
     files = sorted(Path(steps_dir).glob("*.jsonl")) if Path(steps_dir).is_dir() else []
     if not files:

@@ -16,118 +16,53 @@ Terminology:
   by slot sees them. After every step the proposer gets each row's sampled tokens, tokens so far and token ids, and
   returns each row's draft, verified at the next step.
 - *proposer* (`SimProposer`): what the simulator drives; the integration's adapters wrap the real ones.
-- *record* (`StepRecord`): per engine step, its decoding rows and tokens carried, its prefill rows and tokens, the
-  draft tokens it verified and accepted, and the wall time the proposer (and its history updates) took here.
+- *context*: the tokens a row holds in the KV cache before a step (its prompt and what it has taken), which a GPU's
+  attention reads at every step: records carry their sum over the step's decoding rows (`decode_context`).
+- *KV capacity* (`Schedule.kv_capacity_tokens`): the tokens the GPU's KV cache holds. A request is admitted only if
+  its prompt fits beside the running rows' contexts; when the running rows outgrow it, the latest admitted are
+  preempted and wait to be recomputed (prompt and what they had taken, prefilled again), as vLLM's scheduler does.
+- *workload* (`Workload`): the requests an RL step sends (`Samples`: each prompt's n samples, for the engine path and
+  stock), and the ones a finished request sends after it (the request path's continuation after its scoring).
+  A request's prompt tokens in the prefix cache (`Request.cached`) are not prefilled.
+- *record* (`StepRecord`): per engine step, its decoding rows, tokens carried and contexts, its prefill rows and
+  tokens (and those whose prompt log-probs it computes), the draft tokens it verified and accepted, and the wall time
+  the proposer (and its history updates) took here.
 
-Engine-free: numpy only. Pricing the records is `pricing.py`'s.
+Engine-free: numpy only. Pricing the records is the `pricing` package's.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-CORPUS_FORMAT, CORPUS_VERSION = "specrl-corpus", 1
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """Responses recorded per epoch, prompt and sample (token ids), with the prompts they answer."""
-
-    prompts: list[list[int]]  # [P]
-    responses: list[list[list[list[int]]]]  # [E][P][n]
-    meta: dict = field(default_factory=dict)  # how it was recorded
-
-    def __post_init__(self):
-        if not self.prompts or not self.responses:
-            raise ValueError("a corpus needs prompts and at least one epoch of responses")
-        for epoch in self.responses:
-            if len(epoch) != len(self.prompts) or len({len(samples) for samples in epoch}) != 1:
-                raise ValueError("a corpus epoch holds the same number of responses for every prompt")
-
-    @property
-    def epochs(self) -> int:
-        return len(self.responses)
-
-    @property
-    def samples(self) -> int:
-        return len(self.responses[0][0])
-
-    def save(self, path: str | Path) -> None:
-        """One `.npz` (token ids flat, with offsets), written to a temporary file then renamed."""
-        sequences = [p for p in self.prompts] + [r for e in self.responses for p in e for r in p]
-        lengths = np.array([len(s) for s in sequences], np.int64)
-        header = {
-            "format": CORPUS_FORMAT,
-            "version": CORPUS_VERSION,
-            "prompts": len(self.prompts),
-            "epochs": self.epochs,
-            "samples": self.samples,
-            "meta": self.meta,
-        }
-        path = Path(path)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(
-            tmp,
-            header=np.frombuffer(json.dumps(header).encode(), np.uint8),
-            lengths=lengths,
-            tokens=np.concatenate([np.asarray(s, np.int32) for s in sequences])
-            if sequences
-            else np.zeros(0, np.int32),
-        )
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Corpus:
-        """A corpus file; a missing, corrupt or foreign one is one ValueError naming it and the fix."""
-        fix = "delete it and run again to record it anew"
-        try:
-            with np.load(Path(path)) as data:
-                header = json.loads(bytes(data["header"]).decode())
-                arrays = {name: data[name] for name in ("lengths", "tokens") if name in data.files}
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such corpus file (scripts/bench_at_scale.py records one)") from None
-        except Exception as error:
-            raise ValueError(f"{path}: not a readable corpus ({type(error).__name__}: {error}); {fix}") from None
-        if header.get("format") != CORPUS_FORMAT or header.get("version") != CORPUS_VERSION or len(arrays) != 2:
-            found = header.get("format"), header.get("version")
-            raise ValueError(f"{path}: not a corpus of version {CORPUS_VERSION} ({found}); {fix}")
-        lengths, tokens = arrays["lengths"], arrays["tokens"]
-        prompts, epochs, samples = header["prompts"], header["epochs"], header["samples"]
-        if len(lengths) != prompts * (1 + epochs * samples) or lengths.sum() != len(tokens):
-            raise ValueError(f"{path}: the corpus is truncated; {fix}")
-        bounds = np.concatenate([[0], np.cumsum(lengths)])
-        sequences = [tokens[bounds[i] : bounds[i + 1]].tolist() for i in range(len(lengths))]
-        it = iter(sequences[prompts:])
-        responses = [[[next(it) for _ in range(samples)] for _ in range(prompts)] for _ in range(epochs)]
-        return cls(sequences[:prompts], responses, header.get("meta", {}))
+from .corpus import Corpus
 
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
     """The RL loop and the engine: `prompts_per_step` prompts x the corpus's samples per RL step, every prompt once
-    an epoch (in a seeded shuffle), on one engine of `max_num_seqs` rows."""
+    an epoch (in a seeded shuffle), on one engine of `max_num_seqs` rows whose KV cache holds `kv_capacity_tokens`
+    (None: unbounded)."""
 
     max_num_seqs: int = 512
     prompts_per_step: int = 32
     max_num_batched_tokens: int = 8192
     seed: int = 0
+    kv_capacity_tokens: int | None = None
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "prompts_per_step", "max_num_batched_tokens"):
-            if (
-                isinstance(getattr(self, name), bool)
-                or not isinstance(getattr(self, name), int)
-                or getattr(self, name) < 1
-            ):
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("max_num_seqs", "prompts_per_step", "max_num_batched_tokens", "kv_capacity_tokens"):
+            value = getattr(self, name)
+            if name == "kv_capacity_tokens" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
     def steps_of(self, epoch: int, prompts: int) -> list[list[int]]:
         """The prompts of each RL step of an epoch."""
@@ -138,7 +73,10 @@ class Schedule:
 
 @dataclass
 class Request:
-    """One sample in flight: its recorded response, how much of its prompt is prefilled and of its response taken."""
+    """One request in flight: its prompt and recorded response, how much of its prompt is prefilled and of its
+    response taken. `cached`: prompt tokens read from the prefix cache (never prefilled); `prompt_logprobs`: its
+    prefill computes every prompt token's log-prob (a scoring request); `restored`: response tokens taken before a
+    preemption, prefilled again with the prompt."""
 
     id: str
     prompt_index: int
@@ -147,10 +85,31 @@ class Request:
     prefilled: int = 0
     taken: int = 0
     draft: list[int] = field(default_factory=list)  # proposed at the last step, verified at the next
+    cached: int = 0
+    prompt_logprobs: bool = False
+    restored: int = 0
+    admitted: int = -1  # when the engine admitted it (its order in vLLM's running queue)
+
+    def __post_init__(self):
+        self.prefilled = max(self.prefilled, min(self.cached, len(self.prompt)))
 
     @property
     def finished(self) -> bool:
         return self.taken >= len(self.response)
+
+    @property
+    def to_prefill(self) -> int:
+        """Tokens its prefill covers: the prompt, and after a preemption what it had taken."""
+        return len(self.prompt) + self.restored
+
+    @property
+    def context(self) -> int:
+        """Tokens it holds in the KV cache."""
+        return self.prefilled + (self.taken - self.restored if self.prefilled >= self.to_prefill else 0)
+
+    def preempt(self) -> None:
+        """Its KV cache is freed: it waits to prefill its prompt and what it has taken again."""
+        self.restored, self.prefilled, self.cached, self.draft = self.taken, 0, 0, []
 
 
 class BatchView:
@@ -192,9 +151,11 @@ class BatchView:
         self.req_id_to_index = {r: i for i, r in enumerate(self.req_ids)}
 
     def _write(self, slot: int, request: Request) -> None:
-        n = len(request.prompt)
+        n, taken = len(request.prompt), request.response[: request.restored]
         self.token_ids_cpu[slot, :n] = request.prompt
-        self.num_tokens_no_spec[slot] = self.num_prompt_tokens[slot] = n
+        self.token_ids_cpu[slot, n : n + len(taken)] = taken
+        self.num_prompt_tokens[slot] = n
+        self.num_tokens_no_spec[slot] = n + len(taken)
 
     def extend(self, slot: int, tokens: list[int]) -> None:
         n = int(self.num_tokens_no_spec[slot])
@@ -218,6 +179,33 @@ class SimProposer(Protocol):
     def finished(self, request: Request) -> None: ...
 
 
+class Workload(Protocol):
+    """The requests of an RL step (`requests`), and those a finished request sends after it (`followups`); `kept`:
+    the response tokens the workload kept from drafts outside the engine (the request path's verified prefixes)."""
+
+    kept: int
+
+    def requests(self, epoch: int, prompts: list[int], corpus: Corpus) -> list[Request]: ...
+
+    def followups(self, request: Request) -> list[Request]: ...
+
+
+class Samples:
+    """The default workload: every prompt's recorded responses as samples, sent at once."""
+
+    kept = 0
+
+    def requests(self, epoch: int, prompts: list[int], corpus: Corpus) -> list[Request]:
+        return [
+            Request(f"e{epoch}-p{p}-s{s}", p, corpus.prompts[p], response)
+            for p in prompts
+            for s, response in enumerate(corpus.responses[epoch][p])
+        ]
+
+    def followups(self, request: Request) -> list[Request]:
+        return []
+
+
 @dataclass
 class StepRecord:
     decode_rows: int
@@ -229,16 +217,20 @@ class StepRecord:
     proposer_s: float  # this machine's wall time of the proposer's `propose` after this step
     rl_step: int
     register_s: float = 0.0  # and of the history updates before it (a visit's start, finished samples)
+    decode_context: int = 0  # the decoding rows' tokens in the KV cache before the step, summed
+    logit_tokens: int = 0  # prefill tokens whose log-probs the step computes (scoring requests)
+    preempted: int = 0  # rows preempted before the step (the KV cache was full)
 
 
 @dataclass
 class Simulation:
     """What a run of the simulator recorded: every engine step, per RL step the share of returning prompts whose
-    previous epoch the proposer held, and the response tokens."""
+    previous epoch the proposer held, the response tokens, and those kept from drafts outside the engine."""
 
     records: list[StepRecord] = field(default_factory=list)
     found_previous: list[float] = field(default_factory=list)
     response_tokens: int = 0
+    kept_outside: int = 0
 
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(r, name) for r in self.records])
@@ -249,16 +241,26 @@ class Simulation:
 
     @property
     def kept(self) -> float:
-        return self.accepted / max(self.response_tokens, 1)
+        return (self.accepted + self.kept_outside) / max(self.response_tokens, 1)
 
 
 class EngineSimulator:
-    """Runs the corpus's epochs `first_epoch`.. through one engine and a proposer (`run`)."""
+    """Runs the corpus's epochs `first_epoch`.. through one engine and a proposer (`run`), the RL steps' requests
+    from `workload` (default: the samples)."""
 
-    def __init__(self, corpus: Corpus, schedule: Schedule, proposer: SimProposer, clock=time.perf_counter):
+    def __init__(
+        self,
+        corpus: Corpus,
+        schedule: Schedule,
+        proposer: SimProposer,
+        clock=time.perf_counter,
+        workload: Workload | None = None,
+    ):
         self.corpus, self.schedule, self.proposer, self.clock = corpus, schedule, proposer, clock
+        self.workload = workload if workload is not None else Samples()
+        self.admissions = 0
         longest = max(len(p) for p in corpus.prompts) + max(len(r) for e in corpus.responses for p in e for r in p)
-        self.max_len = longest + 64
+        self.max_len = 2 * longest + 64  # a request path's continuation: prompt + verified prefix + the rest
 
     def run(self, first_epoch: int = 0, progress=None) -> Simulation:
         out = Simulation()
@@ -274,6 +276,7 @@ class EngineSimulator:
                         progress(rl_step)
         finally:
             gc.enable()
+        out.kept_outside = self.workload.kept
         return out
 
     def _rl_step(self, epoch: int, prompts: list[int], rl_step: int, out: Simulation) -> None:
@@ -282,24 +285,42 @@ class EngineSimulator:
         registering = self.clock() - start
         if epoch > 0:
             out.found_previous.append(found)
-        waiting = [
-            Request(f"e{epoch}-p{p}-s{s}", p, self.corpus.prompts[p], response)
-            for p in prompts
-            for s, response in enumerate(self.corpus.responses[epoch][p])
-        ]
-        out.response_tokens += sum(len(r.response) for r in waiting)
+        waiting = self.workload.requests(epoch, prompts, self.corpus)
+        out.response_tokens += sum(len(r) for p in prompts for r in self.corpus.responses[epoch][p])
         batch = BatchView(self.schedule.max_num_seqs, self.max_len)
         done: set[str] = set()
+        capacity = self.schedule.kv_capacity_tokens or float("inf")
         while True:
+            running = [r for r in batch.rows if r.id not in done]
+            in_use = sum(r.context for r in running)
             admitted = []
-            while waiting and len(batch.rows) - len(done) + len(admitted) < self.schedule.max_num_seqs:
+            while waiting and len(running) + len(admitted) < self.schedule.max_num_seqs:
+                need = waiting[0].to_prefill - min(waiting[0].cached, len(waiting[0].prompt))
+                if (running or admitted) and in_use + need > capacity:
+                    break  # vLLM admits no request whose prompt the cache can't hold
+                in_use += need
                 admitted.append(waiting.pop(0))
-            batch.update(done, admitted)
+                admitted[-1].admitted, self.admissions = self.admissions, self.admissions + 1
+            preempted = []
+            growth = sum(1 + len(r.draft) for r in running if r.prefilled >= r.to_prefill)
+            running.sort(key=lambda r: r.admitted)
+            while len(running) > 1 and in_use + growth > capacity:  # the latest admitted give their blocks back
+                victim = running.pop()
+                in_use -= victim.context
+                growth -= 1 + len(victim.draft) if victim.prefilled >= victim.to_prefill else 0
+                victim.preempt()
+                preempted.append(victim)
+            batch.update(done | {r.id for r in preempted}, admitted)
+            waiting[:0] = preempted
             if not batch.rows:
+                if waiting:
+                    done = set()
+                    continue
                 return
             budget = self.schedule.max_num_batched_tokens
-            budget -= sum(1 + len(r.draft) for r in batch.rows if r.prefilled == len(r.prompt))
+            budget -= sum(1 + len(r.draft) for r in batch.rows if r.prefilled >= r.to_prefill)
             record = self._engine_step(batch, budget, rl_step)
+            record.preempted = len(preempted)
             out.records.append(record)
             done = {request.id for request in batch.rows if request.finished}
             start = self.clock()
@@ -307,20 +328,25 @@ class EngineSimulator:
                 if request.id in done:
                     self.proposer.finished(request)
             record.register_s, registering = registering + self.clock() - start, 0.0
+            for request in batch.rows:
+                if request.id in done:
+                    waiting.extend(self.workload.followups(request))
 
     def _engine_step(self, batch: BatchView, budget: int, rl_step: int) -> StepRecord:
         """One engine step: decoding rows verify their drafts against their recorded continuations, prefills go on
         within the token budget; then the proposer drafts for the next step."""
         sampled: list[list[int]] = []
         decode_rows = decode_tokens = prefill_rows = prefill_tokens = drafted = accepted = 0
+        decode_context = logit_tokens = 0
         for slot, request in enumerate(batch.rows):
-            if request.prefilled < len(request.prompt):  # in prefill: as much of the prompt as the budget allows
-                chunk = min(len(request.prompt) - request.prefilled, max(budget, 0))
+            if request.prefilled < request.to_prefill:  # in prefill: as much as the budget allows
+                chunk = min(request.to_prefill - request.prefilled, max(budget, 0))
                 request.prefilled += chunk
                 budget -= chunk
                 prefill_rows += chunk > 0
                 prefill_tokens += chunk
-                if request.prefilled == len(request.prompt):  # the prefill's step samples the first token
+                logit_tokens += chunk if request.prompt_logprobs else 0
+                if request.prefilled == request.to_prefill and not request.restored:  # it samples the first token
                     taken = request.response[:1]
                     request.taken = len(taken)
                     batch.extend(slot, taken)
@@ -329,6 +355,7 @@ class EngineSimulator:
                     sampled.append([])
                 continue
             draft, request.draft = request.draft, []
+            decode_context += request.context
             position = request.taken
             ahead = request.response[position : position + len(draft)]
             a = 0
@@ -348,5 +375,14 @@ class EngineSimulator:
         for request, draft in zip(batch.rows, drafts):
             request.draft = [] if request.finished else list(draft)
         return StepRecord(
-            decode_rows, decode_tokens, prefill_rows, prefill_tokens, drafted, accepted, proposer_s, rl_step
+            decode_rows,
+            decode_tokens,
+            prefill_rows,
+            prefill_tokens,
+            drafted,
+            accepted,
+            proposer_s,
+            rl_step,
+            decode_context=decode_context,
+            logit_tokens=logit_tokens,
         )

@@ -6,13 +6,16 @@ The real proposers run here as vLLM drives them, on a recorded corpus (`corpus`)
 starts, each finished sample after), vLLM's `SuffixDecodingProposer` (arctic-inference's cache) and `NgramProposer`,
 each built from a stand-in of the `VllmConfig` fields it reads and called with a stand-in of the persistent batch.
 Per engine step the simulator records the rows, the tokens they carried, the prefill, the drafts verified and accepted
-and the proposer's wall time here. Pricing (`analysis.projection.step_costs`):
+and the proposer's wall time here. Pricing (`pricing.rules`, on `pricing.projection.step_costs`):
 - measured on a GPU: the forward, on the step curve (`--curve`, an H200's by default) at the step's rows and mean
   tokens per row; prefill on the curve's prefill column where it has one (else modelled at its per-token slope);
 - measured here: the proposer's own time, history updates included (it runs serially in vLLM);
 - measured here, on the tiny model: the engine's host time per step (`--host-steps`), which stock overlaps with the
   forward (async scheduling) and every model-free proposer pays on top (vLLM turns async scheduling off for them).
-A projection: the figures say what these schedules would cost on that GPU.
+A projection: the figures say what these schedules would cost on that GPU. Each rule is shown three ways against
+stock (`pricing.projection.project`): `projected` (the host measured here, paid serially where the rule turns async
+scheduling off), `projected_async` (the host hidden, as a drafter that kept async scheduling would get) and
+`breakeven_host_ms` (the host time of a full-batch step at which the rule would tie stock).
 """
 
 from __future__ import annotations
@@ -26,60 +29,36 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.projection import FULL_SHARE, Pricing, step_costs
-from ..analysis.simulator import Corpus, EngineSimulator, Schedule, Simulation
+from ..analysis.corpus import Corpus
+from ..analysis.simulator import EngineSimulator, Schedule, Simulation
 from ..config import json_object
-from ..step_curve import HostCurve, StepCurve
+from ..pricing import measured, rules
+from ..pricing.curves import HostCurve, StepCurve, describe
+from ..pricing.projection import Pricing, RuleCost, StepCosts, missing_field, project
 from .corpus import CorpusSettings, cached_or_recorded
-from .costs import host_curve, save_proposer_costs
+from .host_steps import host_curve
 from .sim_proposers import build
 
 DEFAULT_CURVE = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"
 RULES = ("off", "lossless", "suffix", "ngram")
 
 
-def figures(sim: Simulation, pricing: Pricing, async_scheduling: bool, max_rows: int) -> dict:
-    """A rule's projected seconds (and their parts), its proposer's time per row and step (at a full batch, and over
-    every step), kept share, steps and the tail's share of the projected time."""
-    column = sim.column
-    rows = column("decode_rows") + column("prefill_rows")
-    costs = step_costs(
-        column("decode_rows"), column("decode_tokens"), column("prefill_tokens"), pricing, column("proposer_s")
-    )
-    costs = type(costs)(costs.gpu, costs.host, costs.proposer + column("register_s"))
-    per_step = (
-        np.maximum(costs.gpu, costs.host) if async_scheduling else costs.gpu + costs.host + costs.proposer
-    )  # [S]
-    rl = column("rl_step")
-    full = rows >= FULL_SHARE * max_rows  # steps at a full batch: where the proposer's cost per row is the goal's
-    tail = np.zeros(len(rows), bool)
-    for step in np.unique(rl):
-        index = np.flatnonzero(rl == step)
-        full = index[rows[index] >= 0.9 * rows[index].max()]
-        tail[index[index > full[-1]]] = True
-    return {
-        "projected_s": float(per_step.sum()),
-        "gpu_s": float(costs.gpu.sum()),
-        "host_s": float(costs.host.sum()),
-        "proposer_s": float(costs.proposer.sum()),
-        "proposer_us": float(column("proposer_s")[full].sum() / max(rows[full].sum(), 1) * 1e6),
-        "proposer_us_all": float(column("proposer_s").sum() / max(rows.sum(), 1) * 1e6),
-        "proposer_fit": proposer_fit(rows, column("proposer_s") + column("register_s")),
-        "register_ms_max": float(column("register_s").max() * 1e3) if len(rows) else 0.0,
-        "kept": sim.kept,
-        "steps": len(rows),
-        "tail": float(per_step[tail].sum() / max(per_step.sum(), 1e-12)),
-        "found_previous": float(np.mean(sim.found_previous)) if sim.found_previous else math.nan,
-        "accepted_per_drafted": float(column("accepted").sum() / max(column("drafted").sum(), 1)),
-    }
+def sim_columns(sim: Simulation) -> dict[str, np.ndarray]:
+    """The simulator's records as the columns `pricing.rules` reads (the decode context where they carry it)."""
+    columns = {name: sim.column(name) for name in rules.COLUMNS}
+    for name in rules.OPTIONAL:
+        if sim.records and hasattr(sim.records[0], name):
+            columns[name] = sim.column(name)
+    return columns
 
 
-def proposer_fit(rows: np.ndarray, seconds: np.ndarray) -> dict[str, float]:
-    """A proposer's time a step as `base_us` + `row_us` x rows, least squares over the steps that served rows."""
-    served = rows > 0
-    x = np.stack([np.ones(served.sum()), rows[served]], axis=1)
-    (base, per_row), *_ = np.linalg.lstsq(x, seconds[served] * 1e6, rcond=None)
-    return {"base_us": max(float(base), 0.0), "row_us": max(float(per_row), 0.0)}
+def rule_figures(sim: Simulation, pricing: Pricing, async_scheduling: bool) -> tuple[dict, StepCosts]:
+    """A rule's figures (`pricing.rules.figures`, with the share it kept and its previous epochs found) and its
+    steps' costs."""
+    columns = sim_columns(sim)
+    costs = rules.simulated_costs(columns, pricing)
+    found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
+    return rules.figures(columns, costs, async_scheduling) | {"kept": sim.kept, "found_previous": found}, costs
 
 
 def parse_args(argv=None):
@@ -130,7 +109,7 @@ def parse_args(argv=None):
     if "off" not in args.rules or set(args.rules) - set(RULES):
         parser.error(f"--rules takes off and any of {', '.join(RULES[1:])}, got {','.join(args.rules)}")
     try:
-        args.step_curve = StepCurve.load(args.curve)
+        args.gpu_curve = StepCurve.load(args.curve)
         args.schedule = Schedule(max_num_seqs=args.max_num_seqs, prompts_per_step=args.prompts_per_step)
         args.corpus_settings = CorpusSettings(prompts=args.prompts, samples=args.samples, epochs=args.epochs)
         args.host = HostCurve.load(args.host_steps) if args.host_steps else None
@@ -138,7 +117,7 @@ def parse_args(argv=None):
             args.loaded = Corpus.load(args.corpus)
     except ValueError as error:
         parser.error(str(error))
-    if args.prefill == "measured" and not args.step_curve.prefill_measured:
+    if args.prefill == "measured" and not args.gpu_curve.prefill_measured:
         parser.error(
             f"--curve {args.curve} has no prefill column: measure one (scripts/bench_gpu_step.py --prefill) or drop "
             "--prefill measured (prefill is then modelled at the curve's token slope)"
@@ -189,48 +168,73 @@ def main(argv=None) -> int:
         return 2
     requests = schedule.prompts_per_step * corpus.samples
     suffix_cache = args.suffix_cache or math.ceil(1.2 * requests)
-    pricing = Pricing(args.step_curve, host=host)
-    args.step_curve = args.step_curve.with_host(host)  # lossless's budget prices a step's host time too
+    pricing = Pricing(args.gpu_curve, host=host)
+    args.gpu_curve = args.gpu_curve.with_host(host)  # lossless's budget prices a step's host time too
     print(
         f"[at-scale] corpus: {len(corpus.prompts)} prompts x {corpus.samples} samples x {corpus.epochs} epochs "
         f"({corpus.meta.get('model', '?')}); RL steps of {schedule.prompts_per_step} prompts ({requests} requests) "
         f"on {schedule.max_num_seqs} rows; suffix cache {suffix_cache} responses\n"
-        f"[at-scale] projected on {args.step_curve.device} ({args.curve}), prefill "
-        f"{'measured' if args.step_curve.prefill_measured else 'modelled at the curve token slope'}; host steps "
-        f"measured on the tiny model ({host.machine}); proposers timed on {machine()}"
+        f"[at-scale] projected on {describe(pricing.curve)}, prefill "
+        f"{'measured' if pricing.prefill == 'measured' else 'modelled at the curve token slope'}; host steps "
+        f"{host.describe()}; proposers timed on {machine()}"
     )
-    results = {}
+    results, costs = {}, {}
     for rule in args.rules:
-        proposer = build(rule, corpus, schedule, args.step_curve, suffix_cache, args.params)
+        proposer = build(rule, corpus, schedule, args.gpu_curve, suffix_cache, args.params)
         steps_total = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
         bar = _bar(rule, steps_total)
         sim = EngineSimulator(corpus, schedule, proposer).run(progress=bar)
         print()
-        results[rule] = figures(sim, pricing, proposer.async_scheduling, schedule.max_num_seqs)
+        results[rule], costs[rule] = rule_figures(sim, pricing, proposer.async_scheduling)
         results[rule]["memory_mb"] = proposer.memory_bytes() / 2**20
-    stock = results["off"]["projected_s"]
-    print(
-        "| rule | projected speedup | forward s | host s | proposer s | proposer µs/row-step (full batch; all) | "
-        "kept | steps | tail | memory MB | previous epoch held |\n| --- |" + " ---: |" * 10
+        fit = results[rule]["proposer_fit"]  # measured here: never missing
+        results[rule]["cost"] = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
+    projections = {
+        rule: project(costs["off"], costs[rule], f["cost"], pricing, schedule.max_num_seqs)
+        for rule, f in results.items()
+    }
+    print(at_scale_table(results, projections))
+    saved = measured.save_proposer_costs(
+        {rule: f["proposer_fit"] for rule, f in results.items() if rule != "off"}, machine()
     )
-    for rule, f in results.items():
-        f["projected"] = stock / f["projected_s"]
-        print(
-            f"| {rule} | {f['projected']:.2f} | {f['gpu_s']:.2f} | {f['host_s']:.2f} | {f['proposer_s']:.2f} | "
-            f"{f['proposer_us']:.2f}; {f['proposer_us_all']:.2f} | {f['kept']:.1%} | {f['steps']} | {f['tail']:.1%} | "
-            f"{f['memory_mb']:.0f} | {f['found_previous']:.0%} |"
-        )
-    save_proposer_costs({rule: f["proposer_fit"] for rule, f in results.items() if rule != "off"})
+    print(f"[at-scale] proposer costs saved to {saved}")
+    missing = {rule: p.missing for rule, p in projections.items()}
     print(
         "RESULT "
         + "".join(
-            f"projected[{rule}]={f['projected']:.3f} proposer_us[{rule}]={f['proposer_us']:.2f} "
+            f"{projections[rule].fields(rule) if rule != 'off' else 'projected[off]=1.000'} "
+            f"proposer_us[{rule}]={f['proposer_us']:.2f} "
             f"kept[{rule}]={f['kept']:.3f} "
             for rule, f in results.items()
         )
-        + f"optimistic={int(pricing.optimistic)} wall_s={time.perf_counter() - started:.0f}"
+        + f"host_ms={projections['off'].host_ms:.3f} {missing_field(missing)} prefill={pricing.prefill} "
+        f"wall_s={time.perf_counter() - started:.0f}"
     )
     return 0
+
+
+def at_scale_table(results: dict[str, dict], projections: dict) -> str:
+    """Each rule's figures and its projection against stock (`pricing.projection.Projection`), a markdown table."""
+    lines = [
+        "| rule | projected speedup | with the host hidden | breakeven host ms (full batch) | forward s | host s | "
+        "proposer s | proposer µs/row-step (full batch; all) | kept | steps | tail | memory MB "
+        "| previous epoch held |",
+        "| --- |" + " ---: |" * 12,
+    ]
+    for rule, f in results.items():
+        p = projections[rule]
+        breakeven = "-" if rule == "off" else f"{p.breakeven_host_ms:.2f}"  # stock against itself: no tie to find
+        lines.append(
+            f"| {rule} | {p.projected:.2f} | {p.projected_async:.2f} | {breakeven} | {f['gpu_s']:.2f} | "
+            f"{f['host_s']:.2f} | {f['proposer_s']:.2f} | {f['proposer_us']:.2f}; {f['proposer_us_all']:.2f} | "
+            f"{f['kept']:.1%} | {f['steps']} | {f['tail']:.1%} | {f['memory_mb']:.0f} | {f['found_previous']:.0%} |"
+        )
+    host_ms = next(iter(projections.values())).host_ms
+    lines.append(
+        f"host measured: {host_ms:.2f} ms a full-batch step; breakeven: the host time at which the rule would tie "
+        "stock (inf: wins at any; nan: loses at any)"
+    )
+    return "\n".join(lines)
 
 
 def _bar(rule: str, total: int):
@@ -308,7 +312,7 @@ def validate(args) -> int:
     print("| rule | engine steps | simulated steps | engine kept | simulated kept |\n| --- |" + " ---: |" * 4)
     for rule in VALIDATED:
         corpus, visits = engine[rule]  # the rule's own responses: the engine's verdicts are in them
-        proposer = build(rule, corpus, schedule, args.step_curve, 10_000)  # vLLM's cache: every visit here
+        proposer = build(rule, corpus, schedule, args.gpu_curve, 10_000)  # vLLM's cache: every visit here
         sim = EngineSimulator(corpus, schedule, proposer).run()
         later = [r for r in sim.records if r.rl_step >= 1]  # from the second visit on: the first has no previous one
         tokens = sum(total for *_, total in visits[1:])

@@ -1,12 +1,16 @@
 """Corpora of RL rollouts for the simulator (`analysis.simulator`): stock generation from a policy trained between
-epochs, recorded once and cached.
+epochs, recorded once; the two named ones (`PRESETS`: `short`, `long`) ship with the package.
 
 The real model's: SmolLM2-135M-Instruct (`smollm2`, a temperature folded into its weights as in `real_model`) on the
-word problems, `samples` samples of each of `prompts` prompts an epoch, and between epochs `updates` policy-gradient
-steps on that epoch's rollouts (`PartialTrainer`, group-normalised rewards with `real_model`'s format bonus), each on
+word problems (`style` "short": one problem a prompt; "long": three a prompt, each reasoned through in full),
+`samples` samples of each of `prompts` prompts an epoch, and between epochs `updates` policy-gradient steps on that
+epoch's rollouts (`PartialTrainer`, group-normalised rewards with `real_model`'s format bonus), each on
 `prompts_per_update` prompts' groups: the next epoch's responses come from a policy trained on the last epoch's, the
 drift a returning prompt meets. Stock generation, because an exact rule's output has the same law, and a response that
-no draft shaped is what the simulator's coupling needs.
+no draft shaped is what the simulator's coupling needs. Each token's log-prob is kept as sampled, and after each
+update the new policy scores the last epoch's responses (the scoring pass a ratio rule reads).
+
+    python -m specrl_openrlhf.miniature.corpus long     # re-records a shipped corpus (tens of minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -19,9 +23,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..analysis.simulator import Corpus
+import numpy as np
 
-FORMAT = 1  # bump when the recording changes
+from ..analysis.corpus import Corpus, quality
+
+LONG_TEMPERATURE = 0.85  # long responses stay varied, not looping (docs/benchmarks.md: the corpora's quality)
+FORMAT = 2  # bump when the recording changes (2: log-probs, the scoring pass, the long style)
+STYLES = ("short", "long")
+KV_CACHE_CAP = 8 << 30  # long responses: vLLM preempts past it rather than the machine swapping
+SHIPPED = Path(__file__).resolve().parent / "corpora"  # the named corpora, recorded with `PRESETS`
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,8 +48,11 @@ class CorpusSettings:
     max_num_seqs: int = 256
     seed: int = 0
     dtype: str = "auto"
+    style: str = "short"
 
     def __post_init__(self):
+        if self.style not in STYLES:
+            raise ValueError(f"corpus style must be one of {STYLES}, got {self.style!r}")
         for name in ("prompts", "samples", "epochs", "max_tokens", "train_layers", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"corpus {name} must be at least 1, got {getattr(self, name)}")
@@ -50,6 +63,28 @@ class CorpusSettings:
         """The cache key: what the recording depends on (not the dtype, which only sets its speed)."""
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "dtype"}
         return hashlib.sha256(json.dumps({"format": FORMAT, **fields}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+PRESETS = {
+    "short": CorpusSettings(prompts=32, updates=2),
+    "long": CorpusSettings(
+        style="long",
+        prompts=32,
+        samples=8,
+        epochs=3,
+        max_tokens=1024,
+        temperature=LONG_TEMPERATURE,
+        updates=2,  # each on 2 prompts' groups of responses a thousand tokens long: what 2 cores train in a minute
+        prompts_per_update=2,
+    ),
+}
+
+
+def named(name: str) -> Path:
+    """The shipped file of a named corpus (`PRESETS`)."""
+    if name not in PRESETS:
+        raise ValueError(f"--corpus takes {' or '.join(PRESETS)} or a corpus file, got {name!r}")
+    return SHIPPED / f"{name}.npz"
 
 
 def default_path(settings: CorpusSettings) -> Path:
@@ -82,12 +117,13 @@ def record(settings: CorpusSettings, progress=print) -> Corpus:
     from .real_model import FORMAT_BONUS, boxed
     from .smollm2 import converted
     from .weights import EXTENSION
-    from .word_problems import chat_prompt, splits
+    from .word_problems import chat_prompt, long_problem, problem, splits
 
     use_cpu_engine_env()
     model_dir = converted(temperature=settings.temperature)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    problems, _ = splits(settings.prompts, 1, seed=settings.seed)
+    draw = long_problem if settings.style == "long" else problem
+    problems, _ = splits(settings.prompts, 1, seed=settings.seed, draw=draw)
     prompts = [chat_prompt(tokenizer, p) for p in problems]
     longest = max(len(p) for p in prompts) + settings.max_tokens
     dtype = cpu_dtype(settings.dtype)
@@ -96,7 +132,7 @@ def record(settings: CorpusSettings, progress=print) -> Corpus:
         worker_extension_cls=EXTENSION,
         **cpu_engine_kwargs(
             dtype=dtype,
-            kv_cache_bytes=max(settings.max_num_seqs * longest * (48 << 10), 256 << 20),
+            kv_cache_bytes=min(max(settings.max_num_seqs * longest * (48 << 10), 256 << 20), KV_CACHE_CAP),
             max_model_len=longest + 8,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=8192,
@@ -105,15 +141,18 @@ def record(settings: CorpusSettings, progress=print) -> Corpus:
     )
     trainer = PartialTrainer(model_dir, settings.lr, settings.train_layers, settings.seed, settings.dtype)
     rng = random.Random(settings.seed)
-    responses = []
+    responses, logprobs, scores = [], [], [_unscored(settings)]
     meta = {"model": "SmolLM2-135M-Instruct", **dataclasses.asdict(settings), "machine": machine(), "engine": dtype}
     for epoch in range(settings.epochs):
-        params = SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0)
+        if epoch > 0:  # the new policy scores the last epoch's responses, as a ratio rule's scoring requests do
+            scores.append(score(llm, prompts, responses[-1]))
+        params = SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0, logprobs=0)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=True)
         epoch_responses = [[list(c.token_ids) for c in o.outputs] for o in outputs]
         responses.append(epoch_responses)
-        tokens = sum(len(r) for p in epoch_responses for r in p)
-        progress(f"[corpus] epoch {epoch}: {tokens} response tokens")
+        logprobs.append([[sampled_logprobs(c) for c in o.outputs] for o in outputs])
+        figures = quality(Corpus(prompts, [epoch_responses], {"max_tokens": settings.max_tokens}))
+        progress(f"[corpus] epoch {epoch}: " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()))
         if epoch + 1 == settings.epochs:
             break
         for update in range(settings.updates):  # the policy moves: the next epoch meets drift
@@ -121,7 +160,11 @@ def record(settings: CorpusSettings, progress=print) -> Corpus:
             batch = [(p, r) for p in chosen for r in epoch_responses[p]]
             texts = [tokenizer.decode(r, skip_special_tokens=True) for _, r in batch]
             labels = [problems[p].answer for p, _ in batch]
-            rewards = [c + FORMAT_BONUS * boxed(t) for c, t in zip(grade(list(zip(texts, labels))), texts)]
+            if settings.style == "long":
+                correct = [answered_share(t, label) for t, label in zip(texts, labels)]
+            else:
+                correct = grade(list(zip(texts, labels)))
+            rewards = [c + FORMAT_BONUS * boxed(t) for c, t in zip(correct, texts)]
             groups = [p for p, _ in batch]
             trained = trainer.step([prompts[p] for p in groups], [r for _, r in batch], rewards, groups)
             progress(f"[corpus] epoch {epoch}: update {update + 1}/{settings.updates} on {trained} samples")
@@ -129,4 +172,66 @@ def record(settings: CorpusSettings, progress=print) -> Corpus:
             llm.collective_rpc("reload_safetensors", args=(trainer.write(Path(scratch) / "w.safetensors"),))
         llm.reset_prefix_cache()
     del llm
-    return Corpus(prompts, responses, meta)
+    return Corpus(prompts, responses, meta, logprobs, scores)
+
+
+def _unscored(settings: CorpusSettings) -> list:
+    return [[np.zeros(0, np.float32) for _ in range(settings.samples)] for _ in range(settings.prompts)]
+
+
+def sampled_logprobs(completion) -> np.ndarray:
+    """[len] each sampled token's log-prob, from a completion asked for `logprobs=0`."""
+    return np.array(
+        [entry[token].logprob for token, entry in zip(completion.token_ids, completion.logprobs)], np.float32
+    )
+
+
+def score(llm, prompts: list[list[int]], responses: list[list[list[int]]]) -> list[list[np.ndarray]]:
+    """[P][n] the log-probs of each response's tokens under the engine's weights: one scoring request each
+    (`prompt_logprobs`), as the request path's scorer sends them."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    requests = [TokensPrompt(prompt_token_ids=p + r) for p, rs in zip(prompts, responses) for r in rs]
+    outputs = iter(llm.generate(requests, params, use_tqdm=True))
+    scored = []
+    for prompt, samples in zip(prompts, responses):
+        row = []
+        for response in samples:
+            entries = next(outputs).prompt_logprobs[len(prompt) :]
+            row.append(np.array([entry[token].logprob for token, entry in zip(response, entries)], np.float32))
+        scored.append(row)
+    return scored
+
+
+def answered_share(text: str, answer: str) -> float:
+    """The share of a long problem's answers (comma-separated) that the response's last boxed answer states."""
+    import re
+
+    boxed_all = re.findall(r"\\boxed\{([^}]*)\}", text)
+    stated = re.findall(r"-?\d+", boxed_all[-1]) if boxed_all else []
+    wanted = [a.strip() for a in answer.split(",")]
+    return sum(a in stated for a in wanted) / len(wanted)
+
+
+def main(argv=None) -> int:
+    """Re-records a named corpus into the package (`PRESETS`) and prints its quality figures."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m specrl_openrlhf.miniature.corpus", description=main.__doc__)
+    parser.add_argument("name", choices=sorted(PRESETS))
+    parser.add_argument("--out", default=None, help="where to write it (default: the shipped file)")
+    args = parser.parse_args(argv)
+    settings = PRESETS[args.name]
+    corpus = record(settings)
+    path = Path(args.out) if args.out else named(args.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    corpus.save(path)
+    figures = quality(corpus)
+    print(f"[corpus] {args.name}: {path} " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

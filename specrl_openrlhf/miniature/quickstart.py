@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .. import config as reuse_config
 from ..policies import PluginError, UnknownPolicyError
-from ..step_curve import StepCurve
+from ..pricing.curves import StepCurve
 from .engine import add_dtype_argument
 from .plan import GRIDS, REGIMES, SUFFIX_AT_SCALE, Method, Regime, plan, with_trace_dirs
 
@@ -338,8 +338,8 @@ def main(argv=None) -> int:
     from ..integration.openrlhf.eval import WORKER_SETUP_HOOK, install_in_worker
     from . import summary
     from .actors import held_out_accuracy, start_group, stop_group
-    from .costs import host_curve
     from .engine import CPU_ENGINE_ENV, dtype_line
+    from .host_steps import host_curve
     from .task import TaskConfig, splits
     from .training import train_group
     from .warm_start import WarmStartConfig

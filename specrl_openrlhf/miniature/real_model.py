@@ -40,122 +40,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..step_curve import StepCurve
+from ..pricing.curves import StepCurve
 from .grpo import PartialTrainer
 from .plan import Method
+from .real_model_settings import DEFAULT_CURVE, RULES, SUFFIX_AT_SCALE, Record, Settings
 
-RULES = (
-    Method.of("off"),
-    Method.of("spec", 1.65),
-    Method.of("lossless", params={"verify": "requests"}),
-    Method.of("lossless"),
-    Method.of(
-        "suffix"
-    ),  # vLLM's suffix decoding with its defaults: a cache of 10,000 responses holds every visit here
-    Method.of("ngram"),
-)
-SUFFIX_AT_SCALE = "suffix@scale"  # its cache sized to 1.2 visits' requests, as vLLM's 10,000 is at 512 x 16 a step
-DEFAULT_CURVE = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"  # an H200's, in the repository
+__all__ = ["DEFAULT_CURVE", "RULES", "SUFFIX_AT_SCALE", "Record", "Settings", "main"]
+
 # A 135M model answers these problems right a few times in a hundred: most groups would score all 0 and give no
 # gradient. A small bonus for the answer's format (\boxed{...}, more with a number in it) makes groups differ, so
 # steps move the policy (held-out accuracy counts correct answers only).
 FORMAT_BONUS = 0.2
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Settings:
-    prompts: int = 3  # training prompts, each visited once per visit
-    prompts_per_step: int | None = None  # a visit's RL steps, each of this many prompts and a policy-gradient step
-    # after it (None: one step of every prompt, the hot-cache case: a prompt comes back at the next step)
-    samples: int = 8  # per prompt and visit (the size of a prompt's tree)
-    visits: int = 3
-    seeds: tuple[int, ...] = (0, 1, 2)
-    max_tokens: int = 224
-    temperature: float = 0.35  # folded into the weights (`smollm2.sharpen`); rollouts sample at temperature 1
-    lr: float = 1e-4
-    train_layers: int = 2  # trained: the last decoder layers and the final norm
-    held_out: int = 8  # problems, sampled `eval_samples` times each after the last visit
-    eval_samples: int = 1
-    rules: tuple[str, ...] = tuple(m.name for m in RULES[:4])
-    out: str = "runs/real_model"
-    cost_curve: str | None = None  # lossless prices its draft slots on this GPU step curve; the projection uses it
-    dtype: str = "auto"  # the engines' (`engine.cpu_dtype`)
-
-    def __post_init__(self):
-        if self.prompts_per_step is not None and not 1 <= self.prompts_per_step <= self.prompts:
-            raise ValueError(f"--prompts-per-step must be in [1, --prompts], got {self.prompts_per_step}")
-        for name in ("prompts", "samples", "visits", "max_tokens", "train_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        unknown = set(self.rules) - {m.name for m in RULES} - {SUFFIX_AT_SCALE}
-        if unknown or "off" not in self.rules:
-            names = [m.name for m in RULES[1:]] + [SUFFIX_AT_SCALE]
-            raise ValueError(f"--rules takes off and any of {names}, got {list(self.rules)}")
-        if self.cost_curve is not None:
-            try:
-                StepCurve.load(self.cost_curve)
-            except ValueError as error:
-                raise ValueError(f"--cost-curve {error}") from None
-        from .engine import cpu_dtype
-
-        cpu_dtype(self.dtype)  # an unknown dtype: one clear error
-
-    def methods(self, host=None) -> list[Method]:
-        """The rules to run, `lossless` priced on the cost curve where one is given, with `host` (a `HostCurve`) as
-        its host column: a step of a model-free proposer pays the host's time too, as the projection prices it."""
-        from dataclasses import replace
-
-        at_scale = {
-            "method": "suffix",
-            "suffix_decoding_max_cached_requests": math.ceil(1.2 * self.step_prompts * self.samples),
-        }
-        known = {m.name: m for m in RULES}
-        known[SUFFIX_AT_SCALE] = Method(
-            SUFFIX_AT_SCALE, replace(known["suffix"].config, params={"speculative_config": at_scale})
-        )
-        methods = [known[name] for name in self.rules]
-        if self.cost_curve:
-            curve = str(Path(self.cost_curve).resolve())
-            if host is not None:
-                curve = StepCurve.load(curve).with_host(host).as_data()
-            methods = [
-                Method(m.name, replace(m.config, params={**m.config.params, "cost_curve": curve}))
-                if m.config.policy == "lossless" and m.config.params.get("verify") != "requests"
-                else m
-                for m in methods
-            ]
-        return methods
-
-    @property
-    def step_prompts(self) -> int:
-        """Prompts per RL step."""
-        return self.prompts_per_step or self.prompts
-
-    @property
-    def curve_file(self) -> str | None:
-        return self.cost_curve or (str(DEFAULT_CURVE) if DEFAULT_CURVE.is_file() else None)
-
-
-@dataclass
-class Record:
-    """One rule's visit in one seed."""
-
-    seed: int
-    rule: str
-    visit: int
-    seconds: float
-    samples: int
-    decoded: int
-    reused: int
-    reentries: int
-    reward: float
-    drafted: int = 0  # draft tokens the engine verified (in the engine; the request path counts scored ones)
-    engine: dict = field(default_factory=dict)  # the engine's steps: the makespan split, the GPU projection
-
-    @property
-    def kept(self) -> float:
-        return self.reused / max(self.reused + self.decoded, 1)
 
 
 def boxed(text: str) -> float:
@@ -237,11 +133,14 @@ async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, nu
 
     from ..integration.rollout.generator import gather_samples
     from ..integration.vllm.step_log import take_steps
+    from ..pricing.measured import rule_cost
+    from ..pricing.steps import EngineSteps
     from ..rewards.math_grader import grade
-    from .costs import rule_cost
+    from .engine import machine
     from .training import engine_columns
 
     curve = StepCurve.load(settings.curve_file) if settings.curve_file else None
+    recorded = EngineSteps.of([])
     params = SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0, logprobs=0)
     chunks = [
         range(i, min(i + settings.step_prompts, len(prompts))) for i in range(0, len(prompts), settings.step_prompts)
@@ -261,7 +160,8 @@ async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, nu
         rewards += step_rewards
         stats = batch.stats if stats is None else stats + batch.stats
         policy = lane.generator.policy
-        columns.append(engine_columns(steps, start, curve, host, rule_cost(policy)))
+        columns.append(engine_columns(steps, start, curve, host, rule_cost(policy, machine())))
+        recorded = recorded + steps
         if number + 1 < settings.visits or c + 1 < len(chunks):  # the next step's drafts come from before it
             responses = [list(o.token_ids) for o in outputs]
             lane.trainer.step([prompts[g] for g in groups], responses, step_rewards, groups)
@@ -280,6 +180,7 @@ async def visit(lane: Lane, prompts, problems, settings: Settings, seed: int, nu
         sum(rewards) / len(rewards),
         s.draft_tokens,
         merged(columns),
+        recorded.as_dict(),
     )
 
 
@@ -321,7 +222,7 @@ async def run(settings: Settings, progress=print) -> dict:
     import vllm
     from transformers import AutoTokenizer
 
-    from .costs import host_curve
+    from .host_steps import host_curve
     from .real_model_report import format_record
     from .smollm2 import converted
     from .word_problems import chat_prompt, splits
@@ -329,6 +230,7 @@ async def run(settings: Settings, progress=print) -> dict:
     model_dir = converted(temperature=settings.temperature)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     host = host_curve(None, progress) if settings.curve_file else None  # before the engines: measured alone
+    curve = StepCurve.load(settings.curve_file) if settings.curve_file else None
     initial = Path(tempfile.mkdtemp(prefix="specrl-real-")) / "initial.safetensors"
     methods = settings.methods(host)
     lanes, accuracy = [], {}
@@ -369,7 +271,12 @@ async def run(settings: Settings, progress=print) -> dict:
         for lane in lanes:
             lane.engine.shutdown()
             lane.engine = lane.generator = None  # gone before the interpreter's exit, where vLLM's __del__ would fail
-    return {"records": [r for lane in lanes for r in lane.records], "accuracy": accuracy}
+    from ..pricing.measured import rule_cost
+    from .engine import machine
+
+    costs = {m.name: rule_cost(m.config.build_policy(), machine()) for m in methods}
+    records = [r for lane in lanes for r in lane.records]
+    return {"records": records, "accuracy": accuracy, "curve": curve, "host": host, "costs": costs}
 
 
 async def budget_line(lane: Lane) -> str:
@@ -432,15 +339,19 @@ def parse_args(argv=None) -> Settings:
 def main(argv=None) -> int:
     import json
 
+    from ..pricing.projection import missing_field
     from .engine import cpu_dtype, dtype_line
-    from .real_model_report import HEADER, summary
+    from .real_model_report import HEADER, curve_line, prefill_note, projection_fields, summary
 
     for key, value in ENGINE_ENV.items():
         os.environ[key] = value
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     settings = parse_args(argv)
     started = time.perf_counter()
-    print(f"[real-model] {settings}\n[real-model] {dtype_line(settings.dtype)}\n{HEADER}", flush=True)
+    print(
+        f"[real-model] {settings}\n[real-model] {dtype_line(settings.dtype)}\n{curve_line(settings)}\n{HEADER}",
+        flush=True,
+    )
     result = asyncio.run(run(settings, progress=lambda line: print(line, flush=True)))
     table, figures = summary(result, settings)
     out = Path(settings.out)
@@ -456,12 +367,13 @@ def main(argv=None) -> int:
         f"token_ratio_later[lossless]={engine.get('token_ratio', math.nan):.2f} "
         f"speedup[lossless]={engine.get('speedup', math.nan):.2f} "
         + "".join(
-            f"speedup[{rule}]={f['speedup']:.2f} projected[{rule}]={f['projected']:.2f} "
-            f"projected8[{rule}]={f['projected8']:.2f} kept[{rule}]={f['kept']:.3f} "
+            f"speedup[{rule}]={f['speedup']:.2f} {projection_fields(rule, f)} kept[{rule}]={f['kept']:.3f} "
             for rule, f in figures.items()
             if rule != "off"
         )
-        + f"dtype={cpu_dtype(settings.dtype)} seeds={len(settings.seeds)} visits={settings.visits} "
+        + f"{missing_field({r: f.get('missing', ()) for r, f in figures.items()})} prefill={prefill_note(result)} "
+        f"curve={settings.curve_label} "
+        f"dtype={cpu_dtype(settings.dtype)} seeds={len(settings.seeds)} visits={settings.visits} "
         f"wall_s={time.perf_counter() - started:.0f} out={out}"
     )
     return 0

@@ -1,11 +1,15 @@
 """What `bench_real_model.py` prints: a line per rule and visit as it runs, and the paper's Table 3 shape over seeds
-(`summary`), each rule against its seed's `off`, with 95% t intervals over seeds."""
+(`summary`), each rule against its seed's `off`, with 95% t intervals over seeds; each rule's engine steps projected
+on the GPU's step curve against stock's, the host's part shown (`pricing.projection.project_steps`)."""
 
 from __future__ import annotations
 
 import math
 
-from .real_model import Record, Settings
+from ..pricing.curves import describe
+from ..pricing.projection import RL_SCALE, STOCK, Projection, project_steps, rl_pricing
+from ..pricing.steps import EngineSteps
+from .real_model_settings import Record, Settings
 
 HEADER = (
     f"{'seed':>4} {'visit':>5} {'rule':<26} {'seconds':>8} {'decoded':>8} {'reused':>7} {'kept':>6} {'reentry':>8} "
@@ -28,14 +32,10 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
     by = {(r.seed, r.rule, r.visit): r for r in records}
     lines = [
         "| rule | decoded tokens | tokens vs off (visits 2+) | speedup (all) | speedup (visits 2+) "
-        "| projected GPU speedup, rows x1 / x8 | kept share (visits 2+) | re-entries / sample | reward "
-        "| held-out acc. diff |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| projected GPU speedup, rows x1 / x8 | with the host hidden, x1 / x8 | breakeven host ms, x1 / x8 "
+        "| kept share (visits 2+) | re-entries / sample | reward | held-out acc. diff |",
+        "| --- |" + " ---: |" * 11,
     ]
-
-    def gpu(records, key):
-        return sum(r.engine.get(key, math.nan) for r in records)
-
     figures = {}
     for rule in settings.rules:
         per_seed = []
@@ -49,16 +49,16 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
                     "token_ratio": sum(r.decoded for r in later_off) / max(sum(r.decoded for r in later), 1),
                     "speedup": sum(r.seconds for r in off) / sum(r.seconds for r in mine),
                     "later_speedup": sum(r.seconds for r in later_off) / sum(r.seconds for r in later),
-                    "projected": gpu(off, "gpu_s") / gpu(mine, "gpu_s"),
-                    "projected8": gpu(off, "gpu8_s") / gpu(mine, "gpu8_s"),
+                    **projected(result, rule, mine, off),
                     "kept": sum(r.reused for r in later) / max(sum(r.reused + r.decoded for r in later), 1),
                     "reentries": sum(r.reentries for r in mine) / max(sum(r.samples for r in mine), 1),
                     "reward": sum(r.reward for r in mine) / len(mine),
                     "acc_diff": accuracy.get((seed, rule), math.nan) - accuracy.get((seed, "off"), math.nan),
                 }
             )
-        cells = {key: mean_interval([s[key] for s in per_seed]) for key in per_seed[0]}
+        cells = {key: mean_interval([s[key] for s in per_seed]) for key in per_seed[0] if key != "missing"}
         figures[rule] = {key: value[0] for key, value in cells.items()} | {"acc_diff_ci": cells["acc_diff"][1:]}
+        figures[rule]["missing"] = per_seed[0]["missing"]
 
         def show(key, fmt, cells=cells):
             mean, lo, hi = cells[key]
@@ -67,7 +67,62 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
         lines.append(
             f"| {rule} | {cells['decoded'][0]:,.0f} | {show('token_ratio', '{:.2f}x')} | {show('speedup', '{:.2f}')} "
             f"| {show('later_speedup', '{:.2f}')} | {show('projected', '{:.2f}')} / {show('projected8', '{:.2f}')} "
+            f"| {show('projected_async', '{:.2f}')} / {show('projected_async8', '{:.2f}')} "
+            f"| {cells['breakeven_host_ms'][0]:.2f} / {cells['breakeven_host_ms8'][0]:.2f} "
             f"| {show('kept', '{:.1%}')} | {cells['reentries'][0]:.1f} "
             f"| {cells['reward'][0]:.3f} | {show('acc_diff', '{:+.3f}')} |"
         )
+    host = result.get("host")
+    if host is not None:
+        lines.append(
+            f"\nhost: {host.describe()}; breakeven: the host time of a full-batch step at which the rule would tie "
+            "stock (inf: wins at any; nan: loses at any)"
+        )
     return "\n".join(lines), figures
+
+
+def projected(result: dict, rule: str, mine: list[Record], off: list[Record]) -> dict:
+    """A seed's rule against its `off` on the GPU's curve, every visit's steps together, at rows x 1 and x 8: the
+    projection (`project_steps`), with the host hidden, the breakeven host time, and what is missing."""
+    curve = result.get("curve")
+    if curve is None:
+        nan = {key: math.nan for key in ("projected", "projected_async", "breakeven_host_ms")}
+        return nan | {f"{key}8": value for key, value in nan.items()} | {"missing": ("curve",)}
+    stock = sum((EngineSteps.from_dict(r.steps) for r in off if r.steps), EngineSteps.of([]))
+    steps = sum((EngineSteps.from_dict(r.steps) for r in mine if r.steps), EngineSteps.of([]))
+    cost = result.get("costs", {}).get(rule, STOCK)
+    out: dict = {}
+    for scale, suffix in ((1, ""), (RL_SCALE, "8")):
+        p: Projection = project_steps(stock, steps, rl_pricing(curve, scale, result.get("host")), cost)
+        out |= {
+            f"projected{suffix}": p.projected,
+            f"projected_async{suffix}": p.projected_async,
+            f"breakeven_host_ms{suffix}": p.breakeven_host_ms,
+        }
+    return out | {"missing": p.missing}
+
+
+def projection_fields(rule: str, f: dict) -> str:
+    """The RESULT line's projection of a rule: at rows x 1 and x 8, with the host hidden, and its breakeven."""
+    return (
+        f"projected[{rule}]={f['projected']:.2f} projected8[{rule}]={f['projected8']:.2f} "
+        f"projected_async[{rule}]={f['projected_async']:.2f} projected_async8[{rule}]={f['projected_async8']:.2f} "
+        f"breakeven_host_ms[{rule}]={f['breakeven_host_ms']:.2f} "
+        f"breakeven_host_ms8[{rule}]={f['breakeven_host_ms8']:.2f}"
+    )
+
+
+def prefill_note(result: dict) -> str:
+    curve = result.get("curve")
+    return "none" if curve is None else rl_pricing(curve).prefill
+
+
+def curve_line(settings: Settings) -> str:
+    """Which step curve the projection uses, named where it is the default."""
+    if settings.curve_file is None:
+        return "[real-model] no step curve: no GPU projection"
+    from ..pricing.curves import StepCurve
+
+    curve = StepCurve.load(settings.curve_file)
+    named = "" if settings.cost_curve else ", the default: no --cost-curve named"
+    return f"[real-model] projected on {describe(curve)} (curve={settings.curve_label}{named})"

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from ..analysis import plots, report
 from ..analysis.run_series import RunSeries, baseline_of
+from ..pricing.curves import describe
+from ..pricing.projection import RL_SCALE, missing_field, project_steps, rl_pricing
+from ..pricing.steps import EngineSteps
 from .plan import Group
 
 EPOCH_COLUMNS = [
@@ -75,6 +78,10 @@ def finish(args, out: Path, groups: list[Group], accuracy_before: dict, wall_s: 
     print("\nwhole runs, against each group's baseline (the paper's Table 3 shape, with the staleness meter):")
     print(report.markdown(report.table_rows(series)))
     paired = report.paired_rows(series)
+    curve, host = getattr(args, "projection_curve", None), getattr(args, "host_curve", None)
+    if curve is not None:
+        paired = host_figures(paired, series, groups, out / "steps", curve, host)
+        print(f"\nprojected on {describe(curve)}; host: {host.describe() if host else 'none (missing=host)'}")
     if paired:
         print("\nsummary, paired against each seed's baseline:")
         print("\n".join(summary_lines(paired, series, before)))
@@ -139,13 +146,63 @@ def summary_lines(paired: list[dict], series: list[RunSeries], accuracy_before: 
 
 
 def projected_text(row: dict) -> str:
-    """`; projected on a GPU ...` where the runs were projected on a step curve."""
+    """`; projected on a GPU ...` where the runs were projected on a step curve, the host's part shown."""
     if "projected" not in row:
         return ""
-    return (
+    text = (
         f"; projected on the GPU's step curve {row['projected']:.2f} at scale 1, {row['projected8']:.2f} at rows x 8"
-        " (a projection of this run's engine steps, not a GPU run)"
     )
+    if "projected_async" in row:
+        text += (
+            f", with the host hidden {row['projected_async']:.2f} / {row['projected_async8']:.2f}, breakeven host "
+            f"{row['breakeven_host_ms']:.2f} / {row['breakeven_host_ms8']:.2f} ms a full-batch step"
+            f" (missing={','.join(row['missing']) or 'none'}, prefill={row['prefill']})"
+        )
+    return text + " (a projection of this run's engine steps, not a GPU run)"
+
+
+PROJECTED = ("projected_async", "projected_async8", "breakeven_host_ms", "breakeven_host_ms8")
+
+
+def host_figures(
+    paired: list[dict], series: list[RunSeries], groups: list[Group], steps_dir: Path, curve, host
+) -> list[dict]:
+    """Each paired row whose runs were projected, with the host's part shown (`pricing.projection.project_steps`):
+    every rollout's engine steps of the rule (`steps_dir/<run>.jsonl`) against its baseline's, at rows x 1 and x 8,
+    averaged over seeds: with the host hidden, the breakeven host time, and what is missing."""
+    from ..pricing.measured import rule_cost
+    from .engine import machine
+
+    policies = {run.label: run.method.config.build_policy() for group in groups for run in group.runs}
+    out = []
+    for row in paired:
+        members = [r for r in series if r.method == row["method"] and r.regime == row["regime"] and not r.is_baseline]
+        pairs = [(r, b) for r in members if (b := baseline_of(r, series)) is not None]
+        if "projected" not in row or not pairs or not all(r.name in policies for r, _ in pairs):
+            out.append(row)
+            continue
+        cost = rule_cost(policies[pairs[0][0].name], machine())
+        figures = {key: [] for key in PROJECTED}
+        for run, base in pairs:
+            for scale, suffix in ((1, ""), (RL_SCALE, "8")):
+                p = project_steps(
+                    recorded_steps(steps_dir, base.name),
+                    recorded_steps(steps_dir, run.name),
+                    rl_pricing(curve, scale, host),
+                    cost,
+                )
+                figures[f"projected_async{suffix}"].append(p.projected_async)
+                figures[f"breakeven_host_ms{suffix}"].append(p.breakeven_host_ms)
+        means = {key: sum(values) / len(values) for key, values in figures.items()}
+        out.append({**row, **means, "missing": p.missing, "prefill": p.prefill})
+    return out
+
+
+def recorded_steps(steps_dir: Path, run: str) -> EngineSteps:
+    """Every rollout's engine steps of a run (`<run>.jsonl`, a rollout a line), together."""
+    path = Path(steps_dir) / f"{run}.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return sum((EngineSteps.from_dict(json.loads(line)) for line in lines if line.strip()), EngineSteps.of([]))
 
 
 PARITY_POINTS = 0.02  # the frontier's goal (docs/benchmarks.md, 'Frontier'): |mean paired difference| <= 2 points
@@ -249,10 +306,17 @@ def result_line(paired: list[dict], main_method: str, accuracy_before: float | N
             fields[f"token_ratio[{row['method']}]"] = f"{row['token_ratio']:.2f}"
             fields[f"time_ratio[{row['method']}]"] = f"{row['time_ratio']:.2f}"
             fields[f"acc_diff[{row['method']}]"] = f"{row['acc_diff']:.3f}"
-    for row in paired:
-        if row["regime"] == main["regime"] and "projected" in row:
-            fields[f"projected[{row['method']}]"] = f"{row['projected']:.2f}"
-            fields[f"projected8[{row['method']}]"] = f"{row['projected8']:.2f}"
-            fields[f"rows_per_step[{row['method']}]"] = f"{row['rows_per_step']:.1f}"
+    projected = [row for row in paired if row["regime"] == main["regime"] and "projected" in row]
+    for row in projected:
+        fields[f"projected[{row['method']}]"] = f"{row['projected']:.2f}"
+        fields[f"projected8[{row['method']}]"] = f"{row['projected8']:.2f}"
+        for key in PROJECTED:
+            if key in row:
+                fields[f"{key}[{row['method']}]"] = f"{row[key]:.2f}"
+        fields[f"rows_per_step[{row['method']}]"] = f"{row['rows_per_step']:.1f}"
+    shown = [row for row in projected if "missing" in row]
+    if shown:
+        fields["missing"] = missing_field({row["method"]: row["missing"] for row in shown}).split("=", 1)[1]
+        fields["prefill"] = shown[0]["prefill"]
     fields["out"] = str(out)
     return "RESULT " + " ".join(f"{k}={v}" for k, v in fields.items())

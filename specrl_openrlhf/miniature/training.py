@@ -15,11 +15,13 @@ import math
 import time
 from pathlib import Path
 
-from ..analysis.projection import RL_MAX_ROWS, RL_SCALE, STOCK, EngineSteps, StepCurve, projected_time
 from ..analysis.run_series import step_row
-from ..step_curve import HostCurve
+from ..pricing.curves import HostCurve, StepPrice
+from ..pricing.measured import rule_cost
+from ..pricing.projection import RL_MAX_ROWS, RL_SCALE, STOCK, projected_time
+from ..pricing.steps import EngineSteps
 from .actors import batches, generate_kwargs, held_out_accuracy, samples_generator, sync_weights
-from .costs import rule_cost
+from .engine import machine
 from .plan import Group, Run
 
 
@@ -39,11 +41,13 @@ def openrlhf_logs(experiences, rollout_s: float, train_s: float, sync_s: float) 
 
 
 def engine_columns(
-    steps: EngineSteps, start: float, curve: StepCurve | None, host: HostCurve | None = None, rule=STOCK
+    steps: EngineSteps, start: float, curve: StepPrice | None, host: HostCurve | None = None, rule=STOCK
 ) -> dict:
     """What a rollout's engine steps say: how many, mean rows per step, the makespan split (time at a full batch and
     in the tail, drafts per row in each), and the steps' time projected on a GPU's curve at scale 1 and 8, with every
-    cost (`projection.RuleCost`: the host's time and the proposer's where the rule turns async scheduling off)."""
+    cost (`pricing.projection.RuleCost`: the host's time and the proposer's where the rule turns async scheduling
+    off). How each rule compares with stock, the host's part shown, is the summary's (`summary.host_figures`), from
+    the steps themselves."""
     split = steps.split(start)
     columns = {"engine_steps": len(steps), **split}
     accepted = int(steps.accepted.sum())
@@ -76,7 +80,7 @@ def train_step(run: Run, generator, args, scratch: Path, epoch: int, step: int) 
     logs = openrlhf_logs(experiences, rollout_s, train_s, time.perf_counter() - start)
     for logger in run.loggers:
         logger.log_train(step, logs)
-    rule = rule_cost(run.method.config.build_policy())
+    rule = rule_cost(run.method.config.build_policy(), machine())
     columns = engine_columns(steps, rollout_start, args.projection_curve, args.host_curve, rule)
     row = with_engine_drafts(step_row(step, logs), columns)
     return {"kind": "step", "run": run.label, "epoch": epoch, **row, **losses, **columns}

@@ -83,15 +83,31 @@ def problem(rng: random.Random) -> Problem:
     return Problem(f"{text} {INSTRUCTION}", str(answer))
 
 
-def splits(train_size: int, held_out_size: int, seed: int = 0) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint train and held-out problems; the held-out split is drawn first, so it does not depend on
-    `train_size`."""
+LONG_PARTS = 6  # problems in a long prompt: SmolLM2 writes about a hundred tokens on each
+LONG_INSTRUCTION = (
+    "Solve these problems one after another. For each, explain your reasoning step by step in full sentences, "
+    "show every calculation, then check it."
+)
+LONG_ANSWER = "At the end, write all the answers inside \\boxed{}, like \\boxed{7, 12, 3, 5, 9, 4}."
+
+
+def long_problem(rng: random.Random) -> Problem:
+    """`LONG_PARTS` problems in one prompt, each to be reasoned through in full: the long responses of RL on
+    reasoning tasks. The answer is their numbers, comma-separated."""
+    parts = [rng.choice(STORIES)(rng) for _ in range(LONG_PARTS)]
+    listed = "\n".join(f"Problem {i + 1}: {text}" for i, (text, _) in enumerate(parts))
+    return Problem(f"{LONG_INSTRUCTION}\n\n{listed}\n\n{LONG_ANSWER}", ", ".join(str(a) for _, a in parts))
+
+
+def splits(train_size: int, held_out_size: int, seed: int = 0, draw=problem) -> tuple[list[Problem], list[Problem]]:
+    """Disjoint train and held-out problems (each from `draw`: `problem` or `long_problem`); the held-out split is
+    drawn first, so it does not depend on `train_size`."""
     rng, seen = random.Random(seed), set()
     out = []
     for size in (held_out_size, train_size):
         split = []
         while len(split) < size:
-            item = problem(rng)
+            item = draw(rng)
             if item.prompt not in seen:
                 seen.add(item.prompt)
                 split.append(item)

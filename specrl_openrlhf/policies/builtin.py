@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..lenience import DEFAULT_LENIENCE
-from ..step_curve import StepCurve
+from ..pricing.curves import StepCurve
 from .base import DraftBatch, ReusePolicy, check_lenience, first_rejection, lenient_acceptance_logprob, lenient_cut
 from .registry import register
 

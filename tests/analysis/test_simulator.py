@@ -1,12 +1,10 @@
 """The rollout simulator (`analysis.simulator`): the coupling and the schedule on toy corpora with known answers, the
 persistent batch's slots as vLLM moves them, and the corpus file's errors."""
 
-import numpy as np
 import pytest
 
-from specrl_openrlhf.analysis.projection import Pricing, step_costs
-from specrl_openrlhf.analysis.simulator import BatchView, Corpus, EngineSimulator, Request, Schedule
-from specrl_openrlhf.step_curve import HostCurve, StepCurve
+from specrl_openrlhf.analysis.corpus import Corpus
+from specrl_openrlhf.analysis.simulator import BatchView, EngineSimulator, Request, Schedule
 
 
 class Fixed:
@@ -92,30 +90,42 @@ def test_rows_keep_their_slots_as_vllms_persistent_batch_moves_them():
     assert view.req_ids == ["e", "c"] and view.token_ids_cpu[0, 0] == 5 and view.token_ids_cpu[1, 0] == 3
 
 
-def test_a_corpus_survives_its_file_and_a_bad_file_is_one_error(tmp_path):
-    toy = Corpus([[1, 2], [3]], [[[[4, 5]], [[6]]], [[[7]], [[8, 9, 10]]]], {"model": "toy"})
-    toy.save(tmp_path / "c.npz")
-    back = Corpus.load(tmp_path / "c.npz")
-    assert back.prompts == toy.prompts and back.responses == toy.responses and back.meta == {"model": "toy"}
-    with pytest.raises(ValueError, match="no such corpus file"):
-        Corpus.load(tmp_path / "missing.npz")
-    (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match="bad.npz: not a readable corpus .*delete it and run again"):
-        Corpus.load(tmp_path / "bad.npz")
-    np.savez(tmp_path / "foreign.npz", header=np.frombuffer(b'{"format": "other"}', np.uint8))
-    with pytest.raises(ValueError, match="not a corpus of version 1"):
-        Corpus.load(tmp_path / "foreign.npz")
-    with pytest.raises(ValueError, match="same number of responses"):
-        Corpus([[1], [2]], [[[[3]], [[4], [5]]]])
+def test_rows_read_their_contexts_and_a_full_kv_cache_makes_the_latest_wait():
+    toy = corpus([4, 4])  # prompts of 3 tokens, responses of 4
+    run = EngineSimulator(toy, Schedule(max_num_seqs=4, prompts_per_step=2), Fixed(k=0)).run()
+    # the prefill step samples token 0; then each row holds 3 + taken tokens before each decode: 4, 5, 6
+    assert [r.decode_context for r in run.records] == [0, 2 * 4, 2 * 5, 2 * 6]
+    tight = EngineSimulator(toy, Schedule(max_num_seqs=4, prompts_per_step=2, kv_capacity_tokens=8), Fixed(k=0)).run()
+    # 8 KV tokens: both prompts fit (6), but two rows of 4 + 1 do not: the later one waits and is recomputed
+    assert sum(r.preempted for r in tight.records) >= 1 and tight.response_tokens == run.response_tokens
+    assert max(r.decode_rows for r in tight.records[1:]) == 1 and len(tight.records) > len(run.records)
+    assert all(r.decode_context <= 8 for r in tight.records)
 
 
-def test_pricing_counts_the_proposer_and_the_host_where_async_scheduling_is_off():
-    grid = [{"rows": r, "tokens": q, "seconds": 0.004 + 1e-5 * r * q} for r in (32, 64) for q in (1, 2)]
-    curve = StepCurve(grid, prefill=[{"tokens": 100, "seconds": 0.005}, {"tokens": 1100, "seconds": 0.015}])
-    host = HostCurve([{"rows": 32, "seconds": 0.001}, {"rows": 64, "seconds": 0.006}])
-    costs = step_costs([64, 32, 0], [128, 32, 0], [0, 100, 600], Pricing(curve, host=host), proposer_s=0.002)
-    np.testing.assert_allclose(costs.gpu, [0.004 + 1e-5 * 128, 0.004 + 32e-5 + 0.001, curve.time(1, 1) + 0.006])
-    np.testing.assert_allclose(costs.host, [0.006, 0.001, 0.001])
-    assert costs.total(async_scheduling=True) == pytest.approx(np.maximum(costs.gpu, costs.host).sum())
-    assert costs.total(async_scheduling=False) == pytest.approx(costs.gpu.sum() + costs.host.sum() + 3 * 0.002)
-    assert not Pricing(curve, host=host).optimistic and Pricing(StepCurve(grid), host=host).optimistic
+class Followed:
+    """A workload that sends each sample as a 2-token request, and its response only after that one finished."""
+
+    kept = 0
+
+    def __init__(self):
+        self.order: list[str] = []
+
+    def requests(self, epoch, prompts, toy):
+        return [Request(f"first-{p}", p, toy.prompts[p], [0], prompt_logprobs=True) for p in prompts]
+
+    def followups(self, request):
+        self.order.append(request.id)
+        if not request.id.startswith("first"):
+            return []
+        p = request.prompt_index
+        return [Request(f"then-{p}", p, request.prompt + [7, 7], [1, 2, 3], cached=len(request.prompt))]
+
+
+def test_a_followup_enters_only_after_its_request_and_reads_the_cached_prefix():
+    workload = Followed()
+    run = EngineSimulator(corpus([3, 3]), Schedule(max_num_seqs=4, prompts_per_step=2), Fixed(k=0), workload=workload)
+    sim = run.run()
+    assert workload.order[:2] == ["first-0", "first-1"] and set(workload.order[2:]) == {"then-0", "then-1"}
+    # step 1 prefills both prompts (3 tokens each, with their log-probs); step 2 only the two uncached tokens each
+    assert [(r.prefill_tokens, r.logit_tokens) for r in sim.records[:2]] == [(6, 6), (4, 0)]
+    assert [r.decode_rows for r in sim.records] == [0, 0, 2, 2]

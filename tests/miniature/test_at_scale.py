@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from specrl_openrlhf.analysis.simulator import Corpus, EngineSimulator, Schedule
+from specrl_openrlhf.analysis.corpus import Corpus
+from specrl_openrlhf.analysis.simulator import EngineSimulator, Schedule
 from specrl_openrlhf.miniature import at_scale
 from specrl_openrlhf.miniature.sim_proposers import Stock
 

@@ -202,3 +202,43 @@ def test_the_result_line_carries_the_main_rule_and_the_others():
         [spec, {**lossless, "projected": 2.5, "projected8": 1.5, "rows_per_step": 28.0}], "spec@1.65", 0.4, tmp
     )
     assert "projected[lossless]=2.50 projected8[lossless]=1.50 rows_per_step[lossless]=28.0" in projected
+    shown = {"projected_async": 2.7, "projected_async8": 1.9, "breakeven_host_ms": 3.25, "breakeven_host_ms8": 0.5}
+    host = {**lossless, "projected": 2.5, "projected8": 1.5, "rows_per_step": 28.0, **shown}
+    line = summary.result_line([spec, {**host, "missing": ("host",), "prefill": "modelled"}], "spec@1.65", 0.4, tmp)
+    assert (
+        "projected[lossless]=2.50 projected8[lossless]=1.50 projected_async[lossless]=2.70 "
+        "projected_async8[lossless]=1.90 breakeven_host_ms[lossless]=3.25 breakeven_host_ms8[lossless]=0.50 "
+        "rows_per_step[lossless]=28.0 missing=host prefill=modelled out=/out"
+    ) in line
+    text = summary.projected_text({**host, "missing": (), "prefill": "measured"})
+    assert "with the host hidden 2.70 / 1.90, breakeven host 3.25 / 0.50 ms a full-batch step" in text
+    assert "(missing=none, prefill=measured)" in text
+
+
+def test_the_summary_shows_each_rules_host_part_from_its_recorded_steps(tmp_path, monkeypatch):
+    """The rule's steps against its baseline's, every rollout's together (`steps/<run>.jsonl`): the host hidden, the
+    breakeven host time and what is missing, by hand on a 2 x 2 curve and a flat host curve."""
+    from types import SimpleNamespace
+
+    from specrl_openrlhf.analysis.run_series import RunSeries
+    from specrl_openrlhf.pricing.curves import HostCurve, StepCurve
+    from specrl_openrlhf.pricing.steps import EngineSteps
+
+    monkeypatch.setenv("SPECRL_MEASURE_CACHE", str(tmp_path / "measured"))  # no proposer measured here
+    curve = StepCurve([{"rows": r, "tokens": q, "seconds": 0.004 + 1e-5 * r * q} for r in (32, 64) for q in (1, 2)])
+    host = HostCurve([{"rows": 32, "seconds": 0.002}, {"rows": 512, "seconds": 0.002}])
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    # off: two 64-row steps of 1 token a row (4.64 ms each); lossless: one 64-row step of 2 tokens a row (5.28 ms)
+    off, lossless = EngineSteps.of([(0.1, 0, 0, 64, 64, 0, 0)] * 2), EngineSteps.of([(0.1, 0, 0, 64, 128, 64, 60)])
+    for name, recorded in (("off", off), ("lossless", lossless)):
+        (steps / f"{name}.jsonl").write_text(json.dumps({"epoch": 0, "step": 0, **recorded.as_dict()}) + "\n")
+    series = [RunSeries(name, name, None, "g", "metrics.json", regime="default") for name in ("off", "lossless")]
+    runs = [SimpleNamespace(label=n, method=Method.of(n)) for n in ("off", "lossless")]
+    row = {"regime": "default", "method": "lossless", "projected": 1.0, "projected8": 1.0}
+    (shown,) = summary.host_figures([row], series, [SimpleNamespace(runs=runs)], steps, curve, host)
+    # lossless verifies in the engine: async scheduling off, its host (2 ms) paid serially; its proposer never measured
+    assert shown["missing"] == ("proposer_cost",) and shown["prefill"] == "modelled"
+    assert shown["projected_async"] == pytest.approx(2 * 0.00464 / 0.00528)
+    # 5.28 + 2h ms against 9.28 ms: h = 2, 4 ms of host a full-batch step
+    assert shown["breakeven_host_ms"] == pytest.approx(4.0)

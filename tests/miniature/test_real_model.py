@@ -37,6 +37,44 @@ def test_bad_settings_fail_at_once():
         real_model.parse_args(["--visits", "0"])
 
 
+def test_the_default_curve_is_named_where_none_was():
+    from specrl_openrlhf.miniature.real_model_report import curve_line
+
+    assert real_model.Settings().curve_label == "default:h200"
+    assert "(curve=default:h200, the default: no --cost-curve named)" in curve_line(real_model.Settings())
+    named = str(real_model.DEFAULT_CURVE)
+    assert real_model.Settings(cost_curve=named).curve_label == named
+
+
+def test_the_report_projects_each_rule_against_off_with_the_host_shown():
+    """Two visits of `off` (two 64-row steps of 1 token a row each) and `lossless` (one 64-row step of 2 tokens),
+    on the H200's curve with a flat 2 ms host: the table and the figures carry the host's part."""
+    from specrl_openrlhf.miniature.real_model_report import projection_fields, summary
+    from specrl_openrlhf.pricing.curves import HostCurve, StepCurve
+    from specrl_openrlhf.pricing.projection import RuleCost
+    from specrl_openrlhf.pricing.steps import EngineSteps
+
+    off = EngineSteps.of([(0.1, 0, 0, 64, 64, 0, 0)] * 2).as_dict()
+    lossless = EngineSteps.of([(0.1, 0, 0, 64, 128, 64, 60)]).as_dict()
+    records = [
+        real_model.Record(0, rule, visit, 1.0, 4, 10, 0, 0, 0.5, steps=steps)
+        for visit in range(2)
+        for rule, steps in (("off", off), ("lossless", lossless))
+    ]
+    curve = StepCurve.load(real_model.DEFAULT_CURVE)
+    host = HostCurve([{"rows": 32, "seconds": 0.002}, {"rows": 512, "seconds": 0.002}])
+    result = {"records": records, "accuracy": {}, "curve": curve, "host": host, "costs": {"lossless": RuleCost(False)}}
+    settings = real_model.Settings(seeds=(0,), visits=2, rules=("off", "lossless"))
+    table, figures = summary(result, settings)
+    f = figures["lossless"]
+    gpu_off, gpu_rule = 2 * curve.time(64, 1), curve.time(64, 2)
+    assert f["projected"] == pytest.approx(gpu_off / (gpu_rule + 0.002))
+    assert f["projected_async"] == pytest.approx(gpu_off / gpu_rule)
+    assert f["breakeven_host_ms"] == pytest.approx((gpu_off - gpu_rule) * 1e3) and f["missing"] == ()
+    assert "| lossless |" in table and "breakeven host ms" in table and "host: " in table
+    assert "projected_async[lossless]=" in projection_fields("lossless", f)
+
+
 @pytest.mark.slow
 @pytest.mark.engine
 def test_one_short_run_verifies_in_the_engine(tmp_path, capsys):
@@ -55,6 +93,10 @@ def test_one_short_run_verifies_in_the_engine(tmp_path, capsys):
         w.split("=", 1) for w in next(line for line in out.splitlines() if line.startswith("RESULT")).split()[1:]
     )
     assert float(result["kept[lossless]"]) > 0 and math.isnan(float(result["kept[tree]"]))
+    assert result["curve"] == str(curve) and f"projected on NVIDIA H200 ({curve}) at context 512" in out
+    for key in ("projected", "projected_async", "breakeven_host_ms", "projected8", "projected_async8"):
+        assert f"{key}[lossless]" in result, key
+    assert "missing" in result and result["prefill"] == "modelled"  # the H200's curve has no prefill column
     assert (tmp_path / "table.md").read_text().count("| lossless |") == 1
     records = [line.split() for line in out.splitlines() if line.strip().startswith("0 ")]
     assert {(r[1], r[2]) for r in records} == {("0", "off"), ("1", "off"), ("0", "lossless"), ("1", "lossless")}

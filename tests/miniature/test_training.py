@@ -2,9 +2,9 @@
 
 import doctest
 
-from specrl_openrlhf.analysis.projection import EngineSteps
 from specrl_openrlhf.miniature import training
 from specrl_openrlhf.miniature.training import engine_columns, with_engine_drafts
+from specrl_openrlhf.pricing.steps import EngineSteps
 
 
 def test_doctests():

@@ -15,7 +15,7 @@ def run(*args):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
 
 
-def test_the_step_curve_on_cpu_with_a_tiny_shape(tmp_path):
+def test_the_gpu_curve_on_cpu_with_a_tiny_shape(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "curve.json"
     done = run(
@@ -25,7 +25,7 @@ def test_the_step_curve_on_cpu_with_a_tiny_shape(tmp_path):
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())
     assert [p["tokens"] for p in record["prefill"]] == [16, 64] and all(p["seconds"] > 0 for p in record["prefill"])
-    from specrl_openrlhf.step_curve import StepCurve
+    from specrl_openrlhf.pricing.curves import StepCurve
 
     assert StepCurve.load(out).prefill_measured  # the simulator prices prefill on it
     assert [(p["rows"], p["tokens"]) for p in record["curve"]] == [(2, 1), (2, 4), (8, 1), (8, 4)]

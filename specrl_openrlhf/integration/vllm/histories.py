@@ -31,7 +31,7 @@ import numpy as np
 from ...budget import BudgetReport
 from ...cache import prompt_key
 from ...policies.builtin import LosslessParams
-from ...step_curve import StepCurve
+from ...pricing.curves import StepCurve
 from .arena import Arena, sequence_hash
 
 logger = logging.getLogger(__name__)

@@ -114,13 +114,14 @@ class HistoryProposer:
         flat = np.fromiter(itertools.chain.from_iterable(sampled), np.int32, int(offsets[-1]))
         seen = state.seen[:rows]
         if self.last_call is not None and ((seen > 0) & (seen + lengths == num_tokens[:rows])).all():
-            self._observe(now - self.last_call, rows, rows + int(given.sum()), int(offsets[-1]))  # a decode's cost
+            before = float((num_tokens[:rows] - lengths).sum())  # the KV the step read: each row's tokens before it
+            self._observe(now - self.last_call, rows, rows + int(given.sum()), int(offsets[-1]), before)
         self.last_call = now
         awake = self._awake(rows)
         params = board.params
         k = min(self.k, self.lookahead)
         table = self.acceptance.table if awake else np.zeros(0)  # no table: follow the rows, propose nothing
-        cost, margin = self._cost(rows)
+        cost, margin = self._cost(rows, float(num_tokens[:rows].sum()))
         floor = -1.0 if params.budget == "static" else survival_floor(rows, *cost)  # slots that can't pay: none
         args = (params.min_match, k, self.max_model_len, params.shared, table, floor, state.outputs)
         arena = board.arena
@@ -144,10 +145,10 @@ class HistoryProposer:
             return [[] for _ in range(rows)]
         return self._allocate(rows, cost, margin)
 
-    def _observe(self, seconds: float, rows: int, carried: int, produced: int) -> None:
+    def _observe(self, seconds: float, rows: int, carried: int, produced: int, context: float) -> None:
         """The step that ran (it started no row: a decode's cost): its cost, and whether its drafts paid."""
-        self.cost.observe(rows, carried, seconds)
-        plain_s, gain = self.cost.predict(rows, rows), self.budget.predicted_gain
+        self.cost.observe(rows, carried, seconds, context)
+        plain_s, gain = self.cost.predict(rows, rows, context), self.budget.predicted_gain
         self.check.observe(rows, carried - rows, produced, seconds, plain_s, gain)
         self.report.cost, self.report.cost_error = self.cost.params, self.cost.relative_error
         self.report.margin, self.report.plain_scale = self.check.margin, self.check.plain_scale
@@ -193,12 +194,13 @@ class HistoryProposer:
             self.acceptance.observe(state.judged_bucket[:n], hits, predicted)
             self.report.verdicts(predicted, hits)
 
-    def _cost(self, rows: int) -> tuple[np.ndarray, float]:
-        """The step's cost model (base, per row, per token) and the gain its drafts must clear (`DraftingCheck`)."""
+    def _cost(self, rows: int, context: float) -> tuple[np.ndarray, float]:
+        """The step's cost model (base, per row, per token) at its rows' KV `context` (summed), and the gain its
+        drafts must clear (`DraftingCheck`)."""
         params, curve = histories.BOARD.params, histories.BOARD.curve
         if curve is not None:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
-            return curve.budget_cost(rows, params.cost_scale), 0.0
-        return self.cost.params, math.inf if self.check.probe() else self.check.margin
+            return curve.budget_cost(rows, params.cost_scale, context / max(rows, 1)), 0.0
+        return self.cost.at(context), math.inf if self.check.probe() else self.check.margin
 
     def _allocate(self, rows: int, cost: np.ndarray, margin: float) -> list[list[int]]:
         """Every row's draft, cut to the step's budget (`DraftBudget`)."""

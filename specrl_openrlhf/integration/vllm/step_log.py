@@ -9,7 +9,7 @@ any other. Per step it reads vLLM's public stats:
   the tokens each kind carried (a decoding row carries 1 + its drafts);
 - `SchedulerStats.spec_decoding_stats`: the draft tokens the step verified and those it accepted (None: none).
 The records of an engine are `steps_of(engine)` (the `AsyncLLM`, in the process that runs it); `take` empties them.
-They become `analysis.projection.EngineSteps`, which projects them onto a GPU's step curve.
+They become `pricing.steps.EngineSteps`, which `pricing.projection` prices on a GPU's step curve.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import weakref
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from ...analysis.projection import EngineSteps
+from ...pricing.steps import EngineSteps
 
 MAX_STEPS = 1 << 22  # steps an engine keeps (a few hundred MB at most); the oldest are dropped past it
 _LOGS: weakref.WeakValueDictionary[int, StepLog] = weakref.WeakValueDictionary()  # by id of the engine's VllmConfig

@@ -306,7 +306,7 @@ def test_the_budget_priced_on_a_gpus_curve_drafts_as_that_gpu_would(tmp_path):
 
 
 def test_a_curve_prices_a_step_as_the_gpu_at_scale(tmp_path):
-    from specrl_openrlhf.step_curve import StepCurve
+    from specrl_openrlhf.pricing.curves import StepCurve
 
     path = gpu_curve(tmp_path, 2e-5)
     base, per_row, per_token = StepCurve.load(path).budget_cost(rows=16, scale=8)

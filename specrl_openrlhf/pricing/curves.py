@@ -5,8 +5,12 @@ Terminology:
   token a row) or a verification step (1 + drafts a row), timed on a GPU (`scripts/bench_gpu_step.py`;
   docs/gpu_step_h200.json holds an H200's, for a Qwen3-1.7B shape);
 - *prefill column* (`StepCurve.prefill`, optional): one forward that prefills `tokens` prompt tokens, timed the same
-  way (`bench_gpu_step.py --prefill`). Where a curve has none, a prefill's tokens are priced as carried tokens at the
-  decode grid's slope, a model (`prefill_measured` says which).
+  way (`bench_gpu_step.py --prefill`). Where a curve has none, a prefill token is priced as a carried token at the
+  decode grid's slope (per token carried, at the first measured row or more), a model (`prefill_measured` says which).
+- *context*: the tokens each row holds in its KV cache before the step. A curve is measured at one context
+  (`StepCurve.context`, the file's `"context"`, None where it does not say) and prices every step at it: its `time` and
+  `prefill_cost` take a `context` and ignore it. A step price that models the context (any object with `time`,
+  `prefill_cost`, `device` and `source`, as `StepPrice` says) prices by it.
 - *host column* (`StepCurve.host`, optional, a `HostCurve`): the engine's host time per step by rows, which a step
   pays on top of its forward where async scheduling is off (every model-free proposer's): a budget priced on the
   curve counts it in a step's fixed cost.
@@ -22,8 +26,32 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+
+
+class StepPrice(Protocol):
+    """What pricing reads of a GPU's step price: a `StepCurve`, or a model that prices by context too."""
+
+    device: str
+    source: str
+
+    def time(self, rows, tokens_per_row, context=None): ...
+
+    def prefill_cost(self, tokens, rows=0.0, context=None): ...
+
+
+def describe(curve) -> str:
+    """A step price as a label names it: its device, its source and, where it says, the context it was measured at."""
+    context = getattr(curve, "context", None)
+    where = f" at context {context:g}" if isinstance(context, (int, float)) else ""
+    return f"{curve.device or 'a GPU'} ({curve.source}){where}"
+
+
+def prefill_modelled(curve) -> bool:
+    """Whether the price models prefill on its decode grid (a `StepCurve` without a prefill column)."""
+    return getattr(curve, "prefill_measured", True) is False
 
 
 class StepCurve:
@@ -32,7 +60,8 @@ class StepCurve:
 
     Between grid points, linear in rows and in tokens per row. Past the grid: fewer rows than the smallest measured
     cost what it does (a small batch is bound by reading the weights, not by its rows), more rows or tokens than the
-    largest extend the last measured slope.
+    largest extend the last measured slope. Measured at one context (`context`: tokens in each row's KV cache, None
+    where the file does not say), which every step is priced at.
 
     >>> grid = [{"rows": r, "tokens": q, "seconds": 0.004 + 1e-5 * r * q} for r in (32, 64) for q in (1, 2)]
     >>> curve = StepCurve(grid)
@@ -47,8 +76,10 @@ class StepCurve:
         prefill: list[dict] | None = None,
         source: str = "",
         host: HostCurve | None = None,
+        context: float | None = None,
     ):
         self.device, self.source, self.host = device, source or "the step curve", host
+        self.context = None if context is None else float(context)
         self._budget_costs: dict[tuple[int, int], np.ndarray] = {}
         try:
             table = {(int(p["rows"]), float(p["tokens"])): float(p["seconds"]) for p in points}
@@ -88,8 +119,11 @@ class StepCurve:
         if host is not None:
             if not isinstance(host, dict) or not isinstance(host.get("points"), list):
                 raise ValueError(f"{source or 'the step curve'}: 'host' must be a host step curve's data")
-            host = HostCurve(host["points"], str(host.get("machine", "")), source)
-        return cls(data["curve"], str(data.get("device", "")), prefill, source, host)
+            host = HostCurve.from_data(host, source)
+        context = data.get("context")
+        if context is not None and (not isinstance(context, (int, float)) or not context >= 0):
+            raise ValueError(f"{source or 'the step curve'}: 'context' must be a number of tokens, got {context!r}")
+        return cls(data["curve"], str(data.get("device", "")), prefill, source, host, context)
 
     @classmethod
     def load(cls, path: str | Path) -> StepCurve:
@@ -104,6 +138,8 @@ class StepCurve:
             for j, q in enumerate(self.tokens)
         ]
         data = {"device": self.device, "curve": points}
+        if self.context is not None:
+            data["context"] = self.context
         if self.prefill_measured:
             data["prefill"] = [{"tokens": float(t), "seconds": float(s)} for t, s in self.prefill_points()]
         if self.host is not None:
@@ -122,9 +158,9 @@ class StepCurve:
         """Whether prefills are priced on a measured column (else on the decode grid's token slope: a model)."""
         return len(self.prefill_tokens) >= 2
 
-    def time(self, rows, tokens_per_row):
+    def time(self, rows, tokens_per_row, context=None):
         """Seconds of steps with `rows` rows and `tokens_per_row` tokens each (scalars or arrays alike): bilinear on
-        the grid, extended past it by its edge slopes."""
+        the grid, extended past it by its edge slopes. `context` is ignored: the curve was measured at one."""
         r, q = np.broadcast_arrays(np.asarray(rows, np.float64), np.asarray(tokens_per_row, np.float64))
         shape, r, q = r.shape, np.maximum(r.ravel(), self.rows[0]), q.ravel()
         i, wr = _cell(self.rows, r)
@@ -133,10 +169,12 @@ class StepCurve:
         out = (1 - wr) * ((1 - wq) * s[i, j] + wq * s[i, j + 1]) + wr * ((1 - wq) * s[i + 1, j] + wq * s[i + 1, j + 1])
         return float(out[0]) if not shape else out.reshape(shape)
 
-    def prefill_cost(self, tokens, rows=0.0):
+    def prefill_cost(self, tokens, rows=0.0, context=None):
         """Seconds that `tokens` prefill tokens add to a step that also serves `rows` decoding rows (scalars or
         arrays): the measured column's time less its intercept at zero tokens (the fixed cost the step pays anyway);
-        without a column, the tokens at the decode grid's per-token slope at those rows (a model)."""
+        without a column, each token at the decode grid's cost of a carried token at those rows (`token_slope`: at
+        the first measured row where fewer rows decode, so never more a token for fewer rows; a model). `context` is
+        ignored."""
         tokens = np.asarray(tokens, np.float64)
         if self.prefill_measured:
             t, s = self.prefill_tokens, self.prefill_seconds
@@ -144,25 +182,25 @@ class StepCurve:
             j, w = _cell(t, tokens)
             extra = (1 - w) * s[j] + w * s[j + 1] - intercept
         else:
-            per_token = self.token_slope(np.maximum(np.asarray(rows, np.float64), 1.0))
-            extra = tokens * per_token
+            extra = tokens * self.token_slope(rows)
         out = np.where(tokens > 0, np.maximum(extra, 0.0), 0.0)
         return float(out) if out.ndim == 0 else out
 
     def token_slope(self, rows):
         """Seconds per carried token more, at `rows` rows: the least-squares slope over every measured tokens-per-row,
-        per row (scalars or arrays)."""
+        per row (scalars or arrays). Below the first measured row, the first row's: `time` prices fewer rows as that
+        many, so its slope is per that many rows' tokens."""
         rows = np.asarray(rows, np.float64)
-        flat = np.atleast_1d(rows).ravel()
+        flat = np.maximum(np.atleast_1d(rows).ravel(), self.rows[0])
         times = self.time(np.repeat(flat, len(self.tokens)), np.tile(self.tokens, len(flat))).reshape(len(flat), -1)
         centred = self.tokens - self.tokens.mean()
-        slopes = np.maximum((times * centred).sum(axis=1) / (centred**2).sum(), 0.0) / np.maximum(flat, 1.0)
+        slopes = np.maximum((times * centred).sum(axis=1) / (centred**2).sum(), 0.0) / flat
         return float(slopes[0]) if rows.ndim == 0 else slopes.reshape(rows.shape)
 
-    def budget_cost(self, rows: int, scale: int = 1) -> np.ndarray:
+    def budget_cost(self, rows: int, scale: int = 1, context=None) -> np.ndarray:
         """[3] (base, per_row, per_token) that price a step of `rows` rows as the curve does at rows x `scale`, each
         row and draft slot standing for `scale` of the GPU's (`budget.DraftBudget.allocate`'s linear model); the host
-        column's time, where there is one, is part of the base."""
+        column's time, where there is one, is part of the base. `context` (a row's) is ignored, as by `time`."""
         key = (int(rows), int(scale))
         cost = self._budget_costs.get(key)
         if cost is None:  # the proposer asks at every step, for a few hundred distinct rows at most
@@ -172,7 +210,7 @@ class StepCurve:
             cost = self._budget_costs[key] = np.array([one + host - per_token * rows, 0.0, per_token])
         return cost
 
-    def linear_at(self, rows: float) -> tuple[float, float]:
+    def linear_at(self, rows: float, context=None) -> tuple[float, float]:
         """(seconds of a step of `rows` rows carrying 1 token each, seconds per token more) at `rows`: the curve as
         a budget prices a step near it, the token cost a least-squares slope over every measured tokens-per-row."""
         return self.time(rows, 1.0), self.token_slope(float(rows))
@@ -198,14 +236,15 @@ class HostCurve:
     """The engine's host (CPU) time of one step by the rows it serves, with the model's forward, logits and sampling
     taken out (`bench_at_scale.py` measures it on the tiny model): the work async scheduling overlaps with the GPU's
     forward, and which a rule that turns it off (every model-free proposer in vLLM) pays on top. Linear between the
-    measured rows, the first point's below them, the last slope past them.
+    measured rows, the first point's below them, the last slope past them. `taken` says when and how it was measured
+    (`pricing.measured`: the time, the machine's load during it, the format), empty where its file does not say.
 
     >>> HostCurve([{"rows": 32, "seconds": 0.002}, {"rows": 512, "seconds": 0.01}]).time(272)
     0.006
     """
 
-    def __init__(self, points: list[dict], machine: str = "", source: str = ""):
-        self.machine, self.source = machine, source or "the host step curve"
+    def __init__(self, points: list[dict], machine: str = "", source: str = "", taken: dict | None = None):
+        self.machine, self.source, self.taken = machine, source or "the host step curve", dict(taken or {})
         try:
             table = {int(p["rows"]): float(p["seconds"]) for p in points}
         except (TypeError, KeyError, ValueError) as error:
@@ -216,14 +255,22 @@ class HostCurve:
         self.seconds = np.array([table[int(r)] for r in self.rows])  # [H]
 
     @classmethod
+    def from_data(cls, data, source: str = "") -> HostCurve:
+        if not isinstance(data, dict) or not isinstance(data.get("points"), list):
+            raise ValueError(
+                f"{source or 'the host step curve'}: not a host step curve (a JSON object with a 'points' list)"
+            )
+        taken = data.get("taken")
+        return cls(data["points"], str(data.get("machine", "")), source, taken if isinstance(taken, dict) else None)
+
+    @classmethod
     def load(cls, path: str | Path) -> HostCurve:
         data = _read_json(path, "host step curve", "leave --host-steps out to measure one here")
-        if not isinstance(data, dict) or not isinstance(data.get("points"), list):
-            raise ValueError(f"{path}: not a host step curve (a JSON object with a 'points' list)")
-        return cls(data["points"], str(data.get("machine", "")), str(path))
+        return cls.from_data(data, str(path))
 
     def as_data(self) -> dict:
-        return {"machine": self.machine, "points": [{"rows": int(r), "seconds": float(s)} for r, s in self.points()]}
+        data = {"machine": self.machine, "points": [{"rows": int(r), "seconds": float(s)} for r, s in self.points()]}
+        return {**data, "taken": self.taken} if self.taken else data
 
     def points(self) -> list[tuple[float, float]]:
         return list(zip(self.rows.tolist(), self.seconds.tolist()))
@@ -234,3 +281,10 @@ class HostCurve:
         i, w = _cell(self.rows, r)
         out = (1 - w) * self.seconds[i] + w * self.seconds[i + 1]
         return float(out) if out.ndim == 0 else out
+
+    def describe(self) -> str:
+        """Which measurement this is: its file, when and where it was taken, and the machine's load during it."""
+        taken = self.taken
+        when = f", measured {taken['time']}" if taken.get("time") else ", when unknown"
+        load = f" at load {taken['load']:.2f}" if isinstance(taken.get("load"), (int, float)) else ""
+        return f"{self.source}{when} on {self.machine or 'an unnamed machine'}{load}"

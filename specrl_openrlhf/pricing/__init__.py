@@ -1,0 +1,14 @@
+"""Pricing engine steps on GPUs: measured step curves, kernel step models, projections. The only place a cost is
+computed; one module a job:
+
+- `curves`: a GPU's measured step curve (`StepCurve`: rows x tokens per row, prefill, the context it was measured at)
+  and the engine's host time per step (`HostCurve`); the step-price interface (`StepPrice`) every price keeps;
+- `kernels`: a step model from measured vLLM kernels, which prices by context too (`KernelStepModel`);
+- `steps`: engine steps as a run records them (`EngineSteps`) and a rollout's makespan split;
+- `projection`: steps priced with every cost (`step_costs`, `RuleCost`) and a rule against stock, the host's part
+  shown (`project`: `projected`, `projected_async`, `breakeven_host_ms`, what is missing);
+- `rules`: a rule's figures from simulated steps given as columns (`figures`, `proposer_fit`);
+- `measured`: what this machine measured, cached per machine (the proposers' costs, the host curve, `rule_cost`).
+
+Core: numpy only; nothing here imports an engine or a layer above the core.
+"""

@@ -1,10 +1,14 @@
-"""`lossless` at RL scale in the simulator: every rule's engine steps on a recorded corpus, priced on a GPU's step
-curve with every cost (specrl_openrlhf/miniature/at_scale.py).
+"""Every rule at RL scale in the simulator, priced where RL runs: a named GPU and model from measured vLLM kernels,
+every row's context, every cost (specrl_openrlhf/miniature/at_scale.py).
 
-    python scripts/bench_at_scale.py                          # 512 rows, 32 prompts x 16 samples a step, the H200
-    python scripts/bench_at_scale.py --rules off,lossless     # a first look
+    python scripts/bench_at_scale.py                                   # the long corpus, Qwen3-8B on an H100
+    python scripts/bench_at_scale.py --corpus short --model qwen3-1.7b --gpu h200
+    python scripts/bench_at_scale.py --curve docs/gpu_step_h200.json   # on our measured PyTorch curve instead
+    python scripts/bench_at_scale.py --map                             # every corpus x model x GPU: the fastest
+    python scripts/bench_at_scale.py --validate                        # the simulator against the real engine
 
-Prints a table per rule and one RESULT line: projected[RULE]=, proposer_us[RULE]=, kept[RULE]=.
+Prints a table per rule and one RESULT line: projected[RULE]=, projected_async[RULE]=, breakeven_host_ms[RULE]=,
+kept[RULE]=, steps[RULE]=, forward_s[off]=, prefill_s[off]=, missing=.
 """
 
 import sys

@@ -231,6 +231,7 @@ class Simulation:
     found_previous: list[float] = field(default_factory=list)
     response_tokens: int = 0
     kept_outside: int = 0
+    peak_kv: int = 0  # the most KV tokens the running rows held at once (a capacity above it changes nothing)
 
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(r, name) for r in self.records])
@@ -310,6 +311,7 @@ class EngineSimulator:
                 growth -= 1 + len(victim.draft) if victim.prefilled >= victim.to_prefill else 0
                 victim.preempt()
                 preempted.append(victim)
+            out.peak_kv = max(out.peak_kv, int(min(in_use + growth, capacity)))
             batch.update(done | {r.id for r in preempted}, admitted)
             waiting[:0] = preempted
             if not batch.rows:

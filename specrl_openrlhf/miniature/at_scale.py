@@ -1,64 +1,63 @@
-"""`python scripts/bench_at_scale.py`: `lossless` at RL scale, in the simulator (`analysis.simulator`), against stock,
-vLLM's suffix decoding and n-gram proposer, every cost counted.
+"""`python scripts/bench_at_scale.py`: every rule at RL scale in the simulator (`analysis.simulator`), on a recorded
+corpus, priced where RL runs: a named GPU and model, every row's context, every cost.
 
-The real proposers run here as vLLM drives them, on a recorded corpus (`corpus`): our engine proposer
-(`HistoryProposer`, its histories registered as the rollout registers them: the prompt's previous epoch when its visit
-starts, each finished sample after), vLLM's `SuffixDecodingProposer` (arctic-inference's cache) and `NgramProposer`,
-each built from a stand-in of the `VllmConfig` fields it reads and called with a stand-in of the persistent batch.
-Per engine step the simulator records the rows, the tokens they carried, the prefill, the drafts verified and accepted
-and the proposer's wall time here. Pricing (`pricing.rules`, on `pricing.projection.step_costs`):
-- measured on a GPU: the forward, on the step curve (`--curve`, an H200's by default) at the step's rows and mean
-  tokens per row; prefill on the curve's prefill column where it has one (else modelled at its per-token slope);
-- measured here: the proposer's own time, history updates included (it runs serially in vLLM);
-- measured here, on the tiny model: the engine's host time per step (`--host-steps`), which stock overlaps with the
-  forward (async scheduling) and every model-free proposer pays on top (vLLM turns async scheduling off for them).
-A projection: the figures say what these schedules would cost on that GPU. Each rule is shown three ways against
-stock (`pricing.projection.project`): `projected` (the host measured here, paid serially where the rule turns async
-scheduling off), `projected_async` (the host hidden, as a drafter that kept async scheduling would get) and
-`breakeven_host_ms` (the host time of a full-batch step at which the rule would tie stock).
+Rules, on two paths:
+- the engine path: stock (`off`), `lossless` verified in the engine (our proposer, `HistoryProposer`), vLLM's suffix
+  decoding (`suffix`, arctic-inference's cache) and n-gram proposer (`ngram`), each driven as vLLM drives it, with
+  a stand-in of the `VllmConfig` fields it reads and of the persistent batch (`sim_proposers`);
+- the request path (`analysis.request_replay`): `lossless:requests` (its tree; `lossless:own`, `lossless:majority`
+  too), `spec@1.65` and `exact` (lenience 1): scoring requests with prompt log-probs, then continuations that read
+  the prefix cache, async scheduling kept. The ratio rules replay the corpus's scoring pass with seeded uniforms; the
+  length of a continuation after their rejection is borrowed from the recorded response (an approximation).
+
+Pricing (`pricing`), per engine step:
+- modelled from measured kernels: the GPU's forward (`--gpu`, `--model`: `pricing.kernels.KernelStepModel`, from
+  aiconfigurator's vLLM kernels) at the step's rows, tokens a row and each row's context, prefill and prompt
+  log-probs' logits included; the KV cache's capacity bounds the rows a step runs. `--curve FILE` prices on a measured
+  step curve instead (docs/gpu_step_h200.json: our plain-PyTorch H200 curve, at context 512 only);
+- measured here: each proposer's own time as it runs (history updates included), and the engine's host time per
+  step (on the tiny model, `--host-steps`), which stock and the request path overlap with the forward (async
+  scheduling) and every model-free proposer pays on top.
+Each rule is shown three ways against stock: `projected` (this machine's host time), `projected_async` (the host
+hidden) and `breakeven_host_ms` (the host time of a full-batch step at which the rule ties stock). A projection: the
+figures say what these schedules would cost on that GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..analysis.corpus import Corpus
+from ..analysis.request_replay import NoDrafts, request_workload
 from ..analysis.simulator import EngineSimulator, Schedule, Simulation
 from ..config import json_object
 from ..pricing import measured, rules
-from ..pricing.curves import HostCurve, StepCurve, describe
-from ..pricing.projection import Pricing, RuleCost, StepCosts, missing_field, project
-from .corpus import CorpusSettings, cached_or_recorded
+from ..pricing.curves import HostCurve, describe, load_price
+from ..pricing.kernels import GPUS, MODELS, KernelStepModel
+from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, missing_field, project
+from .corpus import PRESETS, named
 from .host_steps import host_curve
 from .sim_proposers import build
 
-DEFAULT_CURVE = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"
-RULES = ("off", "lossless", "suffix", "ngram")
+ENGINE_RULES = ("off", "lossless", "suffix", "ngram")
+RULES = ("off", "lossless", "lossless:requests", "spec@1.65", "exact", "suffix", "ngram")
+GOAL = {"corpus": "long", "model": "qwen3-8b", "gpu": "h100"}  # the paper's hardware, its middle model
 
 
-def sim_columns(sim: Simulation) -> dict[str, np.ndarray]:
-    """The simulator's records as the columns `pricing.rules` reads (the decode context where they carry it)."""
-    columns = {name: sim.column(name) for name in rules.COLUMNS}
-    for name in rules.OPTIONAL:
-        if sim.records and hasattr(sim.records[0], name):
-            columns[name] = sim.column(name)
-    return columns
+@dataclass
+class RuleRun:
+    """One rule's simulation, priced: its figures, its steps' costs, what it pays besides the forward."""
 
-
-def rule_figures(sim: Simulation, pricing: Pricing, async_scheduling: bool) -> tuple[dict, StepCosts]:
-    """A rule's figures (`pricing.rules.figures`, with the share it kept and its previous epochs found) and its
-    steps' costs."""
-    columns = sim_columns(sim)
-    costs = rules.simulated_costs(columns, pricing)
-    found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
-    return rules.figures(columns, costs, async_scheduling) | {"kept": sim.kept, "found_previous": found}, costs
+    figures: dict
+    costs: StepCosts
+    cost: RuleCost
+    prefill_s: float
 
 
 def parse_args(argv=None):
@@ -67,22 +66,21 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--rules", default=",".join(RULES), help=f"off and any of {RULES[1:]}")
+    parser.add_argument("--corpus", default=GOAL["corpus"], help=f"{' or '.join(PRESETS)} (shipped), or a file")
+    parser.add_argument("--model", default=GOAL["model"], help=f"the model shape priced: {', '.join(MODELS)}")
+    parser.add_argument("--gpu", default=GOAL["gpu"], help=f"the GPU priced: {', '.join(GPUS)}")
+    parser.add_argument("--attention", default="once", choices=("once", "per_token"), help="a verification step's")
+    parser.add_argument("--curve", default=None, help="price on a measured step curve file instead of kernels")
+    parser.add_argument("--rules", default=",".join(RULES), help=f"off and any of {RULES[1:]} (or lossless:own, ...)")
     parser.add_argument("--max-num-seqs", type=int, default=512, help="the engine's rows (default: 512)")
     parser.add_argument("--prompts-per-step", type=int, default=32, help="prompts per RL step (default: 32)")
-    parser.add_argument("--curve", default=str(DEFAULT_CURVE), help="a GPU's step curve (default: the H200's)")
     parser.add_argument(
-        "--prefill",
-        choices=("auto", "measured"),
-        default="auto",
-        help="auto: the curve's prefill column where it has one, else prefill modelled at its token slope; "
-        "measured: refuse a curve without one",
+        "--scale",
+        type=int,
+        default=None,
+        help="GPU rows each simulated row stands for (default: the RL step's requests scaled up to --max-num-seqs)",
     )
-    parser.add_argument("--host-steps", default=None, help="a host step curve (default: measured here, once)")
-    parser.add_argument("--corpus", default=None, help="a corpus file (default: recorded once into the cache)")
-    parser.add_argument("--prompts", type=int, default=CorpusSettings.prompts, help="the corpus's prompts")
-    parser.add_argument("--samples", type=int, default=CorpusSettings.samples, help="its samples per prompt")
-    parser.add_argument("--epochs", type=int, default=CorpusSettings.epochs, help="its epochs")
+    parser.add_argument("--host-steps", default=None, help="a host step curve (default: measured here, cached)")
     parser.add_argument(
         "--suffix-cache",
         type=int,
@@ -90,38 +88,28 @@ def parse_args(argv=None):
         help="suffix decoding's cached responses (default: 1.2 RL steps' requests, as vLLM's 10,000 at 512 prompts "
         "x 16 samples a step)",
     )
-    parser.add_argument(
-        "--params",
-        type=json_object,
-        default={},
-        metavar="JSON",
-        help="lossless's parameters (as --reuse.params), e.g. '{\"min_match\": 3}': an ablation is a switch",
-    )
-    parser.add_argument(
-        "--validate",
-        action="store_true",
-        help="the simulator against the real engine at bench_real_model's size (3 prompts x 8 samples), for off, "
-        "lossless and suffix, on the same prompts and weights",
-    )
+    parser.add_argument("--params", type=json_object, default={}, metavar="JSON", help="lossless's parameters")
+    parser.add_argument("--map", action="store_true", help="every corpus x model x GPU: the fastest rule and path")
+    parser.add_argument("--validate", action="store_true", help="the simulator against the real engine")
     parser.add_argument("--visits", type=int, default=4, help="with --validate: visits of the prompts (default: 4)")
     args = parser.parse_args(argv)
     args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
-    if "off" not in args.rules or set(args.rules) - set(RULES):
+    if "off" not in args.rules:
         parser.error(f"--rules takes off and any of {', '.join(RULES[1:])}, got {','.join(args.rules)}")
+    for flag, value, choices in (("--model", args.model, MODELS), ("--gpu", args.gpu, GPUS)):
+        if value not in choices:
+            parser.error(f"{flag} {value!r}: choose one of {', '.join(choices)}")
     try:
-        args.gpu_curve = StepCurve.load(args.curve)
         args.schedule = Schedule(max_num_seqs=args.max_num_seqs, prompts_per_step=args.prompts_per_step)
-        args.corpus_settings = CorpusSettings(prompts=args.prompts, samples=args.samples, epochs=args.epochs)
         args.host = HostCurve.load(args.host_steps) if args.host_steps else None
-        if args.corpus:
-            args.loaded = Corpus.load(args.corpus)
+        args.measured_curve = load_price(args.curve) if args.curve else None
+        if not args.validate:
+            args.loaded = load_corpus(args.corpus)
+            for rule in args.rules:
+                if rule not in ENGINE_RULES:
+                    request_workload(rule, args.loaded)  # an unknown rule, or no scoring pass: one error now
     except ValueError as error:
         parser.error(str(error))
-    if args.prefill == "measured" and not args.gpu_curve.prefill_measured:
-        parser.error(
-            f"--curve {args.curve} has no prefill column: measure one (scripts/bench_gpu_step.py --prefill) or drop "
-            "--prefill measured (prefill is then modelled at the curve's token slope)"
-        )
     try:
         from ..policies.builtin import LosslessParams
 
@@ -136,6 +124,167 @@ def parse_args(argv=None):
     return args
 
 
+def load_corpus(name: str) -> Corpus:
+    """A shipped corpus by name, or a corpus file; a missing one says how to record it."""
+    if name in PRESETS:
+        path = named(name)
+        if not path.is_file():
+            raise ValueError(f"--corpus {name}: {path} is missing: python -m specrl_openrlhf.miniature.corpus {name}")
+    else:
+        path = name
+    corpus = Corpus.load(path)
+    return replace(corpus, meta={**corpus.meta, "path": str(path)})
+
+
+def step_price(args, model: str, gpu: str):
+    """The GPU step price of `model` on `gpu` (or `--curve`'s), with the KV capacity of that model on that GPU."""
+    try:
+        kernel = KernelStepModel.build(gpu, model, args.attention)
+    except ModuleNotFoundError as error:
+        raise SystemExit(f"bench_at_scale.py: error: {error}") from None
+    return args.measured_curve or kernel, kernel.kv_capacity_tokens
+
+
+def simulate(rule: str, corpus: Corpus, schedule: Schedule, price, suffix_cache: int, params: dict) -> tuple:
+    """One rule's simulation on `schedule` (a proposer in the engine, or the request path's workload)."""
+    if rule in ENGINE_RULES:
+        proposer = build(rule, corpus, schedule, price, suffix_cache, params)
+        workload = None
+    else:
+        proposer, workload = NoDrafts(), request_workload(rule, corpus)
+    steps = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
+    sim = EngineSimulator(corpus, schedule, proposer, workload=workload).run(progress=_bar(rule, steps))
+    print()
+    return sim, proposer
+
+
+def priced(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
+    """A simulated rule on `pricing`: its figures (`pricing.rules`), costs, and the prefill's share of its forward.
+    At a scale above 1 each row stands for `scale` of the GPU's, and the proposer's time a step grows with it."""
+    columns = {name: sim.column(name) for name in (*rules.COLUMNS, *rules.OPTIONAL)}
+    scaled = {**columns, **{name: columns[name] * pricing.scale for name in ("proposer_s", "register_s")}}
+    costs = rules.simulated_costs(scaled, pricing)
+    unprefilled = {**scaled, "prefill_tokens": np.zeros_like(columns["prefill_tokens"])}
+    no_prefill = rules.simulated_costs(unprefilled, pricing)
+    found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
+    figures = rules.figures(columns, costs, proposer.async_scheduling) | {"kept": sim.kept, "found_previous": found}
+    figures["memory_mb"] = proposer.memory_bytes() / 2**20
+    fit = figures["proposer_fit"]  # measured here: never missing
+    cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
+    return RuleRun(figures, costs, cost, float(costs.gpu.sum() - no_prefill.gpu.sum()))
+
+
+def run_rules(args, corpus: Corpus, model: str, gpu: str, host: HostCurve, cache: dict) -> dict[str, RuleRun]:
+    """Every rule of `args.rules` priced for `model` on `gpu`. A simulation is reused across prices where it does not
+    depend on them (every rule but lossless, whose budget prices its drafts on the step price) and the KV capacity did
+    not bind (`Simulation.peak_kv`)."""
+    price, capacity = step_price(args, model, gpu)
+    scale = rows_scale(args, corpus)
+    schedule = replace(args.schedule, kv_capacity_tokens=max(capacity // scale, 1))
+    suffix_cache = args.suffix_cache or math.ceil(1.2 * schedule.prompts_per_step * corpus.samples)
+    pricing = Pricing(price, scale=scale, host=host)
+    params = {**args.params, "cost_scale": scale}  # lossless's budget prices a row as the GPU's `scale` rows
+    runs = {}
+    for rule in args.rules:
+        key = (rule, (model, gpu) if rule == "lossless" else None)
+        sim, proposer = cache.get(key, (None, None))
+        if sim is None or sim.peak_kv > schedule.kv_capacity_tokens:
+            budget_price = price.with_host(host)  # lossless's budget prices a step's host time too
+            sim, proposer = simulate(rule, corpus, schedule, budget_price, suffix_cache, params)
+            cache[key] = (sim, proposer)
+        runs[rule] = priced(sim, proposer, pricing)
+    return runs
+
+
+def rows_scale(args, corpus: Corpus) -> int:
+    """GPU rows a simulated row stands for: `--scale`, else an RL step's requests scaled up to `--max-num-seqs`."""
+    requests = min(args.schedule.prompts_per_step, len(corpus.prompts)) * corpus.samples
+    return args.scale or max(1, args.schedule.max_num_seqs // requests)
+
+
+def projections(runs: dict[str, RuleRun], pricing_host: HostCurve, price, full_rows: int) -> dict[str, Projection]:
+    pricing = Pricing(price, host=pricing_host)
+    return {rule: project(runs["off"].costs, r.costs, r.cost, pricing, full_rows) for rule, r in runs.items()}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.validate:
+        from .at_scale_validate import validate
+
+        return validate(args)
+    from .engine import machine
+
+    started = time.perf_counter()
+    corpus = args.loaded
+    host = args.host or host_curve(None, progress=print)
+    needed = step_history_bytes(corpus, args.schedule)
+    if "lossless" in args.rules and needed > args.lossless.history_mb << 20:
+        print(
+            f"bench_at_scale.py: error: --params history_mb={args.lossless.history_mb} is too small for one RL step's "
+            f"histories ({needed / 2**20:.1f} MiB); raise it",
+            file=sys.stderr,
+        )
+        return 2
+    if args.map:
+        from .at_scale_map import run_map
+
+        return run_map(args, corpus, host, started)
+    price, capacity = step_price(args, args.model, args.gpu)
+    scale = rows_scale(args, corpus)
+    print(
+        f"[at-scale] corpus {corpus.meta['path']}: {len(corpus.prompts)} prompts x {corpus.samples} samples x "
+        f"{corpus.epochs} epochs ({corpus.meta.get('model', '?')}); RL steps of {args.schedule.prompts_per_step} "
+        f"prompts, each simulated row standing for {scale} of the GPU's (at most {args.schedule.max_num_seqs}); KV "
+        f"capacity {capacity:,} tokens ({args.model} on {args.gpu})\n"
+        f"[at-scale] projected on {describe(price)}; host steps {host.describe()}; proposers timed on {machine()}"
+    )
+    runs = run_rules(args, corpus, args.model, args.gpu, host, {})
+    result = projections(runs, host, price, args.schedule.max_num_seqs)
+    print(at_scale_table(runs, result))
+    saved = measured.save_proposer_costs(
+        {rule: r.figures["proposer_fit"] for rule, r in runs.items() if rule in ENGINE_RULES[1:]}, machine()
+    )
+    print(f"[at-scale] proposer costs saved to {saved}")
+    off = runs["off"]
+    print(
+        "RESULT "
+        + "".join(
+            f"{result[rule].fields(rule)} kept[{rule}]={r.figures['kept']:.3f} steps[{rule}]={r.figures['steps']} "
+            for rule, r in runs.items()
+        )
+        + f"forward_s[off]={off.figures['gpu_s']:.3f} prefill_s[off]={off.prefill_s:.3f} "
+        f"host_ms={result['off'].host_ms:.3f} {missing_field({k: p.missing for k, p in result.items()})} "
+        f"corpus={args.corpus} model={args.model} gpu={args.gpu} price={'curve' if args.curve else 'kernels'} "
+        f"scale={scale} "
+        f"wall_s={time.perf_counter() - started:.0f}"
+    )
+    return 0
+
+
+def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection]) -> str:
+    """Each rule's figures and its projection against stock, a markdown table."""
+    lines = [
+        "| rule | path | projected | projected_async | breakeven host ms | kept | steps | forward s | prefill s | "
+        "host s | proposer s | proposer µs/row-step | tail | memory MB | previous epoch held |",
+        "| --- | --- |" + " ---: |" * 13,
+    ]
+    for rule, r in runs.items():
+        f, p = r.figures, result[rule]
+        path = "stock" if rule == "off" else "engine" if rule in ENGINE_RULES else "requests"
+        breakeven = "-" if rule == "off" else f"{p.breakeven_host_ms:.2f}"  # stock against itself: no tie to find
+        lines.append(
+            f"| {rule} | {path} | {p.projected:.2f} | {p.projected_async:.2f} | {breakeven} | {f['kept']:.1%} | "
+            f"{f['steps']} | {f['gpu_s']:.2f} | {r.prefill_s:.2f} | {f['host_s']:.2f} | {f['proposer_s']:.2f} | "
+            f"{f['proposer_us']:.2f} | {f['tail']:.1%} | {f['memory_mb']:.0f} | {f['found_previous']:.0%} |"
+        )
+    lines.append(
+        f"host measured: {result['off'].host_ms:.2f} ms a full-batch step; breakeven: the host time at which the rule "
+        "would tie stock (inf: wins at any; nan: loses at any)"
+    )
+    return "\n".join(lines)
+
+
 def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:
     """The arena bytes the largest RL step's previous-epoch histories take (`Arena.BYTES_PER_NODE` a token)."""
     from ..integration.vllm.arena import Arena
@@ -148,181 +297,10 @@ def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:
     return largest * Arena.BYTES_PER_NODE
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.validate:
-        return validate(args)
-    from .engine import machine
-
-    started = time.perf_counter()
-    corpus = getattr(args, "loaded", None) or cached_or_recorded(args.corpus_settings, progress=print)
-    host = args.host or host_curve(None, progress=print)
-    schedule = args.schedule
-    needed = step_history_bytes(corpus, schedule)
-    if "lossless" in args.rules and needed > args.lossless.history_mb << 20:
-        print(
-            f"bench_at_scale.py: error: --params history_mb={args.lossless.history_mb} is too small for one RL step's "
-            f"histories ({needed / 2**20:.1f} MiB); raise it",
-            file=sys.stderr,
-        )
-        return 2
-    requests = schedule.prompts_per_step * corpus.samples
-    suffix_cache = args.suffix_cache or math.ceil(1.2 * requests)
-    pricing = Pricing(args.gpu_curve, host=host)
-    args.gpu_curve = args.gpu_curve.with_host(host)  # lossless's budget prices a step's host time too
-    print(
-        f"[at-scale] corpus: {len(corpus.prompts)} prompts x {corpus.samples} samples x {corpus.epochs} epochs "
-        f"({corpus.meta.get('model', '?')}); RL steps of {schedule.prompts_per_step} prompts ({requests} requests) "
-        f"on {schedule.max_num_seqs} rows; suffix cache {suffix_cache} responses\n"
-        f"[at-scale] projected on {describe(pricing.curve)}, prefill "
-        f"{'measured' if pricing.prefill == 'measured' else 'modelled at the curve token slope'}; host steps "
-        f"{host.describe()}; proposers timed on {machine()}"
-    )
-    results, costs = {}, {}
-    for rule in args.rules:
-        proposer = build(rule, corpus, schedule, args.gpu_curve, suffix_cache, args.params)
-        steps_total = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
-        bar = _bar(rule, steps_total)
-        sim = EngineSimulator(corpus, schedule, proposer).run(progress=bar)
-        print()
-        results[rule], costs[rule] = rule_figures(sim, pricing, proposer.async_scheduling)
-        results[rule]["memory_mb"] = proposer.memory_bytes() / 2**20
-        fit = results[rule]["proposer_fit"]  # measured here: never missing
-        results[rule]["cost"] = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
-    projections = {
-        rule: project(costs["off"], costs[rule], f["cost"], pricing, schedule.max_num_seqs)
-        for rule, f in results.items()
-    }
-    print(at_scale_table(results, projections))
-    saved = measured.save_proposer_costs(
-        {rule: f["proposer_fit"] for rule, f in results.items() if rule != "off"}, machine()
-    )
-    print(f"[at-scale] proposer costs saved to {saved}")
-    missing = {rule: p.missing for rule, p in projections.items()}
-    print(
-        "RESULT "
-        + "".join(
-            f"{projections[rule].fields(rule) if rule != 'off' else 'projected[off]=1.000'} "
-            f"proposer_us[{rule}]={f['proposer_us']:.2f} "
-            f"kept[{rule}]={f['kept']:.3f} "
-            for rule, f in results.items()
-        )
-        + f"host_ms={projections['off'].host_ms:.3f} {missing_field(missing)} prefill={pricing.prefill} "
-        f"wall_s={time.perf_counter() - started:.0f}"
-    )
-    return 0
-
-
-def at_scale_table(results: dict[str, dict], projections: dict) -> str:
-    """Each rule's figures and its projection against stock (`pricing.projection.Projection`), a markdown table."""
-    lines = [
-        "| rule | projected speedup | with the host hidden | breakeven host ms (full batch) | forward s | host s | "
-        "proposer s | proposer µs/row-step (full batch; all) | kept | steps | tail | memory MB "
-        "| previous epoch held |",
-        "| --- |" + " ---: |" * 12,
-    ]
-    for rule, f in results.items():
-        p = projections[rule]
-        breakeven = "-" if rule == "off" else f"{p.breakeven_host_ms:.2f}"  # stock against itself: no tie to find
-        lines.append(
-            f"| {rule} | {p.projected:.2f} | {p.projected_async:.2f} | {breakeven} | {f['gpu_s']:.2f} | "
-            f"{f['host_s']:.2f} | {f['proposer_s']:.2f} | {f['proposer_us']:.2f}; {f['proposer_us_all']:.2f} | "
-            f"{f['kept']:.1%} | {f['steps']} | {f['tail']:.1%} | {f['memory_mb']:.0f} | {f['found_previous']:.0%} |"
-        )
-    host_ms = next(iter(projections.values())).host_ms
-    lines.append(
-        f"host measured: {host_ms:.2f} ms a full-batch step; breakeven: the host time at which the rule would tie "
-        "stock (inf: wins at any; nan: loses at any)"
-    )
-    return "\n".join(lines)
-
-
 def _bar(rule: str, total: int):
     def progress(done: int) -> None:
         filled = int(30 * done / max(total, 1))
-        print(f"\r[at-scale] {rule:<9} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} RL steps", end="")
+        print(f"\r[at-scale] {rule:<17} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} RL steps", end="")
         sys.stdout.flush()
 
     return progress
-
-
-VALIDATED = ("off", "lossless", "suffix")
-
-
-async def engine_visits(settings, progress=print) -> dict[str, tuple[Corpus, list[tuple[int, int, int]]]]:
-    """The real engine at bench_real_model's size (`settings`: a `real_model.Settings`), no training between visits,
-    per rule: its responses as a corpus, and per visit the engine steps it ran, the response tokens it kept from
-    drafts and all its response tokens. Verification is one-hot, so an output token equal to the draft's is exactly
-    a kept one: replaying a rule's own responses, the simulator should find the engine's own verdicts."""
-    import random
-
-    import vllm
-    from transformers import AutoTokenizer
-
-    from ..integration.rollout.generator import gather_samples
-    from ..integration.vllm.step_log import take_steps
-    from .real_model import Lane, engine_args, new_generator
-    from .smollm2 import converted
-    from .word_problems import chat_prompt, splits
-
-    model_dir = converted(temperature=settings.temperature)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    train, _ = splits(settings.prompts * 16, settings.held_out, seed=1234)
-    problems = random.Random(settings.seeds[0]).sample(train, settings.prompts)
-    prompts = [chat_prompt(tokenizer, p) for p in problems]
-    params = vllm.SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0, logprobs=0)
-    lanes, measured, responses = [], {}, {}
-    try:
-        for method in settings.methods():
-            args = engine_args(model_dir, settings, method.config.build_policy(), max(len(p) for p in prompts))
-            lane = Lane(method, vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**args)))
-            lane.generator = new_generator(lane, settings, settings.seeds[0])
-            lanes.append(lane)
-        for visit in range(settings.visits):
-            for lane in lanes:
-                take_steps(lane.engine)
-                batch = await gather_samples(lane.generator, prompts, params)
-                steps, s, rule = take_steps(lane.engine), batch.stats, lane.method.config.policy
-                measured.setdefault(rule, []).append((len(steps), s.reused_tokens, s.reused_tokens + s.decoded_tokens))
-                responses.setdefault(rule, []).append([[list(o.token_ids) for o in row] for row in batch.outputs])
-                progress(f"[validate] visit {visit} {lane.method.name}: {len(steps)} steps")
-    finally:
-        for lane in lanes:
-            lane.engine.shutdown()
-            lane.engine = lane.generator = None  # gone before the interpreter's exit, where vLLM's __del__ would fail
-    meta = {"model": "SmolLM2-135M-Instruct", "validation": True}
-    return {rule: (Corpus(prompts, responses[rule], meta), measured[rule]) for rule in measured}
-
-
-def validate(args) -> int:
-    """`--validate`: the simulator against the engine at bench_real_model's size, for off, lossless and suffix."""
-    import asyncio
-
-    from .engine import use_cpu_engine_env
-    from .real_model import Settings
-
-    use_cpu_engine_env()
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # as bench_real_model: the model's own OpenMP threads
-    settings = Settings(
-        prompts=3, samples=8, visits=args.visits, seeds=(0,), rules=VALIDATED, cost_curve=args.curve, lr=0.0
-    )
-    engine = asyncio.run(engine_visits(settings, progress=print))
-    schedule = Schedule(max_num_seqs=settings.prompts * settings.samples, prompts_per_step=settings.prompts)
-    errors = {}
-    print("| rule | engine steps | simulated steps | engine kept | simulated kept |\n| --- |" + " ---: |" * 4)
-    for rule in VALIDATED:
-        corpus, visits = engine[rule]  # the rule's own responses: the engine's verdicts are in them
-        proposer = build(rule, corpus, schedule, args.gpu_curve, 10_000)  # vLLM's cache: every visit here
-        sim = EngineSimulator(corpus, schedule, proposer).run()
-        later = [r for r in sim.records if r.rl_step >= 1]  # from the second visit on: the first has no previous one
-        tokens = sum(total for *_, total in visits[1:])
-        sim_steps, sim_kept = len(later), sum(r.accepted for r in later) / tokens
-        real_steps, real_kept = sum(steps for steps, *_ in visits[1:]), sum(kept for _, kept, _ in visits[1:]) / tokens
-        errors[rule] = (sim_steps / real_steps - 1, (sim_kept - real_kept) / real_kept if real_kept else 0.0)
-        print(f"| {rule} | {real_steps} | {sim_steps} | {real_kept:.1%} | {sim_kept:.1%} |")
-    print(
-        "RESULT "
-        + "".join(f"steps_err[{r}]={e[0]:+.3f} kept_err[{r}]={e[1]:+.3f} " for r, e in errors.items())
-        + f"visits={settings.visits}"
-    )
-    return 0

@@ -65,17 +65,18 @@ class CorpusSettings:
         return hashlib.sha256(json.dumps({"format": FORMAT, **fields}, sort_keys=True).encode()).hexdigest()[:16]
 
 
-PRESETS = {
-    "short": CorpusSettings(prompts=32, updates=2),
+PRESETS = {  # sized for 2 CPU cores: each records in well under an hour
+    "short": CorpusSettings(prompts=32, samples=8, updates=2, prompts_per_update=2),
     "long": CorpusSettings(
         style="long",
-        prompts=32,
+        prompts=16,
         samples=8,
         epochs=3,
         max_tokens=1024,
         temperature=LONG_TEMPERATURE,
-        updates=2,  # each on 2 prompts' groups of responses a thousand tokens long: what 2 cores train in a minute
-        prompts_per_update=2,
+        updates=2,  # each on one prompt's group of responses a thousand tokens long: a minute's training here
+        prompts_per_update=1,
+        max_num_seqs=128,
     ),
 }
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from ..lenience import DEFAULT_LENIENCE
-from ..pricing.curves import StepCurve
+from ..pricing.curves import load_price
 from .base import DraftBatch, ReusePolicy, check_lenience, first_rejection, lenient_acceptance_logprob, lenient_cut
 from .registry import register
 
@@ -165,8 +164,7 @@ class LosslessParams:
             raise ValueError(f"min_accept_prob must be in [0, 1), got {self.min_accept_prob!r}")
         if self.cost_curve is not None:  # a path is read once, here: its data, not the path, reaches the engines
             try:
-                curve = self.cost_curve
-                curve = StepCurve.load(curve) if isinstance(curve, (str, Path)) else StepCurve.from_data(curve)
+                curve = load_price(self.cost_curve)
             except ValueError as error:
                 raise ValueError(f"cost_curve: {error}") from None
             object.__setattr__(self, "cost_curve", curve.as_data())

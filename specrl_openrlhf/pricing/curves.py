@@ -39,7 +39,22 @@ class StepPrice(Protocol):
 
     def time(self, rows, tokens_per_row, context=None): ...
 
-    def prefill_cost(self, tokens, rows=0.0, context=None): ...
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0): ...
+
+    def logits_cost(self, tokens): ...
+
+
+def load_price(data, source: str = ""):
+    """A step price from its JSON data, or a file of it: a measured curve (`StepCurve`: a 'curve' of points) or a
+    kernel step model (`kernels.KernelStepModel`: its 'dense' tables). Bad data is one ValueError naming `source`."""
+    if isinstance(data, (str, Path)):
+        source = source or str(data)
+        data = _read_json(data, "step price", "scripts/bench_gpu_step.py or KernelStepModel.build writes one")
+    if isinstance(data, dict) and "dense" in data:
+        from .kernels import KernelStepModel  # it prices by context; it reads host curves from here
+
+        return KernelStepModel.from_data(data, source)
+    return StepCurve.from_data(data, source)
 
 
 def describe(curve) -> str:
@@ -169,12 +184,12 @@ class StepCurve:
         out = (1 - wr) * ((1 - wq) * s[i, j] + wq * s[i, j + 1]) + wr * ((1 - wq) * s[i + 1, j] + wq * s[i + 1, j + 1])
         return float(out[0]) if not shape else out.reshape(shape)
 
-    def prefill_cost(self, tokens, rows=0.0, context=None):
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0):
         """Seconds that `tokens` prefill tokens add to a step that also serves `rows` decoding rows (scalars or
         arrays): the measured column's time less its intercept at zero tokens (the fixed cost the step pays anyway);
         without a column, each token at the decode grid's cost of a carried token at those rows (`token_slope`: at
-        the first measured row where fewer rows decode, so never more a token for fewer rows; a model). `context` is
-        ignored."""
+        the first measured row where fewer rows decode, so never more a token for fewer rows; a model). `context` and
+        `sequences` are ignored (the curve was measured at one context, on one sequence)."""
         tokens = np.asarray(tokens, np.float64)
         if self.prefill_measured:
             t, s = self.prefill_tokens, self.prefill_seconds
@@ -184,6 +199,12 @@ class StepCurve:
         else:
             extra = tokens * self.token_slope(rows)
         out = np.where(tokens > 0, np.maximum(extra, 0.0), 0.0)
+        return float(out) if out.ndim == 0 else out
+
+    def logits_cost(self, tokens):
+        """0: the curve's steps computed every position's logits, so a carried or modelled prefill token's cost
+        holds them already (an upper bound for prefills that need only their last position's)."""
+        out = np.zeros_like(np.asarray(tokens, np.float64))
         return float(out) if out.ndim == 0 else out
 
     def token_slope(self, rows):

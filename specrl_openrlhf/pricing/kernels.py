@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .curves import HostCurve
+
 # Published config.json values (Hugging Face Qwen/Qwen3-*): hidden size, layers, query and key-value heads, head
 # dim, MLP size, vocabulary, tied embeddings.
 MODELS = {
@@ -59,6 +61,7 @@ _KV = np.array([1, 16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096
 _PREFILL = np.array([1, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384])
 _PREFIX = np.array([0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768])
 _GEMM_N = 65536  # the widest GEMM aiconfigurator measured
+BUDGET_DRAFTS = 4.0  # a budget's per-token cost: the slope over this many drafts a row, a verification step's size
 
 
 class KernelStepModel:
@@ -82,6 +85,8 @@ class KernelStepModel:
             self.prefill_tokens = np.array(prefill["tokens"], np.float64)  # [P]
             self.prefill_context = np.array(prefill["context"], np.float64)  # [C]
             self.prefill = np.array(prefill["seconds"], np.float64)  # [P, C]
+            host = data.get("host")
+            self.host = HostCurve.from_data(host, where) if host is not None else None
         except (TypeError, KeyError, ValueError) as error:
             raise ValueError(
                 f"{where}: not a kernel step model ({type(error).__name__}: {error}); KernelStepModel.build makes one"
@@ -122,7 +127,24 @@ class KernelStepModel:
                 "context": self.prefill_context.tolist(),
                 "seconds": self.prefill.tolist(),
             },
+            **({"host": self.host.as_data()} if self.host is not None else {}),
         }
+
+    def with_host(self, host: HostCurve | None) -> KernelStepModel:
+        """This model with the engine's host time per step beside it (a fixed cost of a step in `budget_cost`)."""
+        data = self.as_data()
+        data.pop("host", None)
+        return KernelStepModel({**data, **({"host": host.as_data()} if host else {})}, self.source)
+
+    def budget_cost(self, rows: int, scale: int = 1, context=None) -> np.ndarray:
+        """[3] (base, per_row, per_token) that price a step of `rows` rows at `context` cached tokens a row as the
+        model does at rows x `scale`, each row and draft slot standing for `scale` of the GPU's (the draft budget's
+        linear model); the cache read and the host's time, where there is one, are part of the base."""
+        big, context = rows * scale, 0.0 if context is None else float(context)
+        one = self.time(big, 1.0, context)
+        per_token = (self.time(big, 1.0 + BUDGET_DRAFTS, context) - one) / max(big * BUDGET_DRAFTS, 1.0) * scale
+        host = self.host.time(big) if self.host is not None else 0.0
+        return np.array([one + host - per_token * rows, 0.0, per_token])
 
     @classmethod
     def build(cls, gpu: str, model: str, attention: str = "once") -> KernelStepModel:

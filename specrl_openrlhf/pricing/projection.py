@@ -75,13 +75,21 @@ class StepCosts:
 
 
 def step_costs(
-    decode_rows, decode_tokens, prefill_tokens, pricing: Pricing, proposer_s=0.0, decode_context=None
+    decode_rows,
+    decode_tokens,
+    prefill_tokens,
+    pricing: Pricing,
+    proposer_s=0.0,
+    decode_context=None,
+    prefill_rows=None,
+    logit_tokens=None,
 ) -> StepCosts:
     """Per step [S]: decoding rows x scale at their mean tokens per row on the step price, at the mean context of a
     decoding row (`decode_context`, the sum over its decoding rows of the tokens each held in its KV cache before the
     step; NaN or None: not recorded, priced without one, which a price that needs one refuses); prefill tokens x scale
-    priced as prefill, a fresh prompt's (a step of prefill alone pays the price's smallest step too, a row at no
-    context); the host's part at those rows; and `proposer_s` (per step, or one value for all)."""
+    priced as prefill, fresh prompts' (`prefill_rows` x scale sequences of them where recorded; a step of prefill
+    alone pays the price's smallest step too, a row at no context), and the logits of `logit_tokens` x scale of them
+    (prompt log-probs); the host's part at those rows; and `proposer_s` (per step, or one value for all)."""
     curve = pricing.curve
     rows = np.atleast_1d(np.asarray(decode_rows, np.float64))
     tokens = np.atleast_1d(np.asarray(decode_tokens, np.float64))
@@ -99,7 +107,12 @@ def step_costs(
         gpu[alone] += curve.time(1.0, 1.0, context=0.0)
     prefilling = prefill > 0
     if prefilling.any():
-        gpu[prefilling] += np.asarray(curve.prefill_cost(prefill[prefilling], scaled[prefilling]), np.float64)
+        sequences = 1.0 if prefill_rows is None else np.asarray(prefill_rows, np.float64)[prefilling] * pricing.scale
+        cost = curve.prefill_cost(prefill[prefilling], scaled[prefilling], sequences=sequences)
+        gpu[prefilling] += np.asarray(cost, np.float64)
+    if logit_tokens is not None:
+        logits = np.broadcast_to(np.asarray(logit_tokens, np.float64) * pricing.scale, rows.shape)
+        gpu += np.asarray(curve.logits_cost(logits), np.float64)
     served = decoding | prefilling
     host = pricing.host.time(scaled) if pricing.host is not None else np.zeros_like(gpu)
     host = np.where(served, host, 0.0)

@@ -3,8 +3,8 @@ costs, its proposer's time per row at a full batch and over every step, the tail
 cost a step (what the engine benchmarks price it at, `measured.proposer_costs`).
 
 Columns are [S] arrays by name, as `Simulation.column` gives them: `decode_rows`, `decode_tokens`, `prefill_rows`,
-`prefill_tokens`, `drafted`, `accepted`, `proposer_s`, `register_s`, `rl_step`, and `decode_context` where the
-simulator recorded it.
+`prefill_tokens`, `drafted`, `accepted`, `proposer_s`, `register_s`, `rl_step`, and `decode_context` and
+`logit_tokens` (prefill tokens whose prompt log-probs a step computes) where the simulator recorded them.
 
 Core module: numpy only.
 """
@@ -29,7 +29,7 @@ COLUMNS = (
     "register_s",
     "rl_step",
 )
-OPTIONAL = ("decode_context",)
+OPTIONAL = ("decode_context", "logit_tokens")
 
 
 def simulated_costs(columns: Mapping[str, np.ndarray], pricing: Pricing) -> StepCosts:
@@ -42,6 +42,8 @@ def simulated_costs(columns: Mapping[str, np.ndarray], pricing: Pricing) -> Step
         pricing,
         columns["proposer_s"],
         columns.get("decode_context"),
+        columns["prefill_rows"],
+        columns.get("logit_tokens"),
     )
     return costs.with_proposer(np.asarray(columns["register_s"], np.float64))
 

@@ -283,6 +283,6 @@ def test_unknown_rules_and_unscored_corpora_are_named():
     with pytest.raises(ValueError, match="lenience must be > 0"):
         request_workload("spec@0", toy(scored=True))
     for rule in ("spec@1.65", "exact"):
-        with pytest.raises(ValueError, match=r"corpus .* has no scoring pass: re-record it \(scripts/bench_at_scale"):
+        with pytest.raises(ValueError, match=r"corpus .* has no scoring pass .*specrl_openrlhf.miniature.corpus"):
             request_workload(rule, toy())
     request_workload("lossless:own", toy())  # lossless reads no scores

@@ -3,6 +3,7 @@ schedule matches what a real engine ran on the same responses."""
 
 import json
 
+import numpy as np
 import pytest
 
 from specrl_openrlhf.analysis.corpus import Corpus
@@ -11,8 +12,12 @@ from specrl_openrlhf.miniature import at_scale
 from specrl_openrlhf.miniature.sim_proposers import Stock
 
 
-def toy_corpus(tmp_path):
-    corpus = Corpus([[1, 2, 3], [1, 2, 4]], [[[[5, 6, 7]] * 2, [[8, 9]] * 2]] * 2, {"model": "toy"})
+def toy_corpus(tmp_path, scored=False):
+    responses = [[[[5, 6, 7], [5, 6, 9]], [[8, 9], [8, 9]]], [[[5, 6, 7], [5, 6, 7]], [[8, 2], [8, 9]]]]
+    logprobs = [[[np.full(len(r), -0.5, np.float32) for r in p] for p in e] for e in responses]
+    empty = [[np.zeros(0, np.float32)] * 2] * 2
+    scores = [empty, [[np.full(len(r), -0.25, np.float32) for r in p] for p in responses[0]]] if scored else []
+    corpus = Corpus([[1, 2, 3], [1, 2, 4]], responses, {"model": "toy"}, logprobs if scored else [], scores)
     corpus.save(tmp_path / "c.npz")
     return str(tmp_path / "c.npz")
 
@@ -21,16 +26,45 @@ def toy_corpus(tmp_path):
     "argv, message",
     [
         (["--corpus", "/nonexistent.npz"], "no such corpus file"),
-        (["--curve", "/nonexistent.json"], "no such step curve file"),
-        (["--prefill", "measured"], "has no prefill column: measure one"),
+        (["--curve", "/nonexistent.json"], "no such step price file"),
+        (["--model", "llama"], "--model 'llama': choose one of qwen3-1.7b, qwen3-8b, qwen3-14b"),
+        (["--gpu", "a100"], "--gpu 'a100': choose one of h100, h200, b200"),
         (["--params", '{"history_mb": 0}'], "--params: history_mb must be a positive integer"),
         (["--rules", "lossless"], "--rules takes off and any of"),
+        (["--rules", "off,spec@x"], "lenience 'x' is not a number"),
     ],
 )
-def test_bad_input_is_one_clear_error(argv, message, capsys):
+def test_bad_input_is_one_clear_error(argv, message, capsys, tmp_path):
+    corpus = [] if "--corpus" in argv else ["--corpus", toy_corpus(tmp_path, scored=True)]
     with pytest.raises(SystemExit) as stop:
-        at_scale.parse_args(argv)
+        at_scale.parse_args(corpus + argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_ratio_rule_on_a_corpus_without_its_scoring_pass_says_how_to_record_one(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        at_scale.parse_args(["--corpus", toy_corpus(tmp_path), "--rules", "off,exact"])
+    assert "has no scoring pass" in capsys.readouterr().err
+
+
+def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys):
+    pytest.importorskip("aiconfigurator_core")
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
+    rules = "off,lossless,lossless:requests,spec@1.65,exact"
+    argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host-steps", str(host), "--rules", rules]
+    assert at_scale.main([*argv, "--prompts-per-step", "2", "--max-num-seqs", "8"]) == 0
+    result = capsys.readouterr().out.splitlines()[-1]
+    assert result.startswith("RESULT ")
+    fields = dict(item.split("=", 1) for item in result.split()[1:])
+    for rule in rules.split(","):
+        for name in ("projected", "projected_async", "breakeven_host_ms", "kept", "steps"):
+            assert f"{name}[{rule}]" in fields, (name, rule)
+    assert float(fields["projected[off]"]) == 1.0 and float(fields["forward_s[off]"]) > float(fields["prefill_s[off]"])
+    assert fields["missing"] == "none" and fields["model"] == "qwen3-8b" and fields["gpu"] == "h100"
+    # epoch 1 against the trees of epoch 0: [5, 6, 7] twice follows [5, 6, 7] | [5, 6, 9] for 3 tokens each; [8, 2]
+    # and [8, 9] follow [8, 9] for 1 and 2: 9 of the corpus's 20 response tokens
+    assert float(fields["kept[lossless:requests]"]) == pytest.approx(9 / 20)
 
 
 def test_a_memory_budget_too_small_for_one_step_is_refused(tmp_path, capsys, monkeypatch):

@@ -83,8 +83,12 @@ class ByContext:
         self.asked.append(np.asarray(context).tolist())
         return 0.001 + 1e-6 * np.asarray(rows) * np.asarray(context)
 
-    def prefill_cost(self, tokens, rows=0.0, context=None):
-        return 1e-6 * np.asarray(tokens, np.float64)
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0):
+        self.sequences = np.asarray(sequences).tolist()
+        return 1e-6 * np.asarray(tokens, np.float64) + 1e-4 * (np.asarray(sequences, np.float64) - 1)
+
+    def logits_cost(self, tokens):
+        return 1e-7 * np.asarray(tokens, np.float64)
 
 
 def test_any_step_price_works_and_reads_each_decoding_rows_mean_context():
@@ -94,6 +98,9 @@ def test_any_step_price_works_and_reads_each_decoding_rows_mean_context():
     np.testing.assert_allclose(costs.gpu, [0.001 + 1e-6 * 10 * 100, 0.001 + 1e-6 * 20 * 400, 0.001 + 500e-6])
     with pytest.raises(ValueError, match="pass the context"):  # not recorded: never a silent default
         step_costs([10], [10], [0], Pricing(price), decode_context=[math.nan])
+    scoring = step_costs([0], [0], [500], Pricing(price, scale=2), prefill_rows=[3], logit_tokens=[400])
+    assert price.sequences == [6.0]  # each step's prefill sequences, scaled with its tokens
+    np.testing.assert_allclose(scoring.gpu, [0.001 + 1000e-6 + 5e-4 + 800e-7])  # and the prompt log-probs' logits
     recorded = EngineSteps.of([(0.1, 0, 0, 10, 10, 0, 0, 1000), (0.2, 0, 0, 20, 20, 0, 0, 8000)])
     assert projected_time(recorded, price) == pytest.approx(0.002 + 1e-6 * (1000 + 8000))
 

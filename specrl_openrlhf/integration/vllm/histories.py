@@ -31,7 +31,7 @@ import numpy as np
 from ...budget import BudgetReport
 from ...cache import prompt_key
 from ...policies.builtin import LosslessParams
-from ...pricing.curves import StepCurve
+from ...pricing.curves import StepPrice, load_price
 from .arena import Arena, sequence_hash
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class HistoryBoard:
         self.version = 0  # bumped by every rebuild: rows are followed afresh
         self.proposers = 0  # proposers built in this process
         self.params = LosslessParams()  # the rule's parameters, as the latest update sent them
-        self.curve: StepCurve | None = None  # the GPU step curve they carry, which the budget prices slots on
+        self.curve: StepPrice | None = None  # the GPU step price they carry, which the budget prices slots on
         self.reports: list[BudgetReport] = []  # the proposers' reports
         self.over_budget = False
         self._sent: dict | None = None
@@ -83,7 +83,7 @@ class HistoryBoard:
         the visit join it; `params`: the rule's `LosslessParams` as a dict. Log-probs are not used here."""
         if params != self._sent:
             self.params, self._sent = LosslessParams(**params), params
-            self.curve = StepCurve.from_data(self.params.cost_curve) if self.params.cost_curve else None
+            self.curve = load_price(self.params.cost_curve) if self.params.cost_curve else None
         self.pending.append((bytes(key), int(prompt_len), bool(reset), [np.asarray(r, np.int32) for r in responses]))
 
     def drain(self, live: set[int], inserted: set[int] = frozenset(), seconds: float = DRAIN_S) -> None:

@@ -1,0 +1,36 @@
+"""The real model's corpora (`miniature.corpus`): the named ones and where they ship, the long style's prompts and
+reward, and a missing corpus named with the command that records it."""
+
+import random
+
+import pytest
+
+from specrl_openrlhf.miniature import corpus
+from specrl_openrlhf.miniature.word_problems import LONG_PARTS, long_problem, problem
+
+
+def test_the_named_corpora_ship_in_the_package_and_an_unknown_name_is_one_error():
+    assert set(corpus.PRESETS) == {"short", "long"}
+    assert corpus.named("long").parent == corpus.SHIPPED and corpus.named("short").name == "short.npz"
+    assert corpus.PRESETS["long"].style == "long" and corpus.PRESETS["long"].max_tokens == 1024
+    with pytest.raises(ValueError, match="--corpus takes short or long or a corpus file, got 'medium'"):
+        corpus.named("medium")
+    with pytest.raises(ValueError, match="style must be one of"):
+        corpus.CorpusSettings(style="epic")
+
+
+def test_a_settings_change_is_a_new_recording():
+    long, short = corpus.PRESETS["long"], corpus.PRESETS["short"]
+    assert long.key() != short.key() and corpus.CorpusSettings(dtype="float32").key() == corpus.CorpusSettings().key()
+
+
+def test_a_long_prompt_holds_several_problems_and_its_answer_is_theirs():
+    item = long_problem(random.Random(3))
+    assert item.prompt.count("Problem ") == LONG_PARTS and len(item.answer.split(", ")) == LONG_PARTS
+    assert "\\boxed{" in item.prompt and problem(random.Random(3)).prompt != item.prompt
+
+
+def test_a_long_response_is_rewarded_for_each_answer_its_last_box_states():
+    assert corpus.answered_share("so \\boxed{13, 21, 2}", "13, 21, 27") == pytest.approx(2 / 3)
+    assert corpus.answered_share("\\boxed{1} then \\boxed{13, 21, 27}", "13, 21, 27") == 1.0
+    assert corpus.answered_share("13, 21 and 27, no box", "13, 21, 27") == 0.0

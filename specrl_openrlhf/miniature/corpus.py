@@ -2,7 +2,7 @@
 epochs, recorded once; the two named ones (`PRESETS`: `short`, `long`) ship with the package.
 
 The real model's: SmolLM2-135M-Instruct (`smollm2`, a temperature folded into its weights as in `real_model`) on the
-word problems (`style` "short": one problem a prompt; "long": three a prompt, each reasoned through in full),
+word problems (`style` "short": one problem a prompt; "long": six a prompt, each reasoned through in full),
 `samples` samples of each of `prompts` prompts an epoch, and between epochs `updates` policy-gradient steps on that
 epoch's rollouts (`PartialTrainer`, group-normalised rewards with `real_model`'s format bonus), each on
 `prompts_per_update` prompts' groups: the next epoch's responses come from a policy trained on the last epoch's, the
@@ -16,9 +16,6 @@ update the new policy scores the last epoch's responses (the scoring pass a rati
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,14 +56,9 @@ class CorpusSettings:
         if self.samples < 2:
             raise ValueError("corpus samples must be at least 2 (group-normalised rewards)")
 
-    def key(self) -> str:
-        """The cache key: what the recording depends on (not the dtype, which only sets its speed)."""
-        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "dtype"}
-        return hashlib.sha256(json.dumps({"format": FORMAT, **fields}, sort_keys=True).encode()).hexdigest()[:16]
-
 
 PRESETS = {  # sized for 2 CPU cores: each records in well under an hour
-    "short": CorpusSettings(prompts=32, samples=8, updates=2, prompts_per_update=2),
+    "short": CorpusSettings(prompts=32, samples=8, updates=2, prompts_per_update=4),
     "long": CorpusSettings(
         style="long",
         prompts=16,
@@ -86,23 +78,6 @@ def named(name: str) -> Path:
     if name not in PRESETS:
         raise ValueError(f"--corpus takes {' or '.join(PRESETS)} or a corpus file, got {name!r}")
     return SHIPPED / f"{name}.npz"
-
-
-def default_path(settings: CorpusSettings) -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / "corpus"
-    return root / f"smollm2-{settings.prompts}x{settings.samples}x{settings.epochs}-{settings.key()}.npz"
-
-
-def cached_or_recorded(settings: CorpusSettings, path: Path | None = None, progress=print) -> Corpus:
-    """The corpus at `path` (default: the cache's), recorded there first if it is not."""
-    path = Path(path) if path is not None else default_path(settings)
-    if path.exists():
-        return Corpus.load(path)
-    progress(f"[corpus] recording {settings} into {path} (once; minutes)")
-    corpus = record(settings, progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    corpus.save(path)
-    return corpus
 
 
 def record(settings: CorpusSettings, progress=print) -> Corpus:

@@ -504,8 +504,9 @@ def test_the_proposer_learns_a_steps_cost_and_what_it_keeps_and_drafts_what_pays
     assert report["proposers"] == 1 and report["verdicts"] > 0 and report["accepted"] == 0
     assert proposer.acceptance.total[0] == 0 and proposer.cost.steps > 15
     assert sum(drafted_counts[-16:]) <= 2  # nothing pays now: an exploring slot at most
-    base, per_row, per_token = proposer.cost.params
+    base, per_row, per_token, per_kv = proposer.cost.params
     assert per_token > 0 and base + 2 * per_row + 2 * per_token == pytest.approx(0.014, rel=0.05)
+    assert per_kv * 1000 < 1e-4  # the steps' cost never grew with the rows' contexts: their term stays near 0
 
 
 def test_a_proposer_whose_budget_gives_nothing_sleeps_and_wakes_for_the_tail(board):

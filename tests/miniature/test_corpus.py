@@ -44,12 +44,14 @@ def test_each_shipped_corpus_is_the_recording_of_its_preset_with_its_scoring_pas
     assert max(len(r) for e in shipped.responses for p in e for r in p) <= settings.max_tokens
     figures = quality(shipped)
     assert 0 < figures["cut_share"] < 1 and 0 <= figures["repeated_share"] < 1
-    # the scoring pass is the next epoch's policy on the last epoch's responses: where no update ran between them it
-    # equals the log-probs they were sampled with (float16 on file)
-    gaps = [
-        float(np.abs(shipped.scores[e][p][s] - shipped.logprobs[e - 1][p][s]).max())
-        for e in range(1, shipped.epochs)
-        for p in range(len(shipped.prompts))
-        for s in range(shipped.samples)
-    ]
-    assert min(gaps) < 0.01 and all(np.isfinite(gaps))
+    # the scoring pass is the next epoch's policy on the last epoch's responses: the policy-gradient steps between
+    # epochs move a token's log-prob by hundredths of a nat on average (by nothing where no update had a signal)
+    for e in range(1, shipped.epochs):
+        gap = np.concatenate(
+            [
+                shipped.scores[e][p][s] - shipped.logprobs[e - 1][p][s]
+                for p in range(len(shipped.prompts))
+                for s in range(shipped.samples)
+            ]
+        )
+        assert np.isfinite(gap).all() and np.abs(gap).mean() < 0.1 and np.median(np.abs(gap)) < 0.01

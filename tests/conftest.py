@@ -23,19 +23,29 @@ sys.path.insert(0, STUBS)
 ENGINE_KWARGS = cpu_engine_kwargs(max_model_len=1024)  # the shared engines' (session fixtures below)
 
 
+# the engine's host time a step by rows as a 2-core machine measured it (seconds): what the suite's commands price with
+TEST_HOST_STEPS = [{"rows": r, "seconds": s} for r, s in ((16, 0.002), (64, 0.003), (128, 0.004), (512, 0.015))]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def measurement_cache(tmp_path_factory):
     """What the suite measures (the host curve, the proposers' costs) is cached in a folder of its own: the tests
-    never write the user's cache (`pricing.measured`). The converted real model's cache is left where it is."""
-    from specrl_openrlhf.pricing.measured import CACHE_ENV
+    never write the user's cache (`pricing.measured`). The converted real model's cache is left where it is. It holds
+    a host curve to start with (a fixture, this module's `TEST_HOST_STEPS`), so the commands the tests run price their
+    projections without measuring one (tests/miniature/test_host_steps.py measures)."""
+    from specrl_openrlhf.miniature.engine import machine
+    from specrl_openrlhf.pricing import measured
+    from specrl_openrlhf.pricing.curves import HostCurve
 
-    previous = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("measurements"))
-    yield Path(os.environ[CACHE_ENV])
+    previous = os.environ.get(measured.CACHE_ENV)
+    os.environ[measured.CACHE_ENV] = str(tmp_path_factory.mktemp("measurements"))
+    here = machine()
+    measured.save_host_curve(HostCurve(TEST_HOST_STEPS, here, taken=measured.taken_now(here, None)), here)
+    yield Path(os.environ[measured.CACHE_ENV])
     if previous is None:
-        os.environ.pop(CACHE_ENV, None)
+        os.environ.pop(measured.CACHE_ENV, None)
     else:
-        os.environ[CACHE_ENV] = previous
+        os.environ[measured.CACHE_ENV] = previous
 
 
 @pytest.fixture(scope="session")

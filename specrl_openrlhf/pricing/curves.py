@@ -49,7 +49,7 @@ def load_price(data, source: str = ""):
     kernel step model (`kernels.KernelStepModel`: its 'dense' tables). Bad data is one ValueError naming `source`."""
     if isinstance(data, (str, Path)):
         source = source or str(data)
-        data = _read_json(data, "step price", "scripts/bench_gpu_step.py or KernelStepModel.build writes one")
+        data = _read_json(data, "step curve", "scripts/bench_gpu_step.py writes one; KernelStepModel.build a model")
     if isinstance(data, dict) and "dense" in data:
         from .kernels import KernelStepModel  # it prices by context; it reads host curves from here
 

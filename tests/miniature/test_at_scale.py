@@ -26,7 +26,7 @@ def toy_corpus(tmp_path, scored=False):
     "argv, message",
     [
         (["--corpus", "/nonexistent.npz"], "no such corpus file"),
-        (["--curve", "/nonexistent.json"], "no such step price file"),
+        (["--curve", "/nonexistent.json"], "no such step curve file"),
         (["--model", "llama"], "--model 'llama': choose one of qwen3-1.7b, qwen3-8b, qwen3-14b"),
         (["--gpu", "a100"], "--gpu 'a100': choose one of h100, h200, b200"),
         (["--params", '{"history_mb": 0}'], "--params: history_mb must be a positive integer"),

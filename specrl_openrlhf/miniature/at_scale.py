@@ -159,19 +159,15 @@ def simulate(rule: str, corpus: Corpus, schedule: Schedule, price, suffix_cache:
 
 
 def priced(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
-    """A simulated rule on `pricing`: its figures (`pricing.rules`), costs, and the prefill's share of its forward.
-    At a scale above 1 each row stands for `scale` of the GPU's, and the proposer's time a step grows with it."""
+    """A simulated rule on `pricing`: its figures (`pricing.rules`), costs, and the prefill's share of its forward."""
     columns = {name: sim.column(name) for name in (*rules.COLUMNS, *rules.OPTIONAL)}
-    scaled = {**columns, **{name: columns[name] * pricing.scale for name in ("proposer_s", "register_s")}}
-    costs = rules.simulated_costs(scaled, pricing)
-    unprefilled = {**scaled, "prefill_tokens": np.zeros_like(columns["prefill_tokens"])}
-    no_prefill = rules.simulated_costs(unprefilled, pricing)
+    costs = rules.simulated_costs(columns, pricing)
     found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
     figures = rules.figures(columns, costs, proposer.async_scheduling) | {"kept": sim.kept, "found_previous": found}
     figures["memory_mb"] = proposer.memory_bytes() / 2**20
     fit = figures["proposer_fit"]  # measured here: never missing
     cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
-    return RuleRun(figures, costs, cost, float(costs.gpu.sum() - no_prefill.gpu.sum()))
+    return RuleRun(figures, costs, cost, rules.prefill_seconds(columns, pricing, costs))
 
 
 def run_rules(args, corpus: Corpus, model: str, gpu: str, host: HostCurve, cache: dict) -> dict[str, RuleRun]:

@@ -34,18 +34,26 @@ OPTIONAL = ("decode_context", "logit_tokens")
 
 def simulated_costs(columns: Mapping[str, np.ndarray], pricing: Pricing) -> StepCosts:
     """The simulated steps' costs: the proposer's measured time with its history updates (`register_s`), the decode
-    context where the simulator recorded it."""
+    context where the simulator recorded it. At a scale above 1 each row stands for `scale` of the GPU's, and the
+    proposer's time a step grows with it."""
+    proposer_s = np.asarray(columns["proposer_s"], np.float64) * pricing.scale
     costs = step_costs(
         columns["decode_rows"],
         columns["decode_tokens"],
         columns["prefill_tokens"],
         pricing,
-        columns["proposer_s"],
+        proposer_s,
         columns.get("decode_context"),
         columns["prefill_rows"],
         columns.get("logit_tokens"),
     )
-    return costs.with_proposer(np.asarray(columns["register_s"], np.float64))
+    return costs.with_proposer(np.asarray(columns["register_s"], np.float64) * pricing.scale)
+
+
+def prefill_seconds(columns: Mapping[str, np.ndarray], pricing: Pricing, costs: StepCosts) -> float:
+    """The part of the steps' forward (`costs`, `simulated_costs`'s) that their prefills cost."""
+    unprefilled = {**columns, "prefill_tokens": np.zeros_like(np.asarray(columns["prefill_tokens"]))}
+    return float(costs.gpu.sum() - simulated_costs(unprefilled, pricing).gpu.sum())
 
 
 def batch_phases(rows: np.ndarray, rl_step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,18 +1,22 @@
 """What a verification step costs on a GPU: the time of one forward of a Qwen3-1.7B-shaped model (random bf16 weights,
 a KV cache of `--context` tokens per row) that carries `tokens` tokens for each of `rows` rows, the shape of a decoding
-step (1 token a row) or of a verification step (1 + drafted tokens a row). Plain PyTorch and transformers, nothing
-else: it runs where vLLM does not (the lent GPU machine has neither vLLM nor a model hub).
+step (1 token a row) or of a verification step (1 + drafted tokens a row). Plain PyTorch and transformers, and this
+package's numpy-only `pricing.curves`: it runs where vLLM does not (the lent GPU machine has neither vLLM nor a model
+hub), from a checkout where the package isn't installed too.
 
     python scripts/bench_gpu_step.py                        # the Qwen3-1.7B shape on the GPU: rows x tokens per row
     python scripts/bench_gpu_step.py --shape tiny --device cpu --rows 2,4 --tokens 1,2 --prefill 16,64   # on CPU
+    python scripts/bench_gpu_step.py --context 512,2048,4096 --out curve.json   # curve_ctx512.json, ... one a context
     python scripts/bench_gpu_step.py --curve curve.json --project '{"rows": 48, "carried": 150, "produced": 130}'
 
 It prints one line per (rows, tokens) with the median step time, the time per carried token and per row, and a
-prefill column (one forward of `--prefill` prompt tokens, no cache), writes the curve as JSON (`--out`), and fits
-the proposer's step-cost model t = base + per_row x rows + per_token x tokens to it.
+prefill column (one forward of `--prefill` prompt tokens, no cache, measured once), writes the curve as JSON (`--out`),
+and fits one line t = base + per_row x rows + per_token x tokens to it (`pricing.curves.fit_linear`, for reference).
+`--context` takes a comma list: the same grid at each context, one record (and with `--out` one file) per context,
+each a single-context curve that `StepCurve.load` reads, the prefill column in each.
 `--project` then reads a recorded verification step's mean shape (rows, tokens carried, tokens produced: the proposer's
-`reuse/` metrics give them) and prints what it would cost on the curve against plain decoding of the same rows: a
-projection from a PyTorch forward, not a vLLM measurement (no scheduler, sampler or rejection sampler).
+`reuse/` metrics give them) and prices it on each context's curve (`StepCurve.time`) against plain decoding of the
+same rows: a projection from a PyTorch forward, not a vLLM measurement (no scheduler, sampler or rejection sampler).
 """
 
 from __future__ import annotations
@@ -20,8 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
+
+try:
+    from specrl_openrlhf.pricing.curves import StepCurve, fit_linear
+except ImportError:  # a checkout where the package isn't installed (the lent GPU machine): its root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from specrl_openrlhf.pricing.curves import StepCurve, fit_linear
 
 SHAPES = {
     # Qwen3-1.7B's config.json: hidden 2048, 28 layers, 16 query and 8 key-value heads of 128, MLP 6144, vocab 151936
@@ -186,32 +197,98 @@ def graph_step_time(model, config, cache, rows: int, tokens: int, context: int, 
     return statistics.median(times)
 
 
-def fit(curve: list[dict]) -> dict:
-    """Least squares of t = base + per_row x rows + per_token x (rows x tokens per row) over the curve's points."""
-    import numpy as np
-
-    x = np.array([[1.0, p["rows"], p["rows"] * p["tokens"]] for p in curve])
-    y = np.array([p["seconds"] for p in curve])
-    params, *_ = np.linalg.lstsq(x, y, rcond=None)
-    residual = float(np.sqrt(np.mean((x @ params - y) ** 2)) / np.mean(y)) if len(y) else float("nan")
-    return {
-        "base_s": float(params[0]),
-        "per_row_s": float(params[1]),
-        "per_token_s": float(params[2]),
-        "rel_rms": residual,
-    }
+def contexts_arg(text: str) -> list[int]:
+    """`--context`: one number of cached tokens per row, or a comma list of them."""
+    try:
+        contexts = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of token counts: {text!r}") from None
+    if not contexts or any(c < 0 for c in contexts) or len(set(contexts)) < len(contexts):
+        raise argparse.ArgumentTypeError(f"want distinct token counts of 0 or more: {text!r}")
+    return contexts
 
 
-def project(model_fit: dict, step: dict) -> dict:
-    """A recorded verification step's mean shape on the fitted curve, against plain decoding of the same rows."""
-    rows, carried, produced = float(step["rows"]), float(step["carried"]), float(step["produced"])
-    verify = model_fit["base_s"] + model_fit["per_row_s"] * rows + model_fit["per_token_s"] * carried
-    plain = model_fit["base_s"] + model_fit["per_row_s"] * rows + model_fit["per_token_s"] * rows
-    return {
-        "verify_step_s": verify,
-        "plain_step_s": plain,
-        "tokens_per_s_ratio": (produced / verify) / (rows / plain),  # > 1: verification produces tokens faster
-    }
+def step_arg(text: str) -> dict:
+    """`--project`: a recorded step's mean shape, {"rows":, "carried":, "produced":}, all positive."""
+    try:
+        step = {key: float(value) for key, value in json.loads(text).items()}
+        if set(step) != {"rows", "carried", "produced"} or not all(v > 0 for v in step.values()):
+            raise ValueError
+    except (ValueError, TypeError, AttributeError):
+        want = '{"rows":, "carried":, "produced":}, each positive'
+        raise argparse.ArgumentTypeError(f"want {want}; got {text!r}") from None
+    return step
+
+
+def context_path(out: str, context: int) -> Path:
+    """Where a context's file goes when a run measures several: curve.json becomes curve_ctx512.json."""
+    path = Path(out)
+    return path.with_name(f"{path.stem}_ctx{context}{path.suffix}")
+
+
+def measure_grid(args, model, config, context: int, device: str, name: str, graphs: bool, out: Path | None):
+    """The grid of rows x tokens per row at `context` cached tokens per row: a record and whether graphs still
+    capture (a model the graph can't capture is timed eagerly from there on)."""
+    print(
+        f"device {name}, shape {args.shape}, context {context}, attention {args.attention}, "
+        f"{args.repeats} repeats (median)"
+    )
+    print(f"{'rows':>6} {'tokens/row':>10} {'step ms':>9} {'ms/token':>9} {'ms/row':>8} {'eager ms':>9}")
+    record = {"device": name, "shape": args.shape, "context": context, "attention": args.attention, "curve": []}
+    token_counts = [int(t) for t in args.tokens.split(",")]
+    for rows in [int(r) for r in args.rows.split(",")]:
+        cache = static_cache(config, context, max(token_counts))
+        for tokens in token_counts:
+            eager = step_time(model, config, cache, rows, tokens, context, args.repeats, device)
+            seconds = eager
+            if graphs:
+                try:
+                    seconds = graph_step_time(model, config, cache, rows, tokens, context, args.repeats)
+                except Exception as error:  # a model the graph can't capture: say so, and time eagerly
+                    print(f"warning: CUDA graph capture failed ({error!r}); eager timings from here on")
+                    graphs, seconds = False, eager
+            point = {"rows": rows, "tokens": tokens, "seconds": seconds, "eager_seconds": eager}
+            point["timing"] = "cuda graph" if graphs else "eager"
+            record["curve"].append(point)
+            ms = seconds * 1e3
+            print(
+                f"{rows:>6} {tokens:>10} {ms:>9.2f} {ms / (rows * tokens):>9.4f} {ms / rows:>8.3f} "
+                f"{eager * 1e3:>9.2f}",
+                flush=True,
+            )
+            if out:  # a run cut short keeps what it measured
+                out.write_text(json.dumps(record, indent=1))
+        del cache
+    return record, graphs
+
+
+def report(record: dict, source: str, step: dict | None) -> None:
+    """A record's fit and, with `step`, its projection: the step priced on the curve (`StepCurve.time`)."""
+    model_fit = record.get("fit") or fit_linear(record["curve"])
+    print(
+        "fit: base {:.3f} ms + {:.4f} ms/row + {:.4f} ms/token (rms {:.1%} of the mean)".format(
+            model_fit["base_s"] * 1e3,
+            model_fit["per_row_s"] * 1e3,
+            model_fit["per_token_s"] * 1e3,
+            model_fit["rel_rms"],
+        )
+    )
+    if "fit_eager" in record and record["curve"] and record["curve"][0].get("timing") == "cuda graph":
+        eager_fit = record["fit_eager"]
+        print(
+            "eager fit: base {:.3f} ms + {:.4f} ms/row + {:.4f} ms/token".format(
+                eager_fit["base_s"] * 1e3, eager_fit["per_row_s"] * 1e3, eager_fit["per_token_s"] * 1e3
+            )
+        )
+    if step is not None:
+        curve = StepCurve.from_data(record, source=source)
+        rows, carried, produced = step["rows"], step["carried"], step["produced"]
+        verify, plain = curve.time(rows, carried / rows), curve.time(rows, 1.0)
+        ratio = (produced / verify) / (rows / plain)  # > 1: verification produces tokens faster
+        print(
+            "projection (a PyTorch forward, not vLLM): verification step {:.2f} ms, plain {:.2f} ms, tokens/s ratio "
+            "{:.2f}".format(verify * 1e3, plain * 1e3, ratio)
+        )
 
 
 def main(argv=None) -> int:
@@ -220,7 +297,13 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--rows", default="32,64,128,256,512")
     parser.add_argument("--tokens", default="1,2,4,9", help="tokens per row: 1 decodes, 1 + k verifies k drafts")
-    parser.add_argument("--context", type=int, default=512, help="cached tokens per row")
+    parser.add_argument(
+        "--context",
+        type=contexts_arg,
+        default=[512],
+        help="cached tokens per row, or a comma list (512,2048,4096): the same grid at each, one record per context "
+        "(--out curve.json writes curve_ctx512.json, curve_ctx2048.json, ...)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--attention",
@@ -232,102 +315,69 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--prefill",
         default="256,1024,4096",
-        help="prompt tokens of the prefill column: one forward of that many tokens and no cache ('' for none)",
+        help="prompt tokens of the prefill column: one forward of that many tokens and no cache ('' for none); "
+        "measured once, stored with every context's curve",
     )
-    parser.add_argument("--out", default=None, help="write the curve and its fit here (JSON)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write the curve and its fit here (JSON); with several contexts one file each, curve.json becoming "
+        "curve_ctx512.json, curve_ctx2048.json, ... (each a single-context curve)",
+    )
     parser.add_argument("--curve", default=None, help="read a curve written by --out instead of measuring")
-    parser.add_argument("--project", default=None, help='a step\'s mean shape: {"rows":, "carried":, "produced":}')
+    parser.add_argument(
+        "--project",
+        type=step_arg,
+        default=None,
+        help='a step\'s mean shape: {"rows":, "carried":, "produced":}, priced on each context\'s curve',
+    )
     args = parser.parse_args(argv)
+    if args.project and not args.curve and min(len(set(args.rows.split(","))), len(set(args.tokens.split(",")))) < 2:
+        parser.error("--project prices on the measured curve, which needs 2 or more --rows and --tokens")
 
     if args.curve:
-        record = json.loads(Path(args.curve).read_text())
+        records = [(json.loads(Path(args.curve).read_text()), args.curve)]
     else:
         import torch
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        context = args.context if args.attention == "grouped" else None
-        model, config = build(args.shape, device, dtype, context)
         name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-        print(
-            f"device {name}, shape {args.shape}, context {args.context}, attention {args.attention}, "
-            f"{args.repeats} repeats (median)"
-        )
         graphs = device.startswith("cuda") and not args.eager_only
-        print(f"{'rows':>6} {'tokens/row':>10} {'step ms':>9} {'ms/token':>9} {'ms/row':>8} {'eager ms':>9}")
-        record = {
-            "device": name,
-            "shape": args.shape,
-            "context": args.context,
-            "attention": args.attention,
-            "curve": [],
-        }
-        token_counts = [int(t) for t in args.tokens.split(",")]
-        for rows in [int(r) for r in args.rows.split(",")]:
-            cache = static_cache(config, args.context, max(token_counts))
-            for tokens in token_counts:
-                eager = step_time(model, config, cache, rows, tokens, args.context, args.repeats, device)
-                seconds = eager
-                if graphs:
-                    try:
-                        seconds = graph_step_time(model, config, cache, rows, tokens, args.context, args.repeats)
-                    except Exception as error:  # a model the graph can't capture: say so, and time eagerly
-                        print(f"warning: CUDA graph capture failed ({error!r}); eager timings from here on")
-                        graphs, seconds = False, eager
-                point = {"rows": rows, "tokens": tokens, "seconds": seconds, "eager_seconds": eager}
-                point["timing"] = "cuda graph" if graphs else "eager"
-                record["curve"].append(point)
-                ms = seconds * 1e3
-                print(
-                    f"{rows:>6} {tokens:>10} {ms:>9.2f} {ms / (rows * tokens):>9.4f} {ms / rows:>8.3f} "
-                    f"{eager * 1e3:>9.2f}",
-                    flush=True,
-                )
-                if args.out:  # a run cut short keeps what it measured
-                    Path(args.out).write_text(json.dumps(record, indent=1))
-            del cache
+        several = len(args.context) > 1
+        records, model = [], None
+        for context in args.context:
+            if model is None or args.attention == "grouped":  # the grouped attention reads `context` cached tokens
+                del model
+                model, config = build(args.shape, device, dtype, context if args.attention == "grouped" else None)
+            out = None if not args.out else context_path(args.out, context) if several else Path(args.out)
+            record, graphs = measure_grid(args, model, config, context, device, name, graphs, out)
+            records.append((record, str(out) if out else f"the curve measured at context {context}"))
         prefills = [int(t) for t in args.prefill.split(",") if t.strip()]
         if prefills:  # what a prefill costs: the simulator prices prefill steps on it (`StepCurve.prefill_cost`)
             del model
             model, config = build(args.shape, device, dtype, 0 if args.attention == "grouped" else None)
-            record["prefill"] = []
+            column = []
             for tokens in prefills:
                 cache = static_cache(config, 0, tokens)
                 eager = step_time(model, config, cache, 1, tokens, 0, args.repeats, device)
                 seconds = graph_step_time(model, config, cache, 1, tokens, 0, args.repeats) if graphs else eager
-                record["prefill"].append({"tokens": tokens, "seconds": seconds, "eager_seconds": eager})
+                column.append({"tokens": tokens, "seconds": seconds, "eager_seconds": eager})
                 print(f"prefill {tokens:>6} tokens {seconds * 1e3:>9.2f} ms", flush=True)
                 del cache
-        record["fit"] = fit(record["curve"])
-        record["fit_eager"] = fit([dict(p, seconds=p["eager_seconds"]) for p in record["curve"]])
+            for record, _ in records:  # measured once: no cache, so the same at every context
+                record["prefill"] = [dict(point) for point in column]
+        for record, source in records:
+            record["fit"] = fit_linear(record["curve"])
+            record["fit_eager"] = fit_linear([dict(p, seconds=p["eager_seconds"]) for p in record["curve"]])
+            if args.out:
+                Path(source).write_text(json.dumps(record, indent=1))
         if device.startswith("cuda"):
             print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
-    model_fit = record["fit"]
-    print(
-        "fit: base {:.3f} ms + {:.4f} ms/row + {:.4f} ms/token (rms {:.1%} of the mean)".format(
-            model_fit["base_s"] * 1e3,
-            model_fit["per_row_s"] * 1e3,
-            model_fit["per_token_s"] * 1e3,
-            model_fit["rel_rms"],
-        )
-    )
-    if "fit_eager" in record and record["curve"] and record["curve"][0]["timing"] == "cuda graph":
-        eager_fit = record["fit_eager"]
-        print(
-            "eager fit: base {:.3f} ms + {:.4f} ms/row + {:.4f} ms/token".format(
-                eager_fit["base_s"] * 1e3, eager_fit["per_row_s"] * 1e3, eager_fit["per_token_s"] * 1e3
-            )
-        )
-    if args.out:
-        Path(args.out).write_text(json.dumps(record, indent=1))
-    if args.project:
-        projected = project(model_fit, json.loads(args.project))
-        print(
-            "projection (a PyTorch forward, not vLLM): verification step {:.2f} ms, plain {:.2f} ms, tokens/s ratio "
-            "{:.2f}".format(
-                projected["verify_step_s"] * 1e3, projected["plain_step_s"] * 1e3, projected["tokens_per_s_ratio"]
-            )
-        )
+    for record, source in records:
+        if len(records) > 1:
+            print(f"context {record['context']} ({source}):")
+        report(record, source, args.project)
     return 0
 
 

@@ -103,7 +103,11 @@ def parse_args(argv=None):
         args.schedule = Schedule(max_num_seqs=args.max_num_seqs, prompts_per_step=args.prompts_per_step)
         args.host = HostCurve.load(args.host_steps) if args.host_steps else None
         args.measured_curve = load_price(args.curve) if args.curve else None
-        if not args.validate:
+        if args.validate:
+            from .at_scale_validate import validated
+
+            validated(args.rules)  # a rule it can't name: one error now, before the engines start
+        else:
             args.loaded = load_corpus(args.corpus)
             for rule in args.rules:
                 if rule not in ENGINE_RULES:

@@ -15,6 +15,9 @@ Terminology:
   pays on top of its forward where async scheduling is off (every model-free proposer's): a budget priced on the
   curve counts it in a step's fixed cost.
 
+`fit_linear` fits one line, t = base + per_row x rows + per_token x tokens carried, to a curve's points (the file
+`bench_gpu_step.py` writes keeps it beside them, as `fit`); pricing reads the curve, not the fit.
+
 A curve travels as data (`as_data`, `from_data`): a run reads its file once, where it starts, and hands the data to
 every engine with the rule's parameters, so no engine reads a file. Bad data is one `ValueError` naming its source.
 
@@ -235,6 +238,20 @@ class StepCurve:
         """(seconds of a step of `rows` rows carrying 1 token each, seconds per token more) at `rows`: the curve as
         a budget prices a step near it, the token cost a least-squares slope over every measured tokens-per-row."""
         return self.time(rows, 1.0), self.token_slope(float(rows))
+
+
+def fit_linear(points: list[dict]) -> dict:
+    """Least squares of t = base + per_row x rows + per_token x rows x tokens over points (rows, tokens, seconds)."""
+    x = np.array([[1.0, p["rows"], p["rows"] * p["tokens"]] for p in points], np.float64).reshape(-1, 3)
+    y = np.array([p["seconds"] for p in points], np.float64)
+    params, *_ = np.linalg.lstsq(x, y, rcond=None)
+    residual = float(np.sqrt(np.mean((x @ params - y) ** 2)) / np.mean(y)) if len(y) else float("nan")
+    return {
+        "base_s": float(params[0]),
+        "per_row_s": float(params[1]),
+        "per_token_s": float(params[2]),
+        "rel_rms": residual,  # the residual's RMS over the mean time
+    }
 
 
 def _read_json(path: str | Path, what: str, fix: str):

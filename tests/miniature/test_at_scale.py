@@ -32,6 +32,7 @@ def toy_corpus(tmp_path, scored=False):
         (["--params", '{"history_mb": 0}'], "--params: history_mb must be a positive integer"),
         (["--rules", "lossless"], "--rules takes off and any of"),
         (["--rules", "off,spec@x"], "lenience 'x' is not a number"),
+        (["--validate", "--rules", "off,lossless:tree"], "--validate checks off, lossless, suffix, lossless:requests"),
     ],
 )
 def test_bad_input_is_one_clear_error(argv, message, capsys, tmp_path):
@@ -45,6 +46,14 @@ def test_a_ratio_rule_on_a_corpus_without_its_scoring_pass_says_how_to_record_on
     with pytest.raises(SystemExit):
         at_scale.parse_args(["--corpus", toy_corpus(tmp_path), "--rules", "off,exact"])
     assert "has no scoring pass" in capsys.readouterr().err
+
+
+def test_validate_runs_the_rules_named_and_names_those_it_cannot_check():
+    from specrl_openrlhf.miniature.at_scale_validate import validated
+
+    checked, skipped = validated(["off", "lossless:requests", "exact"])
+    assert checked == {"off": "off", "lossless(verify=requests)": "lossless:requests"} and skipped == ["exact"]
+    assert list(validated(list(at_scale.RULES))[0].values()) == ["off", "lossless", "suffix", "lossless:requests"]
 
 
 def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys):

@@ -11,7 +11,7 @@ import pytest
 import specrl_openrlhf as sr
 from specrl_openrlhf.policies.builtin import LosslessParams
 from specrl_openrlhf.pricing import curves
-from specrl_openrlhf.pricing.curves import HostCurve, StepCurve, describe
+from specrl_openrlhf.pricing.curves import HostCurve, StepCurve, describe, fit_linear
 from specrl_openrlhf.pricing.projection import Pricing, step_costs
 
 H200 = Path(__file__).resolve().parents[2] / "docs" / "gpu_step_h200.json"
@@ -135,3 +135,11 @@ def test_a_host_curve_says_when_and_how_it_was_taken(tmp_path):
     assert back.describe() == f"{tmp_path / 'h.json'}, measured 2026-01-02T03:04:05+00:00 on cpu x at load 1.50"
     bare = HostCurve([{"rows": 16, "seconds": 0.001}, {"rows": 64, "seconds": 0.002}])
     assert "when unknown" in bare.describe() and "taken" not in bare.as_data()
+
+
+def test_a_linear_fit_recovers_the_coefficients_it_was_drawn_from():
+    fit = fit_linear(GRID)  # t = 4 ms + 10 us per row + 20 us per token carried
+    assert fit["base_s"] == pytest.approx(0.004) and fit["per_row_s"] == pytest.approx(1e-5)
+    assert fit["per_token_s"] == pytest.approx(2e-5) and fit["rel_rms"] == pytest.approx(0.0, abs=1e-9)
+    noisy = [dict(p, seconds=p["seconds"] * (1.05 if i % 2 else 0.95)) for i, p in enumerate(GRID)]
+    assert 0.02 < fit_linear(noisy)["rel_rms"] < 0.06

@@ -33,14 +33,60 @@ def test_the_gpu_curve_on_cpu_with_a_tiny_shape(tmp_path):
     assert "fit: base" in done.stdout
 
 
-def test_a_recorded_step_is_projected_on_a_saved_curve(tmp_path):
-    curve = tmp_path / "curve.json"
-    fit = {"base_s": 0.010, "per_row_s": 0.0, "per_token_s": 0.0001, "rel_rms": 0.0}
-    curve.write_text(json.dumps({"device": "test", "shape": "tiny", "context": 1, "curve": [], "fit": fit}))
-    done = run("--curve", str(curve), "--project", '{"rows": 100, "carried": 300, "produced": 250}')
-    assert done.returncode == 0, done.stderr
-    # verification: 10 + 30 ms for 250 tokens; plain: 10 + 10 ms for 100 tokens: (250 / 40) / (100 / 20) = 1.25
-    assert "verification step 40.00 ms, plain 20.00 ms, tokens/s ratio 1.25" in done.stdout
+def load_bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import bench_gpu_step
+
+    return bench_gpu_step
+
+
+def test_several_contexts_write_one_curve_file_each(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    bench = load_bench(monkeypatch)
+    out = tmp_path / "c.json"
+    args = ["--shape", "tiny", "--device", "cpu", "--rows", "2,4", "--tokens", "1,2", "--context", "8,16"]
+    assert bench.main([*args, "--prefill", "", "--repeats", "1", "--out", str(out)]) == 0
+    from specrl_openrlhf.pricing.curves import StepCurve
+
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["c_ctx16.json", "c_ctx8.json"]
+    for context in (8, 16):
+        path = tmp_path / f"c_ctx{context}.json"
+        record = json.loads(path.read_text())
+        assert record["context"] == context and set(record) >= {"curve", "fit", "fit_eager"}
+        assert StepCurve.load(path).context == context
+    stdout = capsys.readouterr().out
+    assert "context 8, attention grouped" in stdout and "context 16, attention grouped" in stdout
+    assert stdout.count("fit: base") == 2
+
+
+def test_a_recorded_step_is_projected_on_a_saved_curve(tmp_path, monkeypatch, capsys):
+    """The projection prices the verification step and plain decoding on the curve itself (`StepCurve.time`)."""
+    bench = load_bench(monkeypatch)
+    from specrl_openrlhf.pricing.curves import StepCurve
+
+    grid = [
+        {"rows": r, "tokens": q, "seconds": 0.005 + 2e-5 * r + 3e-5 * r * q**1.2} for r in (32, 128) for q in (1, 4)
+    ]
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps({"device": "test", "shape": "tiny", "context": 512, "curve": grid}))
+    assert bench.main(["--curve", str(path), "--project", '{"rows": 100, "carried": 300, "produced": 250}']) == 0
+    curve = StepCurve.load(path)
+    verify, plain = curve.time(100, 3.0), curve.time(100, 1.0)
+    ratio = (250 / verify) / (100 / plain)
+    stdout = capsys.readouterr().out
+    expected = f"verification step {verify * 1e3:.2f} ms, plain {plain * 1e3:.2f} ms, tokens/s ratio {ratio:.2f}"
+    assert expected in stdout and "fit: base" in stdout
+
+
+def test_a_bad_context_or_step_is_refused_before_measuring(monkeypatch):
+    bench = load_bench(monkeypatch)
+    for args in (
+        ["--context", "8,x"],
+        ["--context", "8,8"],
+        ["--project", '{"rows": 0, "carried": 1, "produced": 1}'],
+    ):
+        with pytest.raises(SystemExit):
+            bench.main(args)
 
 
 def test_the_grouped_attention_gives_transformers_logits(monkeypatch):
@@ -48,9 +94,7 @@ def test_the_grouped_attention_gives_transformers_logits(monkeypatch):
     path computes, for a decoding step and for verification steps, each written after `context` cached positions."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import bench_gpu_step as bench
-
+    bench = load_bench(monkeypatch)
     context = 16
     reference, config = bench.build("tiny", "cpu", torch.float32)
     grouped, grouped_config = bench.build("tiny", "cpu", torch.float32, context)

@@ -41,7 +41,9 @@ def tutorial(tmp_path_factory):
     out = tmp_path_factory.mktemp("tutorial")
     blocks = bash_blocks(DOC.read_text())
     assert len(blocks) == 3  # record, replay, train
-    env = {**os.environ, "OUT": str(out), "VLLM_LOGGING_LEVEL": "ERROR"}
+    # as a user's shell runs it: without the suite's in-process engines (conftest), which slow OpenRLHF's actors
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env.update(OUT=str(out), VLLM_LOGGING_LEVEL="ERROR")
     process = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", "\n".join(blocks)],
         cwd=REPO,
@@ -88,7 +90,7 @@ def test_the_quickstart_writes_what_it_measured(tutorial):
         r["name"]: [x for x in metrics["rows"] if x["kind"] == "step" and x["run"] == r["name"]]
         for r in metrics["runs"]
     }
-    assert [len(rows) for rows in steps.values()] == [4, 4, 4]  # 2 epochs x 2 steps of 32 prompts
+    assert [len(rows) for rows in steps.values()] == [2, 2, 2]  # 2 epochs x 1 step of 32 prompts
     for rows in steps.values():
         assert all(r["samples"] == 256 and 0.0 < r["reward"] < 1.0 and r["decoded_tokens"] > 0 for r in rows)
     assert all(r.get("reused_tokens", 0) == 0 for r in steps["off"])
@@ -117,9 +119,9 @@ def test_the_quickstart_writes_what_it_measured(tutorial):
     # Responses verified in the engine replay against the history they were drafted from (the run also drafted from
     # finished siblings): every response of both epochs is there, and the engine's proposal keeps part of each visit.
     records = read_traces(out / "traces" / "lossless")
-    assert int(records.samples.sum()) == 2 * 2 * 256
+    assert int(records.samples.sum()) == 2 * 256
     engine, tree = (replay_kept(sr.make("lossless", **p), records) for p in ({}, {"verify": "requests"}))
-    assert engine.tokens.sum() > 0 and tree.tokens.sum() > 0 and len(engine.tokens) == len(tree.tokens) == 1024
+    assert engine.tokens.sum() > 0 and tree.tokens.sum() > 0 and len(engine.tokens) == len(tree.tokens) == 512
 
     # The report reads the runs three times over: our metrics.json, and the logs written with OpenRLHF's own
     # TensorBoard and wandb loggers, read back from disk; all give the same numbers, the staleness meter included.

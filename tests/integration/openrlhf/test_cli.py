@@ -5,6 +5,7 @@ OpenRLHF's own lines; without our flags OpenRLHF runs untouched.
 
 OpenRLHF's module imports flash-attn, which needs CUDA: tests/stubs stands in for it on CPU (see its README)."""
 
+import concurrent.futures
 import contextlib
 import io
 import json
@@ -240,8 +241,8 @@ def test_without_our_flags_openrlhfs_command_is_untouched():
     def output(result):  # DeepSpeed's import-time warnings carry the time
         return result.returncode, re.sub(r"\[\d{4}-\d\d-\d\d [\d:,]+\]", "[time]", result.stdout + result.stderr)
 
-    stock = run_openrlhf(BASE + ["--not_a_flag"], env={"SPECRL_OPENRLHF_HOOK": "0"})
-    hooked = run_openrlhf(BASE + ["--not_a_flag"])
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two processes side by side: each mostly imports
+        stock, hooked = pool.map(run_openrlhf, [BASE + ["--not_a_flag"]] * 2, [{"SPECRL_OPENRLHF_HOOK": "0"}, None])
     assert output(hooked) == output(stock)
     assert stock.returncode == 2 and "unrecognized arguments: --not_a_flag" in stock.stderr
 

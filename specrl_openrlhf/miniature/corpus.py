@@ -11,11 +11,14 @@ no draft shaped is what the simulator's coupling needs. Each token's log-prob is
 update the new policy scores the last epoch's responses (the scoring pass a ratio rule reads).
 
     python -m specrl_openrlhf.miniature.corpus long     # re-records a shipped corpus (tens of minutes on 2 cores)
+
+A recording stopped part way (`--checkpoint`, in the user's cache by default) resumes from its last finished epoch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +83,10 @@ def named(name: str) -> Path:
     return SHIPPED / f"{name}.npz"
 
 
-def record(settings: CorpusSettings, progress=print) -> Corpus:
+def record(settings: CorpusSettings, progress=print, checkpoint: Path | None = None) -> Corpus:
+    """The corpus `settings` describe. With `checkpoint` (a folder), each finished epoch is saved there with the
+    trainer's state and the sampler's, and a later call with the same settings goes on from the last one saved (the
+    engine's own random state is not saved: a resumed recording is another draw, of the same law)."""
     import random
 
     from transformers import AutoTokenizer
@@ -119,7 +125,16 @@ def record(settings: CorpusSettings, progress=print) -> Corpus:
     rng = random.Random(settings.seed)
     responses, logprobs, scores = [], [], [_unscored(settings)]
     meta = {"model": "SmolLM2-135M-Instruct", **dataclasses.asdict(settings), "machine": machine(), "engine": dtype}
-    for epoch in range(settings.epochs):
+    saved = load_checkpoint(checkpoint, settings) if checkpoint else None
+    if saved:
+        partial, rng_state, trainer_state = saved
+        responses, logprobs, scores = partial.responses, partial.logprobs, partial.scores
+        rng.setstate(rng_state)
+        trainer.load_state(trainer_state)
+        with tempfile.TemporaryDirectory() as scratch:
+            llm.collective_rpc("reload_safetensors", args=(trainer.write(Path(scratch) / "w.safetensors"),))
+        progress(f"[corpus] resuming from {checkpoint} after epoch {len(responses) - 1}")
+    for epoch in range(len(responses), settings.epochs):
         if epoch > 0:  # the new policy scores the last epoch's responses, as a ratio rule's scoring requests do
             scores.append(score(llm, prompts, responses[-1]))
         params = SamplingParams(n=settings.samples, max_tokens=settings.max_tokens, temperature=1.0, logprobs=0)
@@ -147,8 +162,43 @@ def record(settings: CorpusSettings, progress=print) -> Corpus:
         with tempfile.TemporaryDirectory() as scratch:
             llm.collective_rpc("reload_safetensors", args=(trainer.write(Path(scratch) / "w.safetensors"),))
         llm.reset_prefix_cache()
+        if checkpoint:
+            save_checkpoint(checkpoint, settings, Corpus(prompts, responses, meta, logprobs, scores), rng, trainer)
     del llm
     return Corpus(prompts, responses, meta, logprobs, scores)
+
+
+def save_checkpoint(folder: Path, settings: CorpusSettings, partial: Corpus, rng, trainer) -> None:
+    """The epochs recorded so far, the sampler's state and the trainer's, written whole or not at all."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    partial.save(folder / "partial.tmp.npz")
+    state = {"settings": dataclasses.asdict(settings), "rng": rng.getstate(), "trainer": trainer.state()}
+    torch.save(state, folder / "state.tmp.pt")
+    (folder / "partial.tmp.npz").replace(folder / "partial.npz")
+    (folder / "state.tmp.pt").replace(folder / "state.pt")
+
+
+def load_checkpoint(folder: Path, settings: CorpusSettings):
+    """(partial corpus, sampler state, trainer state) saved for these settings, or None: none saved, another
+    recording's, or unreadable (said, and recorded afresh)."""
+    import torch
+
+    if not (folder / "state.pt").is_file():
+        return None
+    try:
+        state = torch.load(folder / "state.pt", weights_only=False)
+        partial = Corpus.load(folder / "partial.npz")
+    except Exception as error:  # a checkpoint cut short or corrupt: start again rather than fail
+        print(f"[corpus] ignoring the checkpoint in {folder}: {error!r}")
+        return None
+    if state["settings"] != dataclasses.asdict(settings) or len(partial.responses) != len(partial.scores):
+        print(f"[corpus] ignoring the checkpoint in {folder}: another recording's settings")
+        return None
+    rng_state = state["rng"]
+    rng_state = (rng_state[0], tuple(rng_state[1]), rng_state[2])
+    return partial, rng_state, state["trainer"]
 
 
 def _unscored(settings: CorpusSettings) -> list:
@@ -191,6 +241,12 @@ def answered_share(text: str, answer: str) -> float:
     return sum(a in stated for a in wanted) / len(wanted)
 
 
+def default_checkpoint(name: str) -> Path:
+    import os
+
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / "corpora" / name
+
+
 def main(argv=None) -> int:
     """Re-records a named corpus into the package (`PRESETS`) and prints its quality figures."""
     import argparse
@@ -198,12 +254,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specrl_openrlhf.miniature.corpus", description=main.__doc__)
     parser.add_argument("name", choices=sorted(PRESETS))
     parser.add_argument("--out", default=None, help="where to write it (default: the shipped file)")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a folder where each finished epoch is saved, and a run stopped part way resumes (default: "
+        "specrl_openrlhf/corpora/NAME in the user's cache); removed once the corpus is written",
+    )
     args = parser.parse_args(argv)
     settings = PRESETS[args.name]
-    corpus = record(settings)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(args.name)
+    corpus = record(settings, checkpoint=checkpoint)
     path = Path(args.out) if args.out else named(args.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     corpus.save(path)
+    shutil.rmtree(checkpoint, ignore_errors=True)
     figures = quality(corpus)
     print(f"[corpus] {args.name}: {path} " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()))
     return 0

@@ -150,6 +150,24 @@ class PartialTrainer:
         for parameter in trained:
             parameter.requires_grad_(True)
         self.optimizer = torch.optim.Adam(trained, lr=lr)
+        self.trained = {name for name, parameter in self.model.named_parameters() if parameter.requires_grad}
+
+    def state(self) -> dict:
+        """What resumes training where it stopped: the trained parameters and the optimizer's moments."""
+        import copy
+
+        weights = {k: v.detach().clone() for k, v in self.model.named_parameters() if k in self.trained}
+        moments = copy.deepcopy(self.optimizer.state_dict())  # a copy: the optimizer updates its own in place
+        return {"weights": weights, "optimizer": moments}
+
+    def load_state(self, state: dict) -> None:
+        import torch
+
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                if name in self.trained:
+                    parameter.copy_(state["weights"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def step(self, prompts: list[list[int]], responses: list[list[int]], rewards: list[float], groups: list[int]):
         import torch

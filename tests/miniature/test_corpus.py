@@ -55,3 +55,48 @@ def test_each_shipped_corpus_is_the_recording_of_its_preset_with_its_scoring_pas
             ]
         )
         assert np.isfinite(gap).all() and np.abs(gap).mean() < 0.1 and np.median(np.abs(gap)) < 0.01
+
+
+class Trainer:  # what the checkpoint keeps of `grpo.PartialTrainer`: its state
+    def __init__(self, value):
+        self.value = value
+
+    def state(self):
+        return {"weights": {"w": self.value}, "optimizer": {}}
+
+
+def test_a_checkpoint_resumes_the_epochs_the_sampler_and_the_trainer_and_refuses_another_recordings(tmp_path):
+    from specrl_openrlhf.analysis.corpus import Corpus
+
+    settings = corpus.CorpusSettings(prompts=1, samples=2, epochs=3)
+    logprobs = [[[np.full(2, -0.5, np.float32), np.full(1, -0.25, np.float32)]]]
+    partial = Corpus([[1, 2]], [[[[5, 6], [7]]]], {"model": "toy"}, logprobs, [corpus._unscored(settings)])
+    rng = random.Random(4)
+    rng.random()
+    corpus.save_checkpoint(tmp_path, settings, partial, rng, Trainer(1.5))
+    loaded, rng_state, trainer_state = corpus.load_checkpoint(tmp_path, settings)
+    assert loaded.responses == partial.responses and trainer_state["weights"]["w"] == 1.5
+    resumed = random.Random()
+    resumed.setstate(rng_state)
+    assert resumed.random() == rng.random()  # the prompts each update trains on are drawn as they would have been
+    assert corpus.load_checkpoint(tmp_path, corpus.CorpusSettings(prompts=1, samples=2, epochs=4)) is None
+    (tmp_path / "state.pt").write_bytes(b"cut short")
+    assert corpus.load_checkpoint(tmp_path, settings) is None  # a corrupt checkpoint: recorded afresh, said
+    assert corpus.load_checkpoint(tmp_path / "none", settings) is None
+
+
+def test_the_trainers_state_restores_its_weights_and_moments(tiny_model_dir):
+    import torch
+
+    from specrl_openrlhf.miniature.grpo import PartialTrainer
+
+    trainer = PartialTrainer(tiny_model_dir, lr=1e-2, layers=1, seed=0, dtype="float32")
+    trainer.step([[1, 2], [1, 2]], [[3, 4], [5]], [1.0, 0.0], [0, 0])
+    state = trainer.state()
+    fresh = PartialTrainer(tiny_model_dir, lr=1e-2, layers=1, seed=0, dtype="float32")
+    fresh.load_state(state)
+    for trained in (trainer, fresh):  # the same next step from both: weights and Adam's moments came back
+        trained.step([[1, 2], [1, 2]], [[3, 4], [5]], [0.0, 1.0], [0, 0])
+    after, resumed = trainer.state()["weights"], fresh.state()["weights"]
+    assert after.keys() == resumed.keys() and all(torch.equal(after[k], resumed[k]) for k in after)
+    assert not all(torch.equal(after[k], state["weights"][k]) for k in after)

@@ -9,3 +9,11 @@ seeds (`summary`).
 Nothing here is needed on a GPU cluster, where OpenRLHF starts the engines and DeepSpeed trains; the adapters users
 run there sit one level up, in `specrl_openrlhf.integration`.
 """
+
+
+def user_cache(name: str):
+    """The user's cache folder for `name` (`$XDG_CACHE_HOME/specrl_openrlhf/NAME`, else `~/.cache/...`)."""
+    import os
+    from pathlib import Path
+
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / name

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.corpus import Corpus, quality
+from . import user_cache
 
 LONG_TEMPERATURE = 0.85  # long responses stay varied, not looping (docs/benchmarks.md: the corpora's quality)
 FORMAT = 2  # bump when the recording changes (2: log-probs, the scoring pass, the long style)
@@ -196,9 +197,7 @@ def load_checkpoint(folder: Path, settings: CorpusSettings):
     if state["settings"] != dataclasses.asdict(settings) or len(partial.responses) != len(partial.scores):
         print(f"[corpus] ignoring the checkpoint in {folder}: another recording's settings")
         return None
-    rng_state = state["rng"]
-    rng_state = (rng_state[0], tuple(rng_state[1]), rng_state[2])
-    return partial, rng_state, state["trainer"]
+    return partial, state["rng"], state["trainer"]
 
 
 def _unscored(settings: CorpusSettings) -> list:
@@ -242,9 +241,7 @@ def answered_share(text: str, answer: str) -> float:
 
 
 def default_checkpoint(name: str) -> Path:
-    import os
-
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / "corpora" / name
+    return user_cache("corpora") / name
 
 
 def main(argv=None) -> int:

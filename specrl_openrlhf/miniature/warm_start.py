@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import user_cache
 from .task import TaskConfig, splits, teacher_examples
 
 FORMAT = 3  # bump when the build changes in a way the settings do not show
@@ -33,7 +34,7 @@ class WarmStartConfig:
 
 
 def default_cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specrl_openrlhf" / "warm_start"
+    return user_cache("warm_start")
 
 
 def cache_key(config: WarmStartConfig, task: TaskConfig) -> str:

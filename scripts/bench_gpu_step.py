@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 try:
-    from specrl_openrlhf.pricing.curves import StepCurve, fit_linear
+    from specrl_openrlhf.pricing.curves import StepCurve, describe, fit_linear
 except ImportError:  # a checkout where the package isn't installed (the lent GPU machine): its root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from specrl_openrlhf.pricing.curves import StepCurve, fit_linear
+    from specrl_openrlhf.pricing.curves import StepCurve, describe, fit_linear
 
 SHAPES = {
     # Qwen3-1.7B's config.json: hidden 2048, 28 layers, 16 query and 8 key-value heads of 128, MLP 6144, vocab 151936
@@ -286,8 +286,10 @@ def report(record: dict, source: str, step: dict | None) -> None:
         verify, plain = curve.time(rows, carried / rows), curve.time(rows, 1.0)
         ratio = (produced / verify) / (rows / plain)  # > 1: verification produces tokens faster
         print(
-            "projection (a PyTorch forward, not vLLM): verification step {:.2f} ms, plain {:.2f} ms, tokens/s ratio "
-            "{:.2f}".format(verify * 1e3, plain * 1e3, ratio)
+            f"projection, {record.get('shape', 'an unnamed')} shape on {describe(curve)} (a PyTorch forward, not "
+            "vLLM): verification step {:.2f} ms, plain {:.2f} ms, tokens/s ratio {:.2f}".format(
+                verify * 1e3, plain * 1e3, ratio
+            )
         )
 
 

@@ -10,7 +10,7 @@ drift a returning prompt meets. Stock generation, because an exact rule's output
 no draft shaped is what the simulator's coupling needs. Each token's log-prob is kept as sampled, and after each
 update the new policy scores the last epoch's responses (the scoring pass a ratio rule reads).
 
-    python -m specrl_openrlhf.miniature.corpus long     # re-records a shipped corpus (tens of minutes on 2 cores)
+    python -m specrl_openrlhf.miniature.corpus long     # re-records a shipped corpus (up to two hours on 2 cores)
 
 A recording stopped part way (`--checkpoint`, in the user's cache by default) resumes from its last finished epoch.
 """
@@ -28,7 +28,7 @@ import numpy as np
 from ..analysis.corpus import Corpus, quality
 from . import user_cache
 
-LONG_TEMPERATURE = 0.85  # long responses stay varied, not looping (docs/benchmarks.md: the corpora's quality)
+LONG_TEMPERATURE = 0.9  # SmolLM2 loops below it and drifts off the problems above it (docs/benchmarks.md)
 FORMAT = 2  # bump when the recording changes (2: log-probs, the scoring pass, the long style)
 STYLES = ("short", "long")
 KV_CACHE_CAP = 8 << 30  # long responses: vLLM preempts past it rather than the machine swapping
@@ -61,17 +61,17 @@ class CorpusSettings:
             raise ValueError("corpus samples must be at least 2 (group-normalised rewards)")
 
 
-PRESETS = {  # sized for 2 CPU cores: each records in well under an hour
+PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in under two hours
     "short": CorpusSettings(prompts=32, samples=8, updates=2, prompts_per_update=4),
     "long": CorpusSettings(
         style="long",
-        prompts=16,
+        prompts=32,
         samples=8,
         epochs=3,
         max_tokens=1024,
         temperature=LONG_TEMPERATURE,
-        updates=2,  # each on one prompt's group of responses a thousand tokens long: a minute's training here
-        prompts_per_update=1,
+        updates=2,  # each on two prompts' groups: a group of one prompt often has no reward signal
+        prompts_per_update=2,
         max_num_seqs=128,
     ),
 }

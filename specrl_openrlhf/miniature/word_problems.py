@@ -83,20 +83,25 @@ def problem(rng: random.Random) -> Problem:
     return Problem(f"{text} {INSTRUCTION}", str(answer))
 
 
-LONG_PARTS = 6  # problems in a long prompt: SmolLM2 writes about a hundred tokens on each
+LONG_PARTS = 10  # problems in a long prompt: SmolLM2 writes about fifty tokens on each
 LONG_INSTRUCTION = (
-    "Solve these problems one after another. For each, explain your reasoning step by step in full sentences, "
-    "show every calculation, then check it."
+    "Solve these problems one after another. For each problem, write a full paragraph: first say what is given and "
+    "what is asked, then explain each step of the calculation in full sentences, then check the answer by working "
+    "backwards."
 )
 LONG_ANSWER = "At the end, write all the answers inside \\boxed{}, like \\boxed{7, 12, 3, 5, 9, 4}."
 
 
 def long_problem(rng: random.Random) -> Problem:
-    """`LONG_PARTS` problems in one prompt, each to be reasoned through in full: the long responses of RL on
-    reasoning tasks. The answer is their numbers, comma-separated."""
-    parts = [rng.choice(STORIES)(rng) for _ in range(LONG_PARTS)]
-    listed = "\n".join(f"Problem {i + 1}: {text}" for i, (text, _) in enumerate(parts))
-    return Problem(f"{LONG_INSTRUCTION}\n\n{listed}\n\n{LONG_ANSWER}", ", ".join(str(a) for _, a in parts))
+    """`LONG_PARTS` problems in one prompt, each to be reasoned through in full: the long responses of RL on reasoning
+    tasks. Every story comes once before any comes again (a prompt of one story's copies invites loops). The answer is
+    their numbers, comma-separated."""
+    stories = []
+    while len(stories) < LONG_PARTS:
+        stories += rng.sample(STORIES, len(STORIES))
+    drawn = [story(rng) for story in stories[:LONG_PARTS]]
+    listed = "\n".join(f"Problem {i + 1}: {text}" for i, (text, _) in enumerate(drawn))
+    return Problem(f"{LONG_INSTRUCTION}\n\n{listed}\n\n{LONG_ANSWER}", ", ".join(str(a) for _, a in drawn))
 
 
 def splits(train_size: int, held_out_size: int, seed: int = 0, draw=problem) -> tuple[list[Problem], list[Problem]]:

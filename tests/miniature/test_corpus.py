@@ -24,6 +24,9 @@ def test_a_long_prompt_holds_several_problems_and_its_answer_is_theirs():
     item = long_problem(random.Random(3))
     assert item.prompt.count("Problem ") == LONG_PARTS and len(item.answer.split(", ")) == LONG_PARTS
     assert "\\boxed{" in item.prompt and problem(random.Random(3)).prompt != item.prompt
+    # every story comes once before any comes again: each story's own verb is in the prompt LONG_PARTS // 6 times
+    for verb in (" buys ", " gives ", " earns ", " goes ", " chairs are taken", " shares "):
+        assert item.prompt.count(verb) >= LONG_PARTS // 6, verb
 
 
 def test_a_long_response_is_rewarded_for_each_answer_its_last_box_states():

@@ -29,7 +29,6 @@ from ..analysis.corpus import Corpus, quality
 from . import user_cache
 
 LONG_TEMPERATURE = 0.9  # SmolLM2 loops below it and drifts off the problems above it (docs/benchmarks.md)
-FORMAT = 2  # bump when the recording changes (2: log-probs, the scoring pass, the long style)
 STYLES = ("short", "long")
 KV_CACHE_CAP = 8 << 30  # long responses: vLLM preempts past it rather than the machine swapping
 SHIPPED = Path(__file__).resolve().parent / "corpora"  # the named corpora, recorded with `PRESETS`

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specrl_openrlhf.miniature import corpus
-from specrl_openrlhf.miniature.word_problems import LONG_PARTS, long_problem, problem
+from specrl_openrlhf.miniature.word_problems import LONG_PARTS, STORIES, long_problem, problem
 
 
 def test_the_named_corpora_ship_in_the_package_and_an_unknown_name_is_one_error():
@@ -24,9 +24,9 @@ def test_a_long_prompt_holds_several_problems_and_its_answer_is_theirs():
     item = long_problem(random.Random(3))
     assert item.prompt.count("Problem ") == LONG_PARTS and len(item.answer.split(", ")) == LONG_PARTS
     assert "\\boxed{" in item.prompt and problem(random.Random(3)).prompt != item.prompt
-    # every story comes once before any comes again: each story's own verb is in the prompt LONG_PARTS // 6 times
+    # every story comes once before any comes again: each story's own words appear LONG_PARTS // len(STORIES) times
     for verb in (" buys ", " gives ", " earns ", " goes ", " chairs are taken", " shares "):
-        assert item.prompt.count(verb) >= LONG_PARTS // 6, verb
+        assert item.prompt.count(verb) >= LONG_PARTS // len(STORIES), verb
 
 
 def test_a_long_response_is_rewarded_for_each_answer_its_last_box_states():

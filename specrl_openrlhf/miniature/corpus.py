@@ -125,7 +125,7 @@ def record(settings: CorpusSettings, progress=print, checkpoint: Path | None = N
     rng = random.Random(settings.seed)
     responses, logprobs, scores = [], [], [_unscored(settings)]
     meta = {"model": "SmolLM2-135M-Instruct", **dataclasses.asdict(settings), "machine": machine(), "engine": dtype}
-    saved = load_checkpoint(checkpoint, settings) if checkpoint else None
+    saved = load_checkpoint(checkpoint, settings, prompts) if checkpoint else None
     if saved:
         partial, rng_state, trainer_state = saved
         responses, logprobs, scores = partial.responses, partial.logprobs, partial.scores
@@ -180,9 +180,10 @@ def save_checkpoint(folder: Path, settings: CorpusSettings, partial: Corpus, rng
     (folder / "state.tmp.pt").replace(folder / "state.pt")
 
 
-def load_checkpoint(folder: Path, settings: CorpusSettings):
-    """(partial corpus, sampler state, trainer state) saved for these settings, or None: none saved, another
-    recording's, or unreadable (said, and recorded afresh)."""
+def load_checkpoint(folder: Path, settings: CorpusSettings, prompts: list[list[int]]):
+    """(partial corpus, sampler state, trainer state) saved for these settings and `prompts` (token ids: the prompt's
+    format is code, not a setting), or None: none saved, another recording's, or unreadable (said, and recorded
+    afresh)."""
     import torch
 
     if not (folder / "state.pt").is_file():
@@ -195,6 +196,9 @@ def load_checkpoint(folder: Path, settings: CorpusSettings):
         return None
     if state["settings"] != dataclasses.asdict(settings) or len(partial.responses) != len(partial.scores):
         print(f"[corpus] ignoring the checkpoint in {folder}: another recording's settings")
+        return None
+    if [list(p) for p in partial.prompts] != [list(p) for p in prompts]:
+        print(f"[corpus] ignoring the checkpoint in {folder}: another recording's prompts (their format changed)")
         return None
     return partial, state["rng"], state["trainer"]
 

@@ -1,7 +1,8 @@
-"""docs/prototyping.md runs as written: every ```bash block, in order, in one shell. Its first command is the
+"""docs/prototyping.md runs as written: its ```bash blocks, in order, in one shell. Its first command is the
 quickstart's default run (off, spec and lossless, with traces and TensorBoard logs), so this is also the quickstart's
 end-to-end test: OpenRLHF's rollout path on Ray, the weight sync, the reward, the staleness meter, metrics, plots,
-traces and their replay, and the report read from TensorBoard."""
+traces and their replay, and the report read from TensorBoard. The last block (training the tutorial's own rule
+beside the baseline, a second quickstart run) reads nothing the others wrote: it runs in the slow pass."""
 
 import itertools
 import json
@@ -36,12 +37,9 @@ def a_real_picture(path: Path) -> bool:
     return image.format == "PNG" and min(pixels.shape) > 100 and pixels.std() > 10
 
 
-@pytest.fixture(scope="module")
-def tutorial(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tutorial")
-    blocks = bash_blocks(DOC.read_text())
-    assert len(blocks) == 3  # record, replay, train
-    # as a user's shell runs it: without the suite's in-process engines (conftest), which slow OpenRLHF's actors
+def run_blocks(blocks: list[str], out: Path) -> str:
+    """`blocks` in one shell, as a user's runs them, with `OUT` set: their standard output."""
+    # without the suite's in-process engines (conftest), which slow OpenRLHF's actors
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env.update(OUT=str(out), VLLM_LOGGING_LEVEL="ERROR")
     process = subprocess.run(
@@ -53,18 +51,29 @@ def tutorial(tmp_path_factory):
         timeout=1500,
     )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
-    return out, process.stdout
+    return process.stdout
+
+
+def results(stdout: str) -> list[dict[str, str]]:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT")]
+    return [dict(word.split("=", 1) for word in line.split()[1:]) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def tutorial(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tutorial")
+    blocks = bash_blocks(DOC.read_text())
+    assert len(blocks) == 3  # record, replay, train
+    return out, run_blocks(blocks[:2], out)
 
 
 @pytest.mark.ray
 def test_the_tutorial_runs_as_written(tutorial):
     out, stdout = tutorial
-    results = [
-        dict(w.split("=", 1) for w in line.split()[1:]) for line in stdout.splitlines() if line.startswith("RESULT")
-    ]
-    assert [r["policy"] for r in results] == ["spec@1.65", "AgeDecayLenience"]
-    assert all(float(r["token_ratio"]) > 1.0 and r["seeds"] == "1" for r in results)  # drafts reused in epoch 2
-    assert "token_ratio[lossless]" in results[0]  # the default trains lossless beside spec
+    (recorded,) = results(stdout)
+    assert recorded["policy"] == "spec@1.65" and recorded["seeds"] == "1"
+    assert float(recorded["token_ratio"]) > 1.0  # drafts reused in epoch 2
+    assert float(recorded["token_ratio[lossless]"]) > 1.0  # the default trains lossless beside spec
     lines = stdout.splitlines()
     table = lines.index(next(line for line in lines if line.startswith("| rule | reuse ratio")))
     rows = list(itertools.takewhile(lambda line: line.startswith("| "), lines[table + 2 :]))
@@ -78,7 +87,15 @@ def test_the_tutorial_runs_as_written(tutorial):
     assert float(own[0]) <= float(exact[0])  # same uniforms, and p_curr <= min(1, p_curr / p_prev) per token
     assert float(exact[0]) <= float(recorded[0])  # ℓ = 1 keeps no more than ℓ = 1.65
     assert int(tree[3]) > int(own[3])  # the tree keeps at least each sample's own draft's tokens, and more
-    assert a_real_picture(out / "age_decay" / "runs.png")
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # a second quickstart run; it reads nothing the other blocks wrote
+def test_the_tutorials_rule_trains_beside_the_baseline(tmp_path):
+    (trained,) = results(run_blocks(bash_blocks(DOC.read_text())[2:], tmp_path))
+    assert trained["policy"] == "AgeDecayLenience" and trained["seeds"] == "1"
+    assert float(trained["token_ratio"]) > 1.0  # drafts reused in epoch 2
+    assert a_real_picture(tmp_path / "age_decay" / "runs.png")
 
 
 @pytest.mark.ray

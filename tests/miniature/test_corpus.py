@@ -77,15 +77,16 @@ def test_a_checkpoint_resumes_the_epochs_the_sampler_and_the_trainer_and_refuses
     rng = random.Random(4)
     rng.random()
     corpus.save_checkpoint(tmp_path, settings, partial, rng, Trainer(1.5))
-    loaded, rng_state, trainer_state = corpus.load_checkpoint(tmp_path, settings)
+    loaded, rng_state, trainer_state = corpus.load_checkpoint(tmp_path, settings, [[1, 2]])
     assert loaded.responses == partial.responses and trainer_state["weights"]["w"] == 1.5
     resumed = random.Random()
     resumed.setstate(rng_state)
     assert resumed.random() == rng.random()  # the prompts each update trains on are drawn as they would have been
-    assert corpus.load_checkpoint(tmp_path, corpus.CorpusSettings(prompts=1, samples=2, epochs=4)) is None
+    assert corpus.load_checkpoint(tmp_path, corpus.CorpusSettings(prompts=1, samples=2, epochs=4), [[1, 2]]) is None
+    assert corpus.load_checkpoint(tmp_path, settings, [[1, 3]]) is None  # the prompts' format changed since
     (tmp_path / "state.pt").write_bytes(b"cut short")
-    assert corpus.load_checkpoint(tmp_path, settings) is None  # a corrupt checkpoint: recorded afresh, said
-    assert corpus.load_checkpoint(tmp_path / "none", settings) is None
+    assert corpus.load_checkpoint(tmp_path, settings, [[1, 2]]) is None  # a corrupt checkpoint: recorded afresh, said
+    assert corpus.load_checkpoint(tmp_path / "none", settings, [[1, 2]]) is None
 
 
 def test_the_trainers_state_restores_its_weights_and_moments(tiny_model_dir):

@@ -21,10 +21,10 @@ Terminology:
   later chunks, and rescoring of positions the prefix cache served without log-probs, are not replayed. Every sample
   of a visit with a round waits for all of it (the driver's samples wait for their visit's leader), then sends its
   continuation (prompt + kept prefix) or, with no draft, its sample; a sample kept whole sends none.
-- *prefix cache*: a request reads the whole `BLOCK_TOKENS` blocks it shares with an earlier request of its visit (the
-  probe's prompt, a sibling's draft; a continuation: its prompt + kept prefix, which the round wrote), never its last
-  token, which vLLM computes again; taken as cached when it is admitted, whatever the earlier request's progress.
-  Samples of visits without a round read nothing, as the simulator's `Samples`.
+- *prefix cache* (on unless the schedule turns it off): a request reads the whole `BLOCK_TOKENS` blocks it shares
+  with an earlier request of its visit (the probe's prompt, a sibling's draft; a continuation: its prompt + kept
+  prefix, which the round wrote), never its last token, which vLLM computes again; taken as cached when it is
+  admitted, whatever the earlier request's progress. Samples of visits without a round are the simulator's `Samples`.
 
 Engine-free: numpy, the core and the simulator only.
 """
@@ -40,9 +40,8 @@ from ..history import ROOT, History
 from ..lenience import DEFAULT_LENIENCE, check_lenience
 from ..proposal import majority_path
 from .corpus import Corpus
-from .simulator import Request
+from .simulator import Request, cached_tokens, samples_of
 
-BLOCK_TOKENS = 16  # vLLM's GPU KV-cache block: the prefix cache serves whole blocks
 SCORED_TOKEN = 0  # what a scoring request generates (its one token; never read)
 BORROWED_LENGTH = (
     "approximation: a ratio rule's continuation after a rejection is given the recorded epoch-e response's length "
@@ -107,12 +106,6 @@ def common_prefix(a, b) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(differ[0]) if len(differ) else n
-
-
-def cached_tokens(shared: int, length: int) -> int:
-    """Prompt tokens a request of `length` reads from the prefix cache when `shared` of them are there: whole blocks,
-    short of its last token (vLLM computes at least that one)."""
-    return BLOCK_TOKENS * (min(shared, length - 1) // BLOCK_TOKENS)
 
 
 class RequestReplay:
@@ -191,7 +184,7 @@ class RequestReplay:
             prompt, recorded = corpus.prompts[p], corpus.responses[epoch][p]
             plan, tag = self.plan(epoch, p, corpus), f"e{epoch}-p{p}"
             if not plan.scored:
-                out += [Request(f"{tag}-s{s}", p, prompt, r) for s, r in enumerate(recorded)]
+                out += samples_of(tag, p, prompt, recorded)
                 continue
             sequences = ([list(prompt)] if len(plan.scored) >= 2 else []) + [prompt + d for d in plan.scored]
             arrays = [np.asarray(tokens) for tokens in sequences]  # converted once: a visit compares every pair

@@ -23,7 +23,10 @@ Terminology:
   preempted and wait to be recomputed (prompt and what they had taken, prefilled again), as vLLM's scheduler does.
 - *workload* (`Workload`): the requests an RL step sends (`Samples`: each prompt's n samples, for the engine path and
   stock), and the ones a finished request sends after it (the request path's continuation after its scoring).
-  A request's prompt tokens in the prefix cache (`Request.cached`) are not prefilled.
+- *prefix cache* (`Schedule.prefix_caching`, vLLM's `enable_prefix_caching`): a request's prompt tokens in it
+  (`Request.cached`, whole `BLOCK_TOKENS` blocks, never the last token) are not prefilled. vLLM caches a block when it
+  allocates it, so a prompt's n samples sent together prefill it once: the first computes it, its siblings read its
+  whole blocks (`samples_of`), even when admitted in the same step. With the cache off nothing is read from it.
 - *record* (`StepRecord`): per engine step, its decoding rows, tokens carried and contexts, its prefill rows and
   tokens (and those whose prompt log-probs it computes), the draft tokens it verified and accepted, and the wall time
   the proposer (and its history updates) took here.
@@ -43,6 +46,8 @@ import numpy as np
 
 from .corpus import Corpus
 
+BLOCK_TOKENS = 16  # vLLM's GPU KV-cache block: the prefix cache serves whole blocks
+
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
@@ -55,8 +60,11 @@ class Schedule:
     max_num_batched_tokens: int = 8192
     seed: int = 0
     kv_capacity_tokens: int | None = None
+    prefix_caching: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
         for name in ("max_num_seqs", "prompts_per_step", "max_num_batched_tokens", "kv_capacity_tokens"):
             value = getattr(self, name)
             if name == "kv_capacity_tokens" and value is None:
@@ -190,6 +198,21 @@ class Workload(Protocol):
     def followups(self, request: Request) -> list[Request]: ...
 
 
+def cached_tokens(shared: int, length: int) -> int:
+    """Prompt tokens a request of `length` reads from the prefix cache when `shared` of them are there: whole blocks,
+    short of its last token (vLLM computes at least that one)."""
+    return BLOCK_TOKENS * (min(shared, length - 1) // BLOCK_TOKENS)
+
+
+def samples_of(tag: str, prompt_index: int, prompt: list[int], responses: list[list[int]]) -> list[Request]:
+    """A prompt's samples sent together: the first prefills the prompt, its siblings read its whole blocks."""
+    shared = cached_tokens(len(prompt), len(prompt))
+    return [
+        Request(f"{tag}-s{s}", prompt_index, prompt, response, cached=shared if s else 0)
+        for s, response in enumerate(responses)
+    ]
+
+
 class Samples:
     """The default workload: every prompt's recorded responses as samples, sent at once."""
 
@@ -197,9 +220,7 @@ class Samples:
 
     def requests(self, epoch: int, prompts: list[int], corpus: Corpus) -> list[Request]:
         return [
-            Request(f"e{epoch}-p{p}-s{s}", p, corpus.prompts[p], response)
-            for p in prompts
-            for s, response in enumerate(corpus.responses[epoch][p])
+            r for p in prompts for r in samples_of(f"e{epoch}-p{p}", p, corpus.prompts[p], corpus.responses[epoch][p])
         ]
 
     def followups(self, request: Request) -> list[Request]:
@@ -286,7 +307,7 @@ class EngineSimulator:
         registering = self.clock() - start
         if epoch > 0:
             out.found_previous.append(found)
-        waiting = self.workload.requests(epoch, prompts, self.corpus)
+        waiting = self._arriving(self.workload.requests(epoch, prompts, self.corpus))
         out.response_tokens += sum(len(r) for p in prompts for r in self.corpus.responses[epoch][p])
         batch = BatchView(self.schedule.max_num_seqs, self.max_len)
         done: set[str] = set()
@@ -332,7 +353,14 @@ class EngineSimulator:
             record.register_s, registering = registering + self.clock() - start, 0.0
             for request in batch.rows:
                 if request.id in done:
-                    waiting.extend(self.workload.followups(request))
+                    waiting.extend(self._arriving(self.workload.followups(request)))
+
+    def _arriving(self, requests: list[Request]) -> list[Request]:
+        """Requests as the engine takes them: with no prefix cache, every one prefills its whole prompt."""
+        if not self.schedule.prefix_caching:
+            for request in requests:
+                request.cached = request.prefilled = 0
+        return requests
 
     def _engine_step(self, batch: BatchView, budget: int, rl_step: int) -> StepRecord:
         """One engine step: decoding rows verify their drafts against their recorded continuations, prefills go on

@@ -75,6 +75,13 @@ def parse_args(argv=None):
     parser.add_argument("--max-num-seqs", type=int, default=512, help="the engine's rows (default: 512)")
     parser.add_argument("--prompts-per-step", type=int, default=32, help="prompts per RL step (default: 32)")
     parser.add_argument(
+        "--prefix-caching",
+        default="on",
+        choices=("on", "off"),
+        help="vLLM's prefix cache, for every rule (default: on, as the request path needs; OpenRLHF turns it on with "
+        "--vllm.enable_prefix_caching)",
+    )
+    parser.add_argument(
         "--scale",
         type=int,
         default=None,
@@ -100,7 +107,11 @@ def parse_args(argv=None):
         if value not in choices:
             parser.error(f"{flag} {value!r}: choose one of {', '.join(choices)}")
     try:
-        args.schedule = Schedule(max_num_seqs=args.max_num_seqs, prompts_per_step=args.prompts_per_step)
+        args.schedule = Schedule(
+            max_num_seqs=args.max_num_seqs,
+            prompts_per_step=args.prompts_per_step,
+            prefix_caching=args.prefix_caching == "on",
+        )
         args.host = HostCurve.load(args.host_steps) if args.host_steps else None
         args.measured_curve = load_price(args.curve) if args.curve else None
         if args.validate:
@@ -236,7 +247,7 @@ def main(argv=None) -> int:
         f"[at-scale] corpus {corpus.meta['path']}: {len(corpus.prompts)} prompts x {corpus.samples} samples x "
         f"{corpus.epochs} epochs ({corpus.meta.get('model', '?')}); RL steps of {args.schedule.prompts_per_step} "
         f"prompts, each simulated row standing for {scale} of the GPU's (at most {args.schedule.max_num_seqs}); KV "
-        f"capacity {capacity:,} tokens ({args.model} on {args.gpu})\n"
+        f"capacity {capacity:,} tokens ({args.model} on {args.gpu}); prefix caching {args.prefix_caching}\n"
         f"[at-scale] projected on {describe(price)}; host steps {host.describe()}; proposers timed on {machine()}"
     )
     runs = run_rules(args, corpus, args.model, args.gpu, host, {})
@@ -256,7 +267,7 @@ def main(argv=None) -> int:
         + f"forward_s[off]={off.figures['gpu_s']:.3f} prefill_s[off]={off.prefill_s:.3f} "
         f"host_ms={result['off'].host_ms:.3f} {missing_field({k: p.missing for k, p in result.items()})} "
         f"corpus={args.corpus} model={args.model} gpu={args.gpu} price={'curve' if args.curve else 'kernels'} "
-        f"scale={scale} "
+        f"scale={scale} prefix_caching={args.prefix_caching} "
         f"wall_s={time.perf_counter() - started:.0f}"
     )
     return 0

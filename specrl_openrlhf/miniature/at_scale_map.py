@@ -33,7 +33,7 @@ def run_map(args, first_corpus, host, started: float) -> int:
                 rows.append(cell(name, model, gpu, result))
                 print("MAP " + " ".join(f"{k}={v}" for k, v in rows[-1].items()))
     print(map_table(rows))
-    print(f"RESULT cells={len(rows)} wall_s={time.perf_counter() - started:.0f}")
+    print(f"RESULT cells={len(rows)} prefix_caching={args.prefix_caching} wall_s={time.perf_counter() - started:.0f}")
     return 0
 
 

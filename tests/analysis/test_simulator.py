@@ -129,3 +129,18 @@ def test_a_followup_enters_only_after_its_request_and_reads_the_cached_prefix():
     # step 1 prefills both prompts (3 tokens each, with their log-probs); step 2 only the two uncached tokens each
     assert [(r.prefill_tokens, r.logit_tokens) for r in sim.records[:2]] == [(6, 6), (4, 0)]
     assert [r.decode_rows for r in sim.records] == [0, 0, 2, 2]
+
+
+def test_a_prompts_samples_prefill_it_once_with_the_prefix_cache_and_each_on_its_own_without():
+    toy = Corpus([list(range(1, 41))], [[[[7, 8]] * 4]])  # a 40-token prompt (2 whole blocks of 16), 4 samples
+    prefilled = {}
+    for caching in (True, False):
+        schedule = Schedule(max_num_seqs=4, prompts_per_step=1, prefix_caching=caching)
+        prefilled[caching] = sum(r.prefill_tokens for r in EngineSimulator(toy, schedule, Fixed(k=0)).run().records)
+    # the first sample computes the prompt; its siblings read its 32 whole-block tokens and compute the other 8
+    assert prefilled == {True: 40 + 3 * 8, False: 4 * 40}
+    off = Schedule(max_num_seqs=4, prompts_per_step=2, prefix_caching=False)
+    sim = EngineSimulator(corpus([3, 3]), off, Fixed(k=0), workload=Followed()).run()
+    assert [(r.prefill_tokens, r.logit_tokens) for r in sim.records[:2]] == [(6, 6), (10, 0)]  # nothing read
+    with pytest.raises(ValueError, match="prefix_caching must be True or False"):
+        Schedule(prefix_caching="on")

@@ -1,8 +1,10 @@
 """docs/prototyping.md runs as written: its ```bash blocks, in order, in one shell. Its first command is the
 quickstart's default run (off, spec and lossless, with traces and TensorBoard logs), so this is also the quickstart's
 end-to-end test: OpenRLHF's rollout path on Ray, the weight sync, the reward, the staleness meter, metrics, plots,
-traces and their replay, and the report read from TensorBoard. The last block (training the tutorial's own rule
-beside the baseline, a second quickstart run) reads nothing the others wrote: it runs in the slow pass."""
+traces and their replay, and the report read from TensorBoard. Whole quickstart runs (about 4 minutes on 2 cores,
+and the warm start's 2 on an empty cache), so all of it runs in the slow pass: the default pass checks each part
+on its own (tests/miniature, tests/integration, tests/analysis). The last block (training the tutorial's own rule
+beside the baseline, a second quickstart run) reads nothing the others wrote: a test of its own."""
 
 import itertools
 import json
@@ -68,6 +70,7 @@ def tutorial(tmp_path_factory):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a whole quickstart run (the module docstring)
 def test_the_tutorial_runs_as_written(tutorial):
     out, stdout = tutorial
     (recorded,) = results(stdout)
@@ -99,6 +102,7 @@ def test_the_tutorials_rule_trains_beside_the_baseline(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a whole quickstart run (the module docstring)
 def test_the_quickstart_writes_what_it_measured(tutorial):
     out, _ = tutorial
     metrics = json.loads((out / "record" / "metrics.json").read_text())

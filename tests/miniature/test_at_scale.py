@@ -33,6 +33,7 @@ def toy_corpus(tmp_path, scored=False):
         (["--rules", "lossless"], "--rules takes off and any of"),
         (["--rules", "off,spec@x"], "lenience 'x' is not a number"),
         (["--validate", "--rules", "off,lossless:tree"], "--validate checks off, lossless, suffix, lossless:requests"),
+        (["--prefix-caching", "maybe"], "argument --prefix-caching: invalid choice: 'maybe'"),
     ],
 )
 def test_bad_input_is_one_clear_error(argv, message, capsys, tmp_path):
@@ -71,6 +72,8 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
             assert f"{name}[{rule}]" in fields, (name, rule)
     assert float(fields["projected[off]"]) == 1.0 and float(fields["forward_s[off]"]) > float(fields["prefill_s[off]"])
     assert fields["missing"] == "none" and fields["model"] == "qwen3-8b" and fields["gpu"] == "h100"
+    assert fields["prefix_caching"] == "on"  # every rule's schedule: the request path needs the cache
+    assert at_scale.parse_args([*argv, "--prefix-caching", "off"]).schedule.prefix_caching is False
     # epoch 1 against the trees of epoch 0: [5, 6, 7] twice follows [5, 6, 7] | [5, 6, 9] for 3 tokens each; [8, 2]
     # and [8, 9] follow [8, 9] for 1 and 2: 9 of the corpus's 20 response tokens
     assert float(fields["kept[lossless:requests]"]) == pytest.approx(9 / 20)
@@ -89,8 +92,9 @@ def test_a_memory_budget_too_small_for_one_step_is_refused(tmp_path, capsys, mon
 
 @pytest.mark.engine
 def test_the_schedule_replays_what_an_engine_ran(async_engine):
-    """12 requests on the shared engine, stock: replaying their responses through the simulator (the engine's rows)
-    gives the same decoding row-steps and prefills, and the same steps give or take the requests' arrival."""
+    """12 requests on the shared engine, stock, 4 samples of each of 3 prompts sent at once: replaying their responses
+    through the simulator (the engine's rows) gives the same decoding row-steps and prefills, each prompt computed
+    once and read from the prefix cache by its siblings, and the same steps give or take the requests' arrival."""
     import asyncio
 
     import vllm
@@ -99,13 +103,14 @@ def test_the_schedule_replays_what_an_engine_ran(async_engine):
     from specrl_openrlhf.integration.vllm.step_log import take_steps
 
     engine, runner = async_engine
-    prompts = [[1 + p, 7, 9, 11, 13] for p in range(3)]
+    prompts = [[1 + p] + [7 + i % 50 for i in range(64)] for p in range(3)]  # 64 cached: 2 CPU blocks, 4 GPU ones
     params = vllm.SamplingParams(max_tokens=24, temperature=1.0, seed=None)
 
     async def visit():
         generate = engine_generate(engine)
         return await asyncio.gather(*[generate(p, params) for p in prompts for _ in range(4)])
 
+    runner.run(engine.reset_prefix_cache())
     take_steps(engine)
     outputs = runner.run(visit())
     steps = take_steps(engine)
@@ -114,5 +119,6 @@ def test_the_schedule_replays_what_an_engine_ran(async_engine):
     schedule = Schedule(max_num_seqs=engine.vllm_config.scheduler_config.max_num_seqs, prompts_per_step=3)
     sim = EngineSimulator(corpus, schedule, Stock()).run()
     assert sum(r.prefill_rows for r in sim.records) == int(steps.prefill_rows.sum()) == 12
+    assert sum(r.prefill_tokens for r in sim.records) == int(steps.prefill_tokens.sum()) == 3 * (65 + 3 * 1)
     assert sum(r.decode_rows for r in sim.records) == int(steps.decode_rows.sum())
     assert abs(len(sim.records) - len(steps)) <= 2

@@ -107,6 +107,12 @@ def check_combination(namespace, config: ReuseConfig) -> list[str]:
         min_tokens=1,
         processed_logprobs=get("algo.advantage.is_correction_level", "off") != "off",
     )
+    if not policy.verifies_in_engine and not get("vllm.enable_prefix_caching", False):
+        warnings.append(
+            f"--rollout_reuse {config.policy} verifies drafts by requests, whose scoring chunks and continuations "
+            "read the prompt and kept prefix from vLLM's prefix cache: add --vllm.enable_prefix_caching (off by "
+            "default in OpenRLHF), or each of them computes it again"
+        )
     if get("data.max_images_per_prompt", 0):
         warnings.append("prompts with images are generated normally: drafts are reused for text-only prompts")
     agent = get("train.agent_func_path")

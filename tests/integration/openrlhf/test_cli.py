@@ -153,6 +153,15 @@ def test_examples_as_written_get_openrlhfs_own_error_in_two_lines(agent_file):
     assert "error: unrecognized arguments: --algo.advantage.is_correction_enable" in lines[1]
 
 
+def test_the_request_path_without_vllms_prefix_cache_is_warned_with_the_flag_that_turns_it_on():
+    """OpenRLHF's examples leave the prefix cache off; the request path reads it (the engine path does not need it)."""
+    args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "") + ["--reuse.dry_run"]
+    warned = "add --vllm.enable_prefix_caching"
+    assert warned in run_in_process(args + OURS).stderr
+    assert warned not in run_in_process(args + OURS + ["--vllm.enable_prefix_caching"]).stderr
+    assert warned not in run_in_process(args + ["--rollout_reuse", "lossless"]).stderr
+
+
 def test_off_is_stock():
     plan = resolved(run_in_process(port_to_0112(EXAMPLES["train_ppo_with_reward_fn"], "") + ["--reuse.dry_run"]))
     assert plan["policy"] == "off()" and "engines" not in plan

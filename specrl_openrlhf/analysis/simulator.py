@@ -21,6 +21,7 @@ Terminology:
 - *KV capacity* (`Schedule.kv_capacity_tokens`): the tokens the GPU's KV cache holds. A request is admitted only if
   its prompt fits beside the running rows' contexts; when the running rows outgrow it, the latest admitted are
   preempted and wait to be recomputed (prompt and what they had taken, prefilled again), as vLLM's scheduler does.
+  A block the prefix cache shares counts once per row that holds it (vLLM holds it once): an upper bound on use.
 - *workload* (`Workload`): the requests an RL step sends (`Samples`: each prompt's n samples, for the engine path and
   stock), and the ones a finished request sends after it (the request path's continuation after its scoring).
 - *prefix cache* (`Schedule.prefix_caching`, vLLM's `enable_prefix_caching`): a request's prompt tokens in it

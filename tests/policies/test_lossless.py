@@ -334,6 +334,7 @@ def test_residual_follows_each_visits_policy_under_independent_drift():
     assert all(chi2 < chi2_999(dof) for chi2, dof in statistics), statistics
 
 
+@pytest.mark.slow  # a variant: the learner-trained check above detects spec in the default pass
 def test_independent_drift_still_detects_spec_rls_bias():
     """Without RL's dependence the ratio rule is still biased: lenience keeps what p_curr would not."""
     statistics = chains(sr.make("spec"), samples=20_000, visits=3)

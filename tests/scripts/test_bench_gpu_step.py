@@ -15,6 +15,7 @@ def run(*args):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # the GPU script end to end in a process of its own; the tests below check its parts in-process
 def test_the_gpu_curve_on_cpu_with_a_tiny_shape(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "curve.json"

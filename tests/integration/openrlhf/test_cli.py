@@ -324,14 +324,8 @@ def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(rule, mo
     assert train == ("train", openrlhf_cli.AGENT_ENTRY, ["r.py"])
 
 
-@pytest.mark.parametrize(
-    "reuse, policy",
-    # a launch script's dry run in a process of its own: the slow pass (the module's other tests parse the same flags)
-    [
-        pytest.param("spec", "spec(lenience=1.6487212707)", marks=pytest.mark.slow),
-        pytest.param("exact", "exact()", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.slow  # a launch script's dry run in a process of its own (the module's other tests parse the same flags)
+@pytest.mark.parametrize("reuse, policy", [("spec", "spec(lenience=1.6487212707)"), ("exact", "exact()")])
 def test_a_paper_preset_launches_with_its_lenience_for_lenient_rules_only(reuse, policy):
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     result = subprocess.run(

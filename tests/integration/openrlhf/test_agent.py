@@ -304,8 +304,11 @@ def test_killed_shards_restart_reload_the_checkpoint_and_reuse_resumes(engines, 
     assert sum(s["commits"] for s in stats) + errors > 0
     assert sum(s["prompts"] for s in stats) >= len(prompts)  # reloaded from the checkpoint
     after = [r for out in ray.get(submit()) for r in out]
-    assert sum(r["extra_logs"]["reuse/drafts_found"] for r in after) >= len(after) // 2  # reuse resumed
     assert all(r["extra_logs"]["reuse/cache_restarts"] >= 1 for r in after)
+    # How many of this visit's samples find a draft depends on which of the last visit's commits raced the restart.
+    # The visit after it finds one for every sample: reuse resumed in full.
+    resumed = [r for out in ray.get(submit()) for r in out]
+    assert [r["extra_logs"]["reuse/drafts_found"] for r in resumed] == [1.0] * len(resumed)
 
 
 def test_dead_cache_actor_falls_back_to_normal_generation(engines, reuse, tiny_model_dir):

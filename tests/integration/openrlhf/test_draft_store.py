@@ -2,6 +2,8 @@
 
 import asyncio
 import random
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -25,6 +27,14 @@ N, MAX_TOKENS, VISITS, SHARD_BYTES = 4, 48, 40, 20_000  # a shard holds the revi
 # The last visits kill nothing and bring more one-off prompts: a restarted shard starts empty, and its eviction count
 # must build up again before the end.
 QUIET_VISITS = 5
+
+
+def test_the_store_imports_no_torch():
+    """Every shard and the run's coordinator start a process that imports this module: torch (seconds and hundreds of
+    MB each) loads only where a stateful rule's coordinator is built."""
+    code = "import sys, specrl_openrlhf.integration.openrlhf.draft_store; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def settled_stats(shard, timeout=120.0):

@@ -21,7 +21,8 @@ Terminology:
 - *KV capacity* (`Schedule.kv_capacity_tokens`): the tokens the GPU's KV cache holds. A request is admitted only if
   its prompt fits beside the running rows' contexts; when the running rows outgrow it, the latest admitted are
   preempted and wait to be recomputed (prompt and what they had taken, prefilled again), as vLLM's scheduler does.
-  A block the prefix cache shares counts once per row that holds it (vLLM holds it once): an upper bound on use.
+  With the prefix cache on, a prompt's whole blocks count once however many of its rows hold them, as vLLM holds a
+  block once for every request that reads it.
 - *workload* (`Workload`): the requests an RL step sends (`Samples`: each prompt's n samples, for the engine path and
   stock), and the ones a finished request sends after it (the request path's continuation after its scoring).
 - *prefix cache* (`Schedule.prefix_caching`, vLLM's `enable_prefix_caching`): a request's prompt tokens in it
@@ -315,7 +316,7 @@ class EngineSimulator:
         capacity = self.schedule.kv_capacity_tokens or float("inf")
         while True:
             running = [r for r in batch.rows if r.id not in done]
-            in_use = sum(r.context for r in running)
+            in_use = self._kv_held(running)
             admitted = []
             while waiting and len(running) + len(admitted) < self.schedule.max_num_seqs:
                 need = waiting[0].to_prefill - min(waiting[0].cached, len(waiting[0].prompt))
@@ -329,7 +330,7 @@ class EngineSimulator:
             running.sort(key=lambda r: r.admitted)
             while len(running) > 1 and in_use + growth > capacity:  # the latest admitted give their blocks back
                 victim = running.pop()
-                in_use -= victim.context
+                in_use = self._kv_held(running)
                 growth -= 1 + len(victim.draft) if victim.prefilled >= victim.to_prefill else 0
                 victim.preempt()
                 preempted.append(victim)
@@ -355,6 +356,18 @@ class EngineSimulator:
             for request in batch.rows:
                 if request.id in done:
                     waiting.extend(self._arriving(self.workload.followups(request)))
+
+    def _kv_held(self, rows: list[Request]) -> int:
+        """KV tokens the rows hold: their contexts, with the whole blocks of a prompt that several of them share (the
+        prefix cache on) counted once."""
+        held = sum(r.context for r in rows)
+        if not self.schedule.prefix_caching:
+            return held
+        shared: dict[int, list[int]] = {}
+        for r in rows:
+            blocks = cached_tokens(len(self.corpus.prompts[r.prompt_index]), len(r.prompt))
+            shared.setdefault(r.prompt_index, []).append(min(r.prefilled, blocks))
+        return held - sum(sum(tokens) - max(tokens) for tokens in shared.values())
 
     def _arriving(self, requests: list[Request]) -> list[Request]:
         """Requests as the engine takes them: with no prefix cache, every one prefills its whole prompt."""

@@ -102,6 +102,19 @@ def test_rows_read_their_contexts_and_a_full_kv_cache_makes_the_latest_wait():
     assert all(r.decode_context <= 8 for r in tight.records)
 
 
+def test_a_prompts_rows_hold_its_whole_blocks_once_with_the_prefix_cache():
+    toy = Corpus([list(range(1, 65))], [[[[7] * 8] * 4]])  # a 64-token prompt (48 tokens shareable), 4 samples of 8
+    runs = {}
+    for caching in (True, False):
+        schedule = Schedule(max_num_seqs=4, prompts_per_step=1, kv_capacity_tokens=150, prefix_caching=caching)
+        runs[caching] = EngineSimulator(toy, schedule, Fixed(k=0)).run()
+    # shared: 64 + 3 x 16 = 112 tokens before the first decode, 112 + 4 x 8 = 144 at the last: all 4 rows fit
+    assert sum(r.preempted for r in runs[True].records) == 0 and runs[True].peak_kv == 144
+    assert max(r.decode_rows for r in runs[True].records) == 4
+    # each row on its own: 4 x 64 tokens never fit, so at most two rows run at once and the others wait
+    assert max(r.decode_rows for r in runs[False].records) == 2 and runs[False].peak_kv <= 150
+
+
 class Followed:
     """A workload that sends each sample as a 2-token request, and its response only after that one finished."""
 

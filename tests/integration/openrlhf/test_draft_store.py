@@ -30,8 +30,8 @@ QUIET_VISITS = 5
 
 
 def test_the_store_imports_no_torch():
-    """Every shard and the run's coordinator start a process that imports this module: torch (seconds and hundreds of
-    MB each) loads only where a stateful rule's coordinator is built."""
+    """Every shard and the run's coordinator start a process that imports this module: torch (its import time and
+    memory, in every shard) loads only where a stateful rule's coordinator is built."""
     code = "import sys, specrl_openrlhf.integration.openrlhf.draft_store; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

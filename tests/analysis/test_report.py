@@ -192,13 +192,27 @@ def test_recorded_engine_steps_give_rows_the_tail_and_gpu_time_projected():
     assert paired["rows_per_step"] == 24 and paired["rows_per_step_off"] == 32
 
 
+def two_runs_of(grid_run: Path, keep=("off_g1", "spec_l7.39")) -> Path:
+    """The grid cut to one rule and its baseline, in a folder of its own (the report draws a figure a run)."""
+    metrics = json.loads((grid_run / "metrics.json").read_text())
+    metrics["settings"]["runs"] = list(keep)
+    metrics["runs"] = [r for r in metrics["runs"] if r["name"] in keep]
+    metrics["rows"] = [r for r in metrics["rows"] if r["run"] in keep]
+    folder = grid_run.parent / "two_runs"
+    folder.mkdir()
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    return folder
+
+
 def test_command_line(grid_run, tmp_path, capsys):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "specrl_openrlhf.report", *args], capture_output=True, text=True)
 
-    done = run(str(grid_run))  # the module's command, in a process of its own
+    folder = two_runs_of(grid_run)
+    done = run(str(folder))  # the module's command, in a process of its own
     assert done.returncode == 0 and "| spec_l7.39 | spec | 7.39 |" in done.stdout
-    assert (grid_run / "report" / "table.md").read_text().startswith("| run | policy | ℓ |")
+    assert (folder / "report" / "table.md").read_text().startswith("| run | policy | ℓ |")
+    assert len(list((folder / "report" / "per_run").glob("*.png"))) == 2
     (tmp_path / "empty").mkdir()
     for folder, message in (
         ("nothing", "no such folder"),

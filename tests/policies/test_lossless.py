@@ -308,7 +308,8 @@ def grpo_chi_square(policy, samples: int, seed: int = 0, visits_back: int = 1) -
     ],
 )
 def test_lossless_is_exact_when_the_learner_trains_on_the_groups_drafts(params, visits_back):
-    samples = 40_000 if visits_back == 2 or params.get("draft") != "tree" else 100_000  # one path: the cheaper case
+    # the default pass's one path gets more samples: there a walk 3% too lenient (u <= 1.03 p) fails at 40,000
+    samples = 40_000 if visits_back == 2 or params.get("draft") != "tree" else 60_000
     chi2, dof, weights = grpo_chi_square(sr.make("lossless", **params), samples, visits_back=visits_back)
     assert dof >= 40 and chi2 < chi2_999(dof), (chi2, dof)
     # the hard cases are there: p_curr of the proposal's first tokens, at the root of the last two histories
@@ -318,12 +319,12 @@ def test_lossless_is_exact_when_the_learner_trains_on_the_groups_drafts(params, 
 
 @pytest.mark.parametrize("policy", [sr.make("exact"), sr.make("spec")], ids=["exact", "spec"])
 def test_ratio_rules_are_detected_when_the_learner_trains_on_the_groups_drafts(policy):
-    chi2, dof, _ = grpo_chi_square(policy, 20_000)
+    chi2, dof, _ = grpo_chi_square(policy, 10_000)
     assert chi2 > 3 * chi2_999(dof), (chi2, dof)
 
 
 def test_residual_is_detected_when_the_learner_trains_on_the_groups_drafts():
-    chi2, dof, _ = grpo_chi_square(sr.make("residual", top_k=VOCAB), 20_000)
+    chi2, dof, _ = grpo_chi_square(sr.make("residual", top_k=VOCAB), 10_000)
     assert chi2 > chi2_999(dof), (chi2, dof)
 
 

@@ -182,15 +182,16 @@ def test_evaluation_never_reuses_drafts(engines, reuse, tiny_model_dir):
     assert wait_for(lambda: cache_counts(shards)[1] == before[1] + len(unmarked), timeout=10.0)
 
 
-@ray.remote(num_cpus=0)
-def samples_generator_is_patched():
+def samples_generator_is_patched(_actor) -> bool:
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
     return getattr(SamplesGenerator.generate_eval_samples, "_specrl_marks_evaluation", False)
 
 
-def test_ray_workers_mark_evaluation_through_the_setup_hook(ray_cluster):
-    assert ray.get(samples_generator_is_patched.remote())
+def test_ray_workers_mark_evaluation_through_the_setup_hook(engines):
+    """Asked in a worker that has OpenRLHF imported already (a rollout actor): a fresh one spends seconds importing."""
+    actors, _ = engines
+    assert ray.get(actors[0].__ray_call__.remote(samples_generator_is_patched))
 
 
 def response_tokens(experience):

@@ -24,18 +24,20 @@ def fixes_after_vllm_loads_its_plugins(**env) -> str:
     return done.stdout.split()
 
 
-@pytest.mark.parametrize(
-    "switch, installed",
-    [
-        ({}, ["True", "True"]),
-        # a longer variant: a second process loading vLLM; tests/integration/vllm/test_sampler_fix.py covers the switch
-        pytest.param({"SPECRL_SAMPLER_FIX": "0"}, ["True", "False"], marks=pytest.mark.slow),
-    ],
-    ids=["on", "sampler-fix-off"],
-)
-def test_vllm_loads_the_fixes_and_the_switch_turns_the_sampler_fix_off(switch, installed):
+def test_vllm_loads_the_fixes_in_its_engine_process(async_engine):
+    """The shared engine's core process, where the model runs, has both fixes: vLLM loaded our plugin there."""
+    from specrl_openrlhf.integration.vllm import cpu_fix, plugin
+
+    if not cpu_fix.needed():
+        pytest.skip("the CPU fixes apply to vLLM's CPU platform")
+    engine, runner = async_engine
+    assert [tuple(answer) for answer in runner.run(engine.collective_rpc(plugin.installed))] == [(True, True)]
+
+
+@pytest.mark.slow  # a process of its own loading vLLM; tests/integration/vllm/test_sampler_fix.py covers the switch
+def test_the_switch_turns_the_sampler_fix_off():
     from specrl_openrlhf.integration.vllm import cpu_fix
 
     if not cpu_fix.needed():
         pytest.skip("the CPU fixes apply to vLLM's CPU platform")
-    assert fixes_after_vllm_loads_its_plugins(**switch) == installed
+    assert fixes_after_vllm_loads_its_plugins(SPECRL_SAMPLER_FIX="0") == ["True", "False"]

@@ -24,6 +24,7 @@ def fixes_after_vllm_loads_its_plugins(**env) -> str:
     return done.stdout.split()
 
 
+@pytest.mark.engine
 def test_vllm_loads_the_fixes_in_its_engine_process(async_engine):
     """The shared engine's core process, where the model runs, has both fixes: vLLM loaded our plugin there."""
     from specrl_openrlhf.integration.vllm import cpu_fix, plugin

@@ -208,11 +208,11 @@ def test_command_line(grid_run, tmp_path, capsys):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "specrl_openrlhf.report", *args], capture_output=True, text=True)
 
-    folder = two_runs_of(grid_run)
-    done = run(str(folder))  # the module's command, in a process of its own
+    two_runs = two_runs_of(grid_run)
+    done = run(str(two_runs))  # the module's command, in a process of its own
     assert done.returncode == 0 and "| spec_l7.39 | spec | 7.39 |" in done.stdout
-    assert (folder / "report" / "table.md").read_text().startswith("| run | policy | ℓ |")
-    assert len(list((folder / "report" / "per_run").glob("*.png"))) == 2
+    assert (two_runs / "report" / "table.md").read_text().startswith("| run | policy | ℓ |")
+    assert len(list((two_runs / "report" / "per_run").glob("*.png"))) == 2
     (tmp_path / "empty").mkdir()
     for folder, message in (
         ("nothing", "no such folder"),

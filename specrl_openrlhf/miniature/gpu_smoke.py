@@ -11,7 +11,9 @@ short fails the script, naming the rule and what happened: a silent fallback to 
 Without CUDA it builds the model and data, dry-runs every command through OpenRLHF's own parser and validation
 (`--reuse.dry_run`), then stops before training (`RESULT gpu=none stopped=before_training`). `--cpu` goes on with its
 CPU twin: the same rules for two steps each on CPU engines, through OpenRLHF's rollout actors on Ray and the
-quickstart's trainer (`bash scripts/quickstart.sh --grid smoke`), checked the same way; the test suite runs it.
+quickstart's trainer (`bash scripts/quickstart.sh --grid smoke`), checked the same way, `lossless` drafting every slot
+as its budget does on a GPU (on a CPU, where a drafted token costs what a decoded one does, it may rightly draft
+nothing); the test suite runs it.
 """
 
 from __future__ import annotations

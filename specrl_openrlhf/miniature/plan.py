@@ -120,7 +120,11 @@ GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of
             Method.of("ngram"),
         ),
     ),
-    "smoke": (("smoke",), (Method.of("spec"), Method.of("lossless"), Method.of("suffix"))),  # each kind of rule
+    "smoke": (  # each kind of rule, for gpu_smoke's CPU twin, which checks that each keeps drafts: `lossless` drafts
+        # every slot, as its budget does on a GPU where drafts are nearly free (on a CPU it may rightly draft nothing)
+        ("smoke",),
+        (Method.of("spec"), Method.of("lossless", params={"budget": "static"}), Method.of("suffix")),
+    ),
     "frontier": (  # decoded tokens against accuracy: SPEC-RL's rule, lossless verified in the engine and on requests
         ("default", "many-visits"),
         (

@@ -234,6 +234,7 @@ class CallBatcher:
         self.send, self.max_items, self.delay_s = send, max_items, delay_s
         self._waiting: list[tuple[tuple, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._in_flight: set[asyncio.Future] = set()  # calls sent and not yet answered
 
     def submit(self, item: tuple) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -246,7 +247,7 @@ class CallBatcher:
         return done
 
     def flush(self) -> None:
-        """Send what waits now (commits before a claim of the same shard: Ray runs one caller's calls in order)."""
+        """Send what waits now."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -266,16 +267,27 @@ class CallBatcher:
                 else:
                     done.set_result(None if results is None else results[index])
 
-        asyncio.ensure_future(self.send([item for item, _ in waiting])).add_done_callback(settle)
+        sent = asyncio.ensure_future(self.send([item for item, _ in waiting]))
+        sent.add_done_callback(settle)
+        self._in_flight.add(sent)
+        sent.add_done_callback(self._in_flight.discard)
+
+    async def drain(self) -> None:
+        """Send what waits, and return once every call sent so far has been answered (or has failed: its items'
+        futures carry that)."""
+        self.flush()
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight))
 
 
 class RayDraftStore:
     """Async claim/commit against the shards, for `AsyncSpeculativeGenerator`. Claims of the visits that start
     together (a step's prompts) leave as one call per shard; a sample does not wait for its commit: commits are
-    coalesced per shard (for up to `COMMIT_DELAY_S`) and sent before the next claim of that shard, so a prompt's next
-    visit finds them. A commit that fails is counted in `lost_commits`. Shards are looked up by name on first use and
-    again after a failure, so a store built while a shard was down recovers once it is back, and one whose shard was
-    replaced (killed and started again under its name) moves to the new one at once."""
+    coalesced per shard (for up to `COMMIT_DELAY_S`). A claim waits until its shard has answered every commit sent
+    before it, so a prompt's next visit finds them: Ray runs an async actor's calls out of order, so sending them
+    first is not enough. A commit that fails is counted in `lost_commits`. Shards are looked up by name on first use
+    and again after a failure, so a store built while a shard was down recovers once it is back, and one whose shard
+    was replaced (killed and started again under its name) moves to the new one at once."""
 
     def __init__(self, num_shards: int, run: str = "", claim_delay_s: float = 0.002):
         self.num_shards, self.run = num_shards, run
@@ -323,7 +335,7 @@ class RayDraftStore:
         self, key: bytes, visit_id: str, age: int, count: int, follow_up: bool = False, history: int = 1
     ) -> list:
         shard = shard_of(key, self.num_shards)
-        self._commits[shard].flush()
+        await self._commits[shard].drain()
         return await self._claims[shard].submit((key, visit_id, age, count, follow_up, history))
 
     async def commit(self, key: bytes, visit_id: str, draft: Draft, follow_up: bool = False) -> None:

@@ -248,12 +248,17 @@ def default_checkpoint(name: str) -> Path:
 
 
 def main(argv=None) -> int:
-    """Re-records a named corpus into the package (`PRESETS`) and prints its quality figures."""
+    """Re-records a named corpus into the package (`PRESETS`) and prints its quality figures. With `--lr` or
+    `--updates`, records a variant of it (a policy that drifts more or less between epochs) into `--out`."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m specrl_openrlhf.miniature.corpus", description=main.__doc__)
     parser.add_argument("name", choices=sorted(PRESETS))
     parser.add_argument("--out", default=None, help="where to write it (default: the shipped file)")
+    parser.add_argument("--lr", type=float, default=None, help="the trainer's learning rate (default: the preset's)")
+    parser.add_argument(
+        "--updates", type=int, default=None, help="policy-gradient steps between epochs (default: the preset's)"
+    )
     parser.add_argument(
         "--checkpoint",
         default=None,
@@ -261,15 +266,21 @@ def main(argv=None) -> int:
         "specrl_openrlhf/corpora/NAME in the user's cache); removed once the corpus is written",
     )
     args = parser.parse_args(argv)
-    settings = PRESETS[args.name]
-    checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(args.name)
+    overrides = {k: v for k, v in (("lr", args.lr), ("updates", args.updates)) if v is not None}
+    if overrides and args.out is None:
+        parser.error("--lr and --updates record a variant of the preset: name its file with --out")
+    if overrides.get("lr", 1.0) <= 0 or overrides.get("updates", 1) < 0:
+        parser.error(f"--lr must be > 0 and --updates >= 0, got {overrides}")
+    settings = dataclasses.replace(PRESETS[args.name], **overrides)
+    variant = "".join(f"-{k}{v}" for k, v in overrides.items())
+    checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(args.name + variant)
     corpus = record(settings, checkpoint=checkpoint)
     path = Path(args.out) if args.out else named(args.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     corpus.save(path)
     shutil.rmtree(checkpoint, ignore_errors=True)
     figures = quality(corpus)
-    print(f"[corpus] {args.name}: {path} " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()))
+    print(f"[corpus] {args.name}{variant}: {path} " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()))
     return 0
 
 

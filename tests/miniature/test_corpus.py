@@ -1,6 +1,7 @@
 """The real model's corpora (`miniature.corpus`): the named ones and where they ship, the long style's prompts and
 reward, and a missing corpus named with the command that records it."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -18,6 +19,29 @@ def test_the_named_corpora_ship_in_the_package_and_an_unknown_name_is_one_error(
         corpus.named("medium")
     with pytest.raises(ValueError, match="style must be one of"):
         corpus.CorpusSettings(style="epic")
+
+
+def test_the_recorder_records_a_variant_of_a_preset_only_into_a_file_of_its_own(monkeypatch, tmp_path, capsys):
+    """`--lr` / `--updates` change the preset's drift; the shipped file, which the preset names, stays as it is."""
+    with pytest.raises(SystemExit):
+        corpus.main(["short", "--lr", "2e-4"])
+    assert "--out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        corpus.main(["short", "--updates", "-1", "--out", str(tmp_path / "x.npz")])
+    assert "--updates >= 0" in capsys.readouterr().err
+
+    class Recorded(Exception):
+        pass
+
+    def record(settings, checkpoint=None):
+        raise Recorded(settings, checkpoint)
+
+    monkeypatch.setattr(corpus, "record", record)
+    with pytest.raises(Recorded) as seen:
+        corpus.main(["short", "--lr", "2e-4", "--updates", "3", "--out", str(tmp_path / "drift.npz")])
+    settings, checkpoint = seen.value.args
+    assert settings == dataclasses.replace(corpus.PRESETS["short"], lr=2e-4, updates=3)
+    assert checkpoint.name == "short-lr0.0002-updates3"  # not the preset's own checkpoint
 
 
 def test_a_long_prompt_holds_several_problems_and_its_answer_is_theirs():

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..staleness import scored_token_sums
+
 CORPUS_FORMAT, CORPUS_VERSION = "specrl-corpus", 2  # 2: log-probs and the scoring pass; 1 still loads
 
 
@@ -161,12 +163,20 @@ def repeated_tokens(response) -> int:
 
 def quality(corpus: Corpus) -> dict[str, float]:
     """What a corpus is like: mean response tokens, the share of responses cut at the token limit (`max_tokens` in
-    its meta; NaN where it is not recorded) and the share of tokens inside a repeated 8-gram."""
+    its meta; NaN where it is not recorded), the share of tokens inside a repeated 8-gram, and with a scoring pass,
+    how far the policy drifted into each epoch e >= 1: `kl_epoch{e}`, the staleness meter's KL(p_prev || p_curr) a
+    token (`reuse/kl_prev_curr`) over epoch e - 1's responses."""
     responses = [r for e in corpus.responses for p in e for r in p]
     lengths = np.array([len(r) for r in responses])
     limit = corpus.meta.get("max_tokens")
-    return {
+    figures = {
         "mean_tokens": float(lengths.mean()),
         "cut_share": float((lengths >= limit).mean()) if limit else float("nan"),
         "repeated_share": sum(repeated_tokens(r) for r in responses) / max(int(lengths.sum()), 1),
     }
+    if corpus.scored:
+        for e in range(1, corpus.epochs):
+            pairs = [(s, lp) for ss, lps in zip(corpus.scores[e], corpus.logprobs[e - 1]) for s, lp in zip(ss, lps)]
+            sums = [scored_token_sums(lp, s, lp, lenience=None)["kl_sum"] for s, lp in pairs]
+            figures[f"kl_epoch{e}"] = sum(sums) / max(sum(len(s) for s, _ in pairs), 1)
+    return figures

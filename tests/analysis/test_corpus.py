@@ -66,3 +66,11 @@ def test_quality_counts_cut_responses_and_tokens_inside_a_repeated_8_gram():
     figures = quality(toy)
     assert figures["mean_tokens"] == pytest.approx(49 / 3) and figures["cut_share"] == pytest.approx(2 / 3)
     assert figures["repeated_share"] == pytest.approx(24 / 49)
+
+
+def test_quality_states_each_epochs_drift_as_the_staleness_meters_kl():
+    """k3 = r - 1 - log r a token, r = p_curr / p_prev, over epoch 0's responses scored by epoch 1's policy."""
+    figures = quality(scored_toy())
+    log_ratios = np.array([-0.75 + 0.5, -0.5 + 1.0, -1.5 + 2.0])
+    assert figures["kl_epoch1"] == pytest.approx(np.mean(np.expm1(log_ratios) - log_ratios))
+    assert "kl_epoch2" not in figures and not any(k.startswith("kl_") for k in quality(Corpus([[1]], [[[[2]]]])))

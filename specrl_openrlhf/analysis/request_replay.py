@@ -119,7 +119,8 @@ class RequestReplay:
         if self.lenience is not None and not corpus.scored:
             raise ValueError(
                 f"rule {rule!r}: corpus {_describe(corpus)} has no scoring pass (the log-probs a ratio rule reads): "
-                "record one with it (python -m specrl_openrlhf.miniature.corpus short|long records the shipped ones)"
+                "record one with it (python -m specrl_openrlhf.miniature.corpus short|drift|long records the shipped "
+                "ones)"
             )
         longest = max(len(r) for epoch in corpus.responses for samples in epoch for r in samples)
         self.max_tokens = int(corpus.meta.get("max_tokens") or longest)  # shorter responses ended by a stop

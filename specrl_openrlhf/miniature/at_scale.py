@@ -66,7 +66,7 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--corpus", default=GOAL["corpus"], help=f"{' or '.join(PRESETS)} (shipped), or a file")
+    parser.add_argument("--corpus", default=GOAL["corpus"], help=f"{', '.join(PRESETS)} (shipped), or a file")
     parser.add_argument("--model", default=GOAL["model"], help=f"the model shape priced: {', '.join(MODELS)}")
     parser.add_argument("--gpu", default=GOAL["gpu"], help=f"the GPU priced: {', '.join(GPUS)}")
     parser.add_argument("--attention", default="once", choices=("once", "per_token"), help="a verification step's")

@@ -1,5 +1,5 @@
 """Corpora of RL rollouts for the simulator (`analysis.simulator`): stock generation from a policy trained between
-epochs, recorded once; the two named ones (`PRESETS`: `short`, `long`) ship with the package.
+epochs, recorded once; the named ones (`PRESETS`: `short`, `drift`, `long`) ship with the package.
 
 The real model's: SmolLM2-135M-Instruct (`smollm2`, a temperature folded into its weights as in `real_model`) on the
 word problems (`style` "short": one problem a prompt; "long": six a prompt, each reasoned through in full),
@@ -60,8 +60,12 @@ class CorpusSettings:
             raise ValueError("corpus samples must be at least 2 (group-normalised rewards)")
 
 
+SHORT = CorpusSettings(prompts=32, samples=8, updates=2, prompts_per_update=4)
 PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in under two hours
-    "short": CorpusSettings(prompts=32, samples=8, updates=2, prompts_per_update=4),
+    "short": SHORT,
+    # short's prompts with twice its learning rate: the policy moves between epochs as much as a GRPO run's does.
+    # float32 as short and long were recorded: a bfloat16 engine's rounding would be measured as drift too.
+    "drift": dataclasses.replace(SHORT, lr=2e-4, dtype="float32"),
     "long": CorpusSettings(
         style="long",
         prompts=32,
@@ -79,7 +83,7 @@ PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in und
 def named(name: str) -> Path:
     """The shipped file of a named corpus (`PRESETS`)."""
     if name not in PRESETS:
-        raise ValueError(f"--corpus takes {' or '.join(PRESETS)} or a corpus file, got {name!r}")
+        raise ValueError(f"--corpus takes {', '.join(PRESETS)} or a corpus file, got {name!r}")
     return SHIPPED / f"{name}.npz"
 
 

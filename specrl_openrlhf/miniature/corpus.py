@@ -252,8 +252,9 @@ def default_checkpoint(name: str) -> Path:
 
 
 def main(argv=None) -> int:
-    """Re-records a named corpus into the package (`PRESETS`) and prints its quality figures. With `--lr` or
-    `--updates`, records a variant of it (a policy that drifts more or less between epochs) into `--out`."""
+    """Re-records a named corpus into the package (`PRESETS`) and prints its quality figures. With `--lr`,
+    `--updates` or `--prompts-per-update`, records a variant of it (a policy that drifts more or less between epochs)
+    into `--out`."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m specrl_openrlhf.miniature.corpus", description=main.__doc__)
@@ -264,17 +265,21 @@ def main(argv=None) -> int:
         "--updates", type=int, default=None, help="policy-gradient steps between epochs (default: the preset's)"
     )
     parser.add_argument(
+        "--prompts-per-update", type=int, default=None, help="prompts' groups in each step (default: the preset's)"
+    )
+    parser.add_argument(
         "--checkpoint",
         default=None,
         help="a folder where each finished epoch is saved, and a run stopped part way resumes (default: "
         "specrl_openrlhf/corpora/NAME in the user's cache); removed once the corpus is written",
     )
     args = parser.parse_args(argv)
-    overrides = {k: v for k, v in (("lr", args.lr), ("updates", args.updates)) if v is not None}
+    given = (("lr", args.lr), ("updates", args.updates), ("prompts_per_update", args.prompts_per_update))
+    overrides = {k: v for k, v in given if v is not None}
     if overrides and args.out is None:
-        parser.error("--lr and --updates record a variant of the preset: name its file with --out")
-    if overrides.get("lr", 1.0) <= 0 or overrides.get("updates", 1) < 0:
-        parser.error(f"--lr must be > 0 and --updates >= 0, got {overrides}")
+        parser.error("--lr, --updates and --prompts-per-update record a variant of a preset: name its file with --out")
+    if overrides.get("lr", 1.0) <= 0 or overrides.get("updates", 1) < 0 or overrides.get("prompts_per_update", 1) < 1:
+        parser.error(f"--lr must be > 0, --updates >= 0 and --prompts-per-update >= 1, got {overrides}")
     settings = dataclasses.replace(PRESETS[args.name], **overrides)
     variant = "".join(f"-{k}{v}" for k, v in overrides.items())
     checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(args.name + variant)

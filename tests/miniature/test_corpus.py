@@ -29,6 +29,9 @@ def test_the_recorder_records_a_variant_of_a_preset_only_into_a_file_of_its_own(
     with pytest.raises(SystemExit):
         corpus.main(["short", "--updates", "-1", "--out", str(tmp_path / "x.npz")])
     assert "--updates >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        corpus.main(["short", "--prompts-per-update", "0", "--out", str(tmp_path / "x.npz")])
+    assert "--prompts-per-update >= 1" in capsys.readouterr().err
 
     class Recorded(Exception):
         pass
@@ -38,10 +41,10 @@ def test_the_recorder_records_a_variant_of_a_preset_only_into_a_file_of_its_own(
 
     monkeypatch.setattr(corpus, "record", record)
     with pytest.raises(Recorded) as seen:
-        corpus.main(["short", "--lr", "2e-4", "--updates", "3", "--out", str(tmp_path / "drift.npz")])
+        corpus.main(["long", "--lr", "2e-4", "--updates", "3", "--prompts-per-update", "8", "--out", str(tmp_path)])
     settings, checkpoint = seen.value.args
-    assert settings == dataclasses.replace(corpus.PRESETS["short"], lr=2e-4, updates=3)
-    assert checkpoint.name == "short-lr0.0002-updates3"  # not the preset's own checkpoint
+    assert settings == dataclasses.replace(corpus.PRESETS["long"], lr=2e-4, updates=3, prompts_per_update=8)
+    assert checkpoint.name == "long-lr0.0002-updates3-prompts_per_update8"  # not the preset's own checkpoint
 
 
 def test_a_long_prompt_holds_several_problems_and_its_answer_is_theirs():

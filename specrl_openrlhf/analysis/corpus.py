@@ -176,7 +176,8 @@ def quality(corpus: Corpus) -> dict[str, float]:
     }
     if corpus.scored:
         for e in range(1, corpus.epochs):
-            pairs = [(s, lp) for ss, lps in zip(corpus.scores[e], corpus.logprobs[e - 1]) for s, lp in zip(ss, lps)]
-            sums = [scored_token_sums(lp, s, lp, lenience=None)["kl_sum"] for s, lp in pairs]
-            figures[f"kl_epoch{e}"] = sum(sums) / max(sum(len(s) for s, _ in pairs), 1)
+            scored = np.concatenate([s for samples in corpus.scores[e] for s in samples])
+            drafted = np.concatenate([lp for samples in corpus.logprobs[e - 1] for lp in samples])
+            kl_sum = scored_token_sums(drafted, scored, drafted, lenience=None)["kl_sum"]
+            figures[f"kl_epoch{e}"] = kl_sum / max(len(scored), 1)
     return figures

@@ -58,6 +58,11 @@ class CorpusSettings:
                 raise ValueError(f"corpus {name} must be at least 1, got {getattr(self, name)}")
         if self.samples < 2:
             raise ValueError("corpus samples must be at least 2 (group-normalised rewards)")
+        if self.lr <= 0 or self.updates < 0 or self.prompts_per_update < 1:
+            raise ValueError(
+                f"corpus lr must be > 0, updates >= 0 and prompts_per_update >= 1, got {self.lr}, {self.updates}, "
+                f"{self.prompts_per_update}"
+            )
 
 
 SHORT = CorpusSettings(prompts=32, samples=8, updates=2, prompts_per_update=4)
@@ -278,9 +283,10 @@ def main(argv=None) -> int:
     overrides = {k: v for k, v in given if v is not None}
     if overrides and args.out is None:
         parser.error("--lr, --updates and --prompts-per-update record a variant of a preset: name its file with --out")
-    if overrides.get("lr", 1.0) <= 0 or overrides.get("updates", 1) < 0 or overrides.get("prompts_per_update", 1) < 1:
+    try:
+        settings = dataclasses.replace(PRESETS[args.name], **overrides)
+    except ValueError:
         parser.error(f"--lr must be > 0, --updates >= 0 and --prompts-per-update >= 1, got {overrides}")
-    settings = dataclasses.replace(PRESETS[args.name], **overrides)
     variant = "".join(f"-{k}{v}" for k, v in overrides.items())
     checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(args.name + variant)
     corpus = record(settings, checkpoint=checkpoint)

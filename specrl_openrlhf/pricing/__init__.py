@@ -1,5 +1,5 @@
-"""Pricing engine steps on GPUs: measured step curves, kernel step models, projections. The only place a cost is
-computed; one module a job:
+"""Pricing engine steps on GPUs: measured step curves, kernel step models, projections; and the running engine's
+step time, fitted online. The only place a cost is computed; one module a job:
 
 - `curves`: a GPU's measured step curve (`StepCurve`: rows x tokens per row, prefill, the context it was measured at)
   and the engine's host time per step (`HostCurve`); the step-price interface (`StepPrice`) every price keeps;
@@ -8,7 +8,9 @@ computed; one module a job:
 - `projection`: steps priced with every cost (`step_costs`, `RuleCost`) and a rule against stock, the host's part
   shown (`project`: `projected`, `projected_async`, `breakeven_host_ms`, what is missing);
 - `rules`: a rule's figures from simulated steps given as columns (`figures`, `proposer_fit`);
-- `measured`: what this machine measured, cached per machine (the proposers' costs, the host curve, `rule_cost`).
+- `measured`: what this machine measured, cached per machine (the proposers' costs, the host curve, `rule_cost`);
+- `online`: the running engine's own step time, fitted online (`OnlineStepCost`), the draft budget's cost where no
+  GPU price is given.
 
 Core: numpy only; nothing here imports an engine or a layer above the core.
 """

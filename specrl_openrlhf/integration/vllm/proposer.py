@@ -29,7 +29,8 @@ import time
 
 import numpy as np
 
-from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, StepCost
+from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck
+from ...pricing.online import OnlineStepCost
 from . import histories, plugin
 from .arena import NONE, warn_if_interpreted
 from .follow import anchor, follow, goodput_allocate, survival_floor, warm_up
@@ -53,7 +54,7 @@ class HistoryProposer:
         self.k, self.max_model_len, self.failed = 0, 0, False
         self.lookahead = LOOKAHEAD  # slots a candidate is priced for: the budget never took more than half of them
         self.idle, self.asleep, self.idle_rows = 0, 0, 0  # steps given nothing in a row; asleep for; at batch size
-        self.cost = StepCost()
+        self.cost = OnlineStepCost()
         self.acceptance = AcceptanceModel()
         self.budget = DraftBudget(goodput=goodput_allocate)
         self.check = DraftingCheck()

@@ -1,5 +1,5 @@
-"""Draft budgets (`specrl_openrlhf.budget`): the slots that pay, the step cost fitted online, acceptance learned from
-verdicts. Exactness does not rest on any of it (a budget only chooses the proposal); the engine tests check that."""
+"""Which slots a step drafts (`specrl_openrlhf.budget.allocation`): the slots that pay, an exploring slot, the static
+mode. Exactness does not rest on any of it (a budget only chooses the proposal); the engine tests check that."""
 
 import doctest
 import itertools
@@ -7,14 +7,14 @@ import itertools
 import numpy as np
 import pytest
 
-from specrl_openrlhf import budget as budget_module
-from specrl_openrlhf.budget import ANCHORED, REENTERED, AcceptanceModel, DraftBudget, StepCost, features
+from specrl_openrlhf.budget import allocation
+from specrl_openrlhf.budget.allocation import DraftBudget, goodput_allocate
 
 CPU = np.array([0.006, 0.00005, 0.00005])  # base, per row, per token (s): a step of 32 rows costs about 9 ms
 
 
 def test_doctests():
-    assert doctest.testmod(budget_module).failed == 0
+    assert doctest.testmod(allocation).failed == 0
 
 
 def allocate(budget, acceptance, rows, cost, **kw) -> list[int]:
@@ -24,14 +24,6 @@ def allocate(budget, acceptance, rows, cost, **kw) -> list[int]:
     for i, a in enumerate(acceptance):
         matrix[i, : len(a)] = a
     return budget.allocate(matrix, np.array([len(a) for a in acceptance], np.int64), rows, cost, **kw).tolist()
-
-
-def observe(model, slot, accepted, predicted=None):
-    model.observe(np.array([slot]), np.array([accepted]), None if predicted is None else np.array([predicted]))
-
-
-def predict(model, slot) -> float:
-    return float(model.predict(np.array([slot]))[0])
 
 
 def goodput(acceptance, counts, rows, cost):
@@ -83,74 +75,6 @@ def test_on_a_gpus_curve_drafts_pay_at_small_batches_only():
     assert allocate(DraftBudget(), [likely] * 32, 32, h200) == [8] * 32
 
 
-def test_the_cost_fit_recovers_a_linear_step_cost_from_noisy_steps():
-    rng = np.random.default_rng(1)
-    cost = StepCost()
-    for _ in range(3000):
-        rows = int(rng.integers(1, 256))
-        tokens = rows + int(rng.integers(0, 4 * rows + 1))
-        seconds = (0.005 + 0.00002 * rows + 0.00008 * tokens) * rng.lognormal(0.0, 0.05)
-        cost.observe(rows, tokens, seconds)
-    cost.observe(64, 64, 5.0)  # a stall (a weight load, a collection) is not a step
-    base, per_row, per_token, _ = cost.params
-    assert base == pytest.approx(0.005, rel=0.1) and per_token == pytest.approx(0.00008, rel=0.05)
-    assert per_row == pytest.approx(0.00002, abs=0.00001)
-
-
-def test_until_drafts_vary_the_prior_splits_a_rows_cost_with_its_tokens():
-    cost = StepCost()
-    for rows in (8, 16, 32, 64) * 10:  # plain decoding: tokens = rows
-        cost.observe(rows, rows, 0.004 + 0.0002 * rows)
-    base, per_row, per_token, _ = cost.params
-    assert base == pytest.approx(0.004, rel=0.05) and per_row == pytest.approx(per_token, rel=0.05)
-    assert per_row + per_token == pytest.approx(0.0002, rel=0.05)
-
-
-def test_acceptance_is_calibrated_on_recorded_verdicts():
-    """Verdicts drawn with a known chance per kind of slot: predictions land on it, and the calibration table's
-    predicted and observed means agree in every decile it filled."""
-    rng = np.random.default_rng(2)
-    truth = {
-        int(features(ANCHORED, 0, 1.0, 0)): 0.95,
-        int(features(ANCHORED, 2, 0.6, 0)): 0.6,
-        int(features(REENTERED, 0, 0.3, 5)): 0.25,
-        int(features(REENTERED, 5, 0.1, 20)): 0.05,
-    }
-    model = AcceptanceModel()
-    slots = np.array(list(truth))
-    chance = np.array([truth[s] for s in slots])
-    for _ in range(200):  # a step's verdicts at a time, as the proposer gives them
-        drawn = rng.integers(len(slots), size=100)
-        model.observe(slots[drawn], rng.random(100) < chance[drawn], model.predict(slots[drawn]))
-    for slot, p in truth.items():
-        assert predict(model, slot) == pytest.approx(p, abs=0.03)
-    filled = model.calibration[model.calibration[:, 0] > 500]
-    assert len(filled) >= 3
-    assert np.allclose(filled[:, 1] / filled[:, 0], filled[:, 2] / filled[:, 0], atol=0.03)
-
-
-def test_acceptance_follows_a_policy_that_moves():
-    model, slot = AcceptanceModel(half_life=500), int(features(ANCHORED, 0, 1.0, 0))
-    model.observe(np.full(2000, slot), np.ones(2000, bool))
-    model.observe(np.full(2000, slot), np.zeros(2000, bool))  # the policy moved away from the history
-    assert predict(model, slot) < 0.1
-
-
-def test_an_unseen_slot_is_predicted_from_what_is_known_of_its_kind():
-    model = AcceptanceModel()
-    model.observe(np.full(500, features(ANCHORED, 0, 1.0, 0)), np.ones(500, bool))
-    assert predict(model, features(ANCHORED, 3, 1.0, 0)) > 0.9  # same kind and support, another position
-    unseen = predict(model, features(REENTERED, 0, 0.2, 4))  # nothing known of its kind: the overall rate
-    assert unseen == pytest.approx((500 + 4 * 0.5) / (500 + 4), abs=0.01)
-
-
-def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="step cost"):
-        StepCost(half_life=0)
-    with pytest.raises(ValueError, match="acceptance model"):
-        AcceptanceModel(prior=1.0)
-
-
 def test_the_static_mode_drafts_every_candidate_slot():
     static = allocate(
         DraftBudget(), [[0.01, 0.01], [0.9]], rows=256, cost=np.array([0.004, 0.0, 0.001]), mode="static"
@@ -164,3 +88,11 @@ def test_after_idle_steps_the_likeliest_slot_is_explored():
     counts = [allocate(budget, [[0.2, 0.1], [0.3]], rows=64, cost=cost) for _ in range(8)]
     assert counts == [[0, 0]] * 3 + [[0, 1]] + [[0, 0]] * 3 + [[0, 1]]
     assert allocate(budget, [], rows=64, cost=cost) == [] and budget.idle_steps == 0  # nothing to draft: not idle
+
+
+def test_slots_at_or_below_the_floor_are_never_admitted_even_where_every_slot_is():
+    """The survival loop ends a row at its first slot whose survival is at or below `floor` (`survival_floor`)."""
+    counts = np.zeros(2, np.int64)
+    acceptance = np.array([[0.9, 0.5, 1.0], [0.4, 1.0, 1.0]])  # survivals 0.9, 0.45, 0.45; 0.4, 0.4, 0.4
+    goodput_allocate(acceptance, np.array([3, 3], np.int64), 2, 0.0, 0.0, 1.0, 0.45, True, counts)
+    assert counts.tolist() == [1, 0]

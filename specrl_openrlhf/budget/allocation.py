@@ -1,0 +1,117 @@
+"""Which slots a step drafts (`DraftBudget`): the goodput-maximising set, by survival, best first (`goodput_allocate`,
+plain Python over arrays that the proposer compiles), with an exploring slot after idle steps, or every candidate slot
+in the `static` mode.
+
+Core module: numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EXPLORE_EVERY = 16  # steps without a drafted slot, after which the likeliest one is drafted anyway: verdicts go on
+EXPLORE_MARGIN = 0.02  # no exploring slot while drafting gains less than predicted by more than this
+BUDGET_MODES = ("goodput", "static")
+
+
+def survival_floor(rows, base, per_row, per_token):
+    """The survival at or below which a slot never pays: a slot pays when its survival exceeds per_token x the goodput
+    so far, which admitting paying slots only raises, so slots below per_token x the goodput without drafts never do
+    (most of them, in a busy step)."""
+    return per_token * rows / max(base + (per_row + per_token) * rows, 1e-12)
+
+
+def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor, admit_all, counts):
+    """Adds to `counts` ([n]) each row's count in the goodput-maximising set of slots (`admit_all`: every slot) and
+    returns the set's predicted gain: slots by survival (the product of a row's acceptances up to the slot), best
+    first, while the next one raises (rows + expected tokens) / step time; slots at or below `floor` never pay
+    (`survival_floor`; -1 with `admit_all`). `lengths`: [n] int64. Plain Python over arrays, which the proposer
+    compiles (`integration.vllm.follow`)."""
+    survival, owner = np.empty(lengths.sum()), np.empty(lengths.sum(), np.int64)  # the slots above `floor`, by row
+    total = 0
+    for i in range(len(lengths)):
+        alive = 1.0
+        for j in range(lengths[i]):
+            alive *= acceptance[i, j]
+            if alive <= floor:
+                break
+            survival[total], owner[total] = alive, i
+            total += 1
+    if total == 0:
+        return 0.0
+    order = np.argsort(
+        -survival[:total], kind="mergesort"
+    )  # stable: a row's slots stay in order (survival never rises)
+    plain = rows / max(base + (per_row + per_token) * rows, 1e-12)
+    best, best_goodput, gained = 0, plain, 0.0
+    for j in range(total):
+        gained += survival[order[j]]
+        goodput = (rows + gained) / max(base + per_row * rows + per_token * (rows + j + 1), 1e-12)
+        if admit_all or goodput > best_goodput:  # the first maximum: no slot that adds nothing
+            best, best_goodput = j + 1, goodput
+    for j in range(best):
+        counts[owner[order[j]]] += 1
+    return best_goodput / plain - 1.0
+
+
+class DraftBudget:
+    """How many slots each row of a step drafts: in the `goodput` mode, the prefix of each row's candidates that the
+    goodput-maximising set of slots holds, and after `explore_every` steps without a slot the likeliest one; in the
+    `static` mode (the ablation without a budget), every candidate slot.
+
+    >>> budget = DraftBudget()
+    >>> cost = np.array([0.004, 0.0001, 0.00005])  # base, per row, per token (s)
+    >>> budget.allocate(np.array([[0.9, 0.9, 0.9], [0.3, 0.3, 0.0]]), np.array([3, 2]), 2, cost).tolist()  # long
+    [3, 2]
+    >>> budget.allocate(np.array([[0.9, 0.9, 0.9], [0.1, 0.9, 0.0]]), np.array([3, 2]), 256, cost).tolist()  # busy
+    [3, 0]
+    """
+
+    def __init__(self, explore_every: int = EXPLORE_EVERY, goodput=goodput_allocate):
+        self.explore_every = explore_every
+        self.goodput = goodput  # `goodput_allocate`, or the proposer's compiled copy of it
+        self.idle_steps = 0  # steps since a slot was last drafted
+        self.predicted_gain: float | None = 0.0  # of the last allocation (None: static, which predicts nothing)
+
+    def allocate(
+        self,
+        acceptance: np.ndarray,
+        lengths: np.ndarray,
+        rows: int,
+        cost: np.ndarray,
+        mode: str = "goodput",
+        margin: float = 0.0,
+    ) -> np.ndarray:
+        """`acceptance`: [n, k] the conditional acceptance of each candidate row's slots, the first `lengths[i]` of
+        row i valid; `rows`: the rows the step serves (each produces one token whatever is drafted); `cost`: [3]
+        (base, per_row, per_token), the step's linear cost (`pricing.online.OnlineStepCost.at`, or a GPU price's
+        `budget_cost`); `mode`: one of `BUDGET_MODES`; `margin`: the predicted gain a goodput step's drafts must
+        clear (`DraftingCheck.margin`; inf: a probe, nothing drafted). Returns each candidate row's count ([n])."""
+        lengths = np.asarray(lengths, np.int64)
+        if mode == "static":
+            self.predicted_gain = None
+            return lengths.copy()
+        counts, gain = self.goodput_counts(acceptance, lengths, rows, cost)
+        if gain <= margin:
+            counts, gain = np.zeros_like(lengths), 0.0
+        if len(lengths) and not counts.any():
+            self.idle_steps += 1
+            if self.idle_steps >= self.explore_every and margin <= EXPLORE_MARGIN and lengths.any():
+                first = np.where(lengths > 0, acceptance[:, 0], -1.0)
+                best = int(np.argmax(first))  # the likeliest slot
+                counts[best], self.idle_steps = 1, 0
+                gain = self.goodput_counts(acceptance[best : best + 1, :1], np.ones(1, np.int64), rows, cost, True)[1]
+        else:
+            self.idle_steps = 0
+        self.predicted_gain = gain
+        return counts
+
+    def goodput_counts(self, acceptance, lengths, rows: int, cost: np.ndarray, admit_all: bool = False):
+        """Each row's count in the goodput-maximising set of slots (`admit_all`: every slot), and their gain."""
+        counts = np.zeros(len(lengths), np.int64)
+        if not len(lengths) or not lengths.any():
+            return counts, 0.0
+        base, per_row, per_token = (float(x) for x in cost)
+        floor = -1.0 if admit_all else survival_floor(rows, base, per_row, per_token)
+        gain = self.goodput(acceptance, lengths, rows, base, per_row, per_token, floor, admit_all, counts)
+        return counts, float(gain)

@@ -139,7 +139,8 @@ async def run(args) -> int:
         write_weights,
     )
     from specrl_openrlhf.pricing.curves import StepCurve, describe
-    from specrl_openrlhf.pricing.projection import RL_MAX_ROWS, RL_SCALE, missing_field, project_steps, rl_pricing
+    from specrl_openrlhf.pricing.projection import RL_MAX_ROWS, RL_SCALE, missing_field
+    from specrl_openrlhf.pricing.rl_scale import project_at_rl_scales
     from specrl_openrlhf.pricing.steps import EngineSteps
     from specrl_openrlhf.request_path.scoring import ChunkSchedule
 
@@ -331,10 +332,7 @@ async def run(args) -> int:
 
         host = host_curve(None)
         cost = rule_cost(policy, machine())
-        projected = {
-            scale: project_steps(recorded["off"], recorded["spec"], rl_pricing(curve, scale, host), cost)
-            for scale in (1, RL_SCALE)
-        }
+        projected = project_at_rl_scales(recorded["off"], recorded["spec"], curve, host, cost)
         one, rl = projected[1], projected[RL_SCALE]
         proposer_us = f"{cost.proposer_us:.2f}" if cost.proposer_us is not None else "never measured (missing)"
         print(

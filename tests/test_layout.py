@@ -133,6 +133,7 @@ def test_tests_mirror_the_modules():
         "budget/acceptance",
         "budget/allocation",
         "pricing/online",
+        "pricing/rl_scale",
     ):
         folder, _, stem = module.rpartition("/")
         assert (tests / folder / f"test_{stem}.py").exists(), f"no tests/{folder}/test_{stem}.py"

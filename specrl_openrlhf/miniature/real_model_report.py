@@ -1,13 +1,14 @@
 """What `bench_real_model.py` prints: a line per rule and visit as it runs, and the paper's Table 3 shape over seeds
 (`summary`), each rule against its seed's `off`, with 95% t intervals over seeds; each rule's engine steps projected
-on the GPU's step curve against stock's, the host's part shown (`pricing.projection.project_steps`)."""
+on the GPU's step curve against stock's, the host's part shown (`pricing.rl_scale.project_at_rl_scales`)."""
 
 from __future__ import annotations
 
 import math
 
 from ..pricing.curves import describe
-from ..pricing.projection import RL_SCALE, STOCK, Projection, project_steps, rl_pricing
+from ..pricing.projection import RL_SCALE, STOCK, rl_pricing
+from ..pricing.rl_scale import RL_SCALES, project_at_rl_scales, scale_fields, scaled_name
 from ..pricing.steps import EngineSteps
 from .real_model_settings import Record, Settings
 
@@ -83,23 +84,16 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
 
 def projected(result: dict, rule: str, mine: list[Record], off: list[Record]) -> dict:
     """A seed's rule against its `off` on the GPU's curve, every visit's steps together, at rows x 1 and x 8: the
-    projection (`project_steps`), with the host hidden, the breakeven host time, and what is missing."""
+    projection (`project_at_rl_scales`), with the host hidden, the breakeven host time, and what is missing."""
     curve = result.get("curve")
+    names = ("projected", "projected_async", "breakeven_host_ms")
     if curve is None:
-        nan = {key: math.nan for key in ("projected", "projected_async", "breakeven_host_ms")}
-        return nan | {f"{key}8": value for key, value in nan.items()} | {"missing": ("curve",)}
+        return {scaled_name(name, scale): math.nan for scale in RL_SCALES for name in names} | {"missing": ("curve",)}
     stock = sum((EngineSteps.from_dict(r.steps) for r in off if r.steps), EngineSteps.of([]))
     steps = sum((EngineSteps.from_dict(r.steps) for r in mine if r.steps), EngineSteps.of([]))
     cost = result.get("costs", {}).get(rule, STOCK)
-    out: dict = {}
-    for scale, suffix in ((1, ""), (RL_SCALE, "8")):
-        p: Projection = project_steps(stock, steps, rl_pricing(curve, scale, result.get("host")), cost)
-        out |= {
-            f"projected{suffix}": p.projected,
-            f"projected_async{suffix}": p.projected_async,
-            f"breakeven_host_ms{suffix}": p.breakeven_host_ms,
-        }
-    return out | {"missing": p.missing}
+    projections = project_at_rl_scales(stock, steps, curve, result.get("host"), cost)
+    return scale_fields(projections, names) | {"missing": projections[RL_SCALE].missing}
 
 
 def projection_fields(rule: str, f: dict) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 from ..analysis import plots, report
 from ..analysis.run_series import RunSeries, baseline_of
 from ..pricing.curves import describe
-from ..pricing.projection import RL_SCALE, missing_field, project_steps, rl_pricing
+from ..pricing.projection import RL_SCALE, missing_field
+from ..pricing.rl_scale import project_at_rl_scales, scale_fields
 from ..pricing.steps import EngineSteps
 from .plan import Group
 
@@ -184,15 +185,11 @@ def host_figures(
         cost = rule_cost(policies[pairs[0][0].name], machine())
         figures = {key: [] for key in PROJECTED}
         for run, base in pairs:
-            for scale, suffix in ((1, ""), (RL_SCALE, "8")):
-                p = project_steps(
-                    recorded_steps(steps_dir, base.name),
-                    recorded_steps(steps_dir, run.name),
-                    rl_pricing(curve, scale, host),
-                    cost,
-                )
-                figures[f"projected_async{suffix}"].append(p.projected_async)
-                figures[f"breakeven_host_ms{suffix}"].append(p.breakeven_host_ms)
+            stock, steps = recorded_steps(steps_dir, base.name), recorded_steps(steps_dir, run.name)
+            projections = project_at_rl_scales(stock, steps, curve, host, cost)
+            for key, value in scale_fields(projections, ("projected_async", "breakeven_host_ms")).items():
+                figures[key].append(value)
+        p = projections[RL_SCALE]
         means = {key: sum(values) / len(values) for key, values in figures.items()}
         out.append({**row, **means, "missing": p.missing, "prefill": p.prefill})
     return out

@@ -162,7 +162,7 @@ def rollout(async_engine, gen, prompts, sampling):
 def score(async_engine, prompt, response):
     """Current-policy logprob of each response token (one uncached scoring request)."""
     from specrl_openrlhf.integration.vllm.edge import engine_generate, scoring_params
-    from specrl_openrlhf.request_path.scoring import ScoringRequest
+    from specrl_openrlhf.request_path.scoring_messages import ScoringRequest
 
     engine, runner = async_engine
     request = ScoringRequest(list(prompt) + list(response), 0, len(response), False)

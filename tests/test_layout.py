@@ -64,21 +64,38 @@ def _literal_import_module(node: ast.Call, name: str, package: str) -> str | Non
     return _absolute(package, target.value[level:], level)
 
 
+def lazy_exports() -> dict[str, str]:
+    """The package's top-level names that load their module on first use (`_EXPORTS` in its __init__): an import
+    of such a name, or `sr.Name` after `import specrl_openrlhf as sr`, imports that module."""
+    for node in ast.parse((PACKAGE / "__init__.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
+            return {name: f"{PACKAGE.name}.{module}" for name, module in ast.literal_eval(node.value).items()}
+    return {}
+
+
 def module_imports(name: str, path: Path) -> set[str]:
     """Every module `name` imports: at module level, inside functions and methods, under `if TYPE_CHECKING` (a
-    circle there is one too), relative or absolute, and `importlib.import_module` with a literal name."""
+    circle there is one too), relative or absolute, `importlib.import_module` with a literal name, and the modules
+    behind the package's lazily loaded names."""
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
+    exports = lazy_exports()
+    found, aliases = set(), set()  # aliases: local names bound to the package itself
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
+            aliases |= {alias.asname or alias.name for alias in node.names if alias.name == PACKAGE.name}
         elif isinstance(node, ast.ImportFrom):
             base = _absolute(package, node.module or "", node.level)
             found.add(base)
             found |= {f"{base}.{alias.name}" for alias in node.names}
+            if base == PACKAGE.name:
+                found |= {exports[alias.name] for alias in node.names if alias.name in exports}
         elif isinstance(node, ast.Call) and (target := _literal_import_module(node, name, package)):
             found.add(target)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            found.add(exports.get(node.attr, f"{PACKAGE.name}.{node.attr}"))
     return found
 
 
@@ -132,6 +149,8 @@ def test_the_import_reader_sees_every_import(tmp_path):
     source.write_text(
         "import importlib\n"
         "from typing import TYPE_CHECKING\n"
+        "import specrl_openrlhf as sr\n"
+        "from specrl_openrlhf import SpeculativePlanner\n"
         "if TYPE_CHECKING:\n"
         "    from .typed import T\n"
         "def f():\n"
@@ -141,6 +160,8 @@ def test_the_import_reader_sees_every_import(tmp_path):
         "        import specrl_openrlhf.inner\n"
         "        importlib.import_module('specrl_openrlhf.loaded')\n"
         "        return importlib.import_module('.rel', __package__)\n"
+        "def g():\n"
+        "    return sr.DraftCache\n"
     )
     found = module_imports("specrl_openrlhf.pkg.probe", source)
     for module in (
@@ -149,8 +170,10 @@ def test_the_import_reader_sees_every_import(tmp_path):
         "specrl_openrlhf.inner",
         "specrl_openrlhf.loaded",
         "specrl_openrlhf.pkg.rel",
+        "specrl_openrlhf.request_path.planner",  # a lazily loaded name
     ):
         assert module in found, module
+    assert "specrl_openrlhf.cache" in found  # sr.DraftCache
 
 
 def test_circles_are_found_at_any_depth():
@@ -211,6 +234,14 @@ def test_tests_mirror_the_modules():
         "integration/vllm/edge",
         "integration/vllm/proposer",
         "request_path/planner",
+        "request_path/scoring",
+        "request_path/chunking",
+        "analysis/grid",
+        "analysis/grid_file",
+        "analysis/grid_run",
+        "analysis/run_readers",
+        "analysis/report_rows",
+        "analysis/report",
         "pricing/curves",
         "pricing/steps",
         "pricing/projection",

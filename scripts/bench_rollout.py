@@ -142,7 +142,7 @@ async def run(args) -> int:
     from specrl_openrlhf.pricing.projection import RL_MAX_ROWS, RL_SCALE, missing_field
     from specrl_openrlhf.pricing.rl_scale import project_at_rl_scales
     from specrl_openrlhf.pricing.steps import EngineSteps
-    from specrl_openrlhf.request_path.scoring import ChunkSchedule
+    from specrl_openrlhf.request_path.chunking import ChunkSchedule
 
     regime = REGIMES[args.regime]
     noise = regime["noise"] if args.noise is None else args.noise

@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from specrl_openrlhf.markdown import numbers, table
 from specrl_openrlhf.pricing.kernels import GPUS, MODELS, KernelStepModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,46 +23,44 @@ ROOT = Path(__file__).resolve().parents[1]
 def compare(curve: dict, gpu: str) -> list[str]:
     model, context = curve["shape"], int(curve["context"])
     bounds = {a: KernelStepModel.build(gpu, model, a) for a in ("once", "per_token")}
-    lines = [
-        f"{curve['device']} (ours, {curve.get('attention', '?')} attention) against {bounds['once'].source} on {gpu}, "
-        f"{model}, context {context}",
-        "",
-        "| rows | tokens | ours ms | once ms | per_token ms | once / ours | per_token / ours |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
     ours = {(p["rows"], p["tokens"]): p["seconds"] for p in curve["curve"]}
+    points = []
     for (rows, tokens), seconds in sorted(ours.items()):
         once, per_token = (bounds[a].time(rows, tokens, context) for a in ("once", "per_token"))
-        lines.append(
-            f"| {rows} | {tokens} | {seconds * 1e3:.2f} | {once * 1e3:.2f} | {per_token * 1e3:.2f} "
-            f"| {once / seconds:.2f} | {per_token / seconds:.2f} |"
-        )
-    lines += ["", "| rows | ours t4/t1 | once t4/t1 | per_token t4/t1 |", "|---:|---:|---:|---:|"]
+        points.append([rows, tokens, *(f"{t * 1e3:.2f}" for t in (seconds, once, per_token))])
+        points[-1] += [f"{once / seconds:.2f}", f"{per_token / seconds:.2f}"]
+    head = ["rows", "tokens", "ours ms", "once ms", "per_token ms", "once / ours", "per_token / ours"]
+    four_over_one = []
     for rows in (128, 512):
         if (rows, 1) in ours and (rows, 4) in ours:
             ratio = [bounds[a].time(rows, 4, context) / bounds[a].time(rows, 1, context) for a in bounds]
-            lines.append(f"| {rows} | {ours[rows, 4] / ours[rows, 1]:.2f} | {ratio[0]:.2f} | {ratio[1]:.2f} |")
-    return lines
+            four_over_one.append([rows, f"{ours[rows, 4] / ours[rows, 1]:.2f}", f"{ratio[0]:.2f}", f"{ratio[1]:.2f}"])
+    return [
+        f"{curve['device']} (ours, {curve.get('attention', '?')} attention) against {bounds['once'].source} on {gpu}, "
+        f"{model}, context {context}",
+        "",
+        table(head, points, "right"),
+        "",
+        table(["rows", "ours t4/t1", "once t4/t1", "per_token t4/t1"], four_over_one, "right"),
+    ]
 
 
 def summary(gpu: str, model: str) -> list[str]:
     once = KernelStepModel.build(gpu, model)
-    lines = [
-        f"{model} on {once.device}, attention once",
-        "",
-        "| context | rows | t=1 ms | t=4 ms |",
-        "|---:|---:|---:|---:|",
-    ]
+    steps = []
     for context in (512, 2048, 4096):
         for rows in (128, 512):
-            one, four = (once.time(rows, tokens, context) * 1e3 for tokens in (1, 4))
-            lines.append(f"| {context} | {rows} | {one:.2f} | {four:.2f} |")
-    lines += ["", "KV capacity (tokens)", "", "| model | " + " | ".join(GPUS) + " |", "|---|" + "---:|" * len(GPUS)]
-    for name in MODELS:
-        lines.append(
-            f"| {name} | " + " | ".join(f"{KernelStepModel.build(g, name).kv_capacity_tokens:,}" for g in GPUS) + " |"
-        )
-    return lines
+            steps.append([context, rows, *(f"{once.time(rows, tokens, context) * 1e3:.2f}" for tokens in (1, 4))])
+    capacities = [[name, *(f"{KernelStepModel.build(g, name).kv_capacity_tokens:,}" for g in GPUS)] for name in MODELS]
+    return [
+        f"{model} on {once.device}, attention once",
+        "",
+        table(["context", "rows", "t=1 ms", "t=4 ms"], steps, "right"),
+        "",
+        "KV capacity (tokens)",
+        "",
+        table(["model", *GPUS], capacities, numbers(1, 1 + len(GPUS))),
+    ]
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .lenience import DEFAULT_LENIENCE, check_lenience
+from .markdown import table
 from .references import absolute_reference
 
 if TYPE_CHECKING:
@@ -309,16 +310,15 @@ def flags_markdown() -> str:
     """The flag table of docs/usage.md."""
     from .policies import builtin_names
 
-    lines = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    rows = []
     for field in dataclasses.fields(ReuseConfig):
         kwargs = field.metadata["argparse"]
         value = f" {kwargs['metavar']}" if "metavar" in kwargs else ""
         if "choices" in kwargs:
-            value = " " + "\\|".join(kwargs["choices"])
+            value = " " + "|".join(kwargs["choices"])  # the table escapes the bars
         shown = field.metadata["shown"] or (f"`{field.default}`" if isinstance(field.default, str) else field.default)
-        meaning = help_text(field, builtin_names()).replace("|", "\\|")
-        lines.append(f"| `{field.metadata['flag']}{value}` | {shown} | {meaning} |")
-    return "\n".join(lines)
+        rows.append([f"`{field.metadata['flag']}{value}`", shown, help_text(field, builtin_names())])
+    return table(["flag", "default", "meaning"], rows)
 
 
 def _lookup(namespace, dotted: str):

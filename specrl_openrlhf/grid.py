@@ -1,9 +1,9 @@
 """`python -m specrl_openrlhf.grid`: the ablation grid, one OpenRLHF (or quickstart) command per cell, run or
-printed (`analysis.grid`)."""
+printed (`analysis.grid_run`)."""
 
 import sys
 
-from .analysis.grid import main
+from .analysis.grid_run import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,7 @@
 """Helpers that several test modules share (a module of their own, so no test module imports another)."""
 
 import math
+import textwrap
 import types
 from pathlib import Path
 
@@ -10,6 +11,32 @@ import specrl_openrlhf as sr
 
 REPO = Path(__file__).resolve().parents[1]
 ADAPTIVE = f"{REPO / 'policies' / 'adaptive_lenience.py'}:AdaptiveLenience"
+GRIDS = REPO / "configs" / "grids"
+
+
+def a_real_picture(path: Path) -> bool:
+    """A PNG that decodes to a figure with something drawn on it (not blank)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("L"), dtype=np.float64)
+    return image.format == "PNG" and min(pixels.shape) > 100 and pixels.std() > 10
+
+
+def flag_value(command: list[str], flag: str) -> str | None:
+    """The last value given to `flag` (argparse keeps the last)."""
+    values = [command[i + 1] for i, word in enumerate(command[:-1]) if word == flag]
+    return values[-1] if values else None
+
+
+def write_grid(tmp_path, text: str) -> Path:
+    """A grid file `g.yaml` holding `text`, beside the presets it may name (common, grpo)."""
+    (tmp_path / "configs" / "grids").mkdir(parents=True, exist_ok=True)
+    for name in ("common", "grpo"):
+        (tmp_path / "configs" / f"{name}.args").write_text("--rollout.n_samples_per_prompt 8\n")
+    path = tmp_path / "configs" / "grids" / "g.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
 
 
 def draft(tokens, logprobs=None, finish="stop"):
@@ -135,7 +162,7 @@ def rollout(async_engine, gen, prompts, sampling):
 def score(async_engine, prompt, response):
     """Current-policy logprob of each response token (one uncached scoring request)."""
     from specrl_openrlhf.integration.vllm.edge import engine_generate, scoring_params
-    from specrl_openrlhf.request_path.scoring import ScoringRequest
+    from specrl_openrlhf.request_path.scoring_messages import ScoringRequest
 
     engine, runner = async_engine
     request = ScoringRequest(list(prompt) + list(response), 0, len(response), False)

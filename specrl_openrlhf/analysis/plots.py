@@ -99,13 +99,7 @@ def plot(runs: list[RunSeries], path: Path, title: str = "") -> Path:
     for axis in axes[len(curves) + 1 :]:
         axis.axis("off")
     axes[0].legend(fontsize=7)
-    if title:
-        figure.suptitle(title)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return _save(figure, path, title)
 
 
 def plot_lenience(runs: list[RunSeries], path: Path) -> Path | None:
@@ -135,10 +129,7 @@ def plot_lenience(runs: list[RunSeries], path: Path) -> Path | None:
         if first is not None:
             right.axhline(base.final_accuracy().get(first, math.nan), color="tab:red", alpha=0.3)
     left.set_title("lenience ablation (flat lines: the baselines)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def _gap_point(axis, x: float, row: dict, marker: str, label: str) -> None:
@@ -179,11 +170,7 @@ def plot_staleness_gap(paired: list[dict], path: Path) -> Path | None:
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("held-out acc. − off (points, 95% CI)")
     axes[-1].legend(fontsize=7)
-    figure.suptitle("accuracy gap against staleness (marker: regime, colour: rule)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return _save(figure, path, "accuracy gap against staleness (marker: regime, colour: rule)")
 
 
 def plot_frontier(paired: list[dict], path: Path) -> Path | None:
@@ -206,11 +193,7 @@ def plot_frontier(paired: list[dict], path: Path) -> Path | None:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
     axes[0][0].set_ylabel("held-out acc. − off (points, 95% CI)")
-    figure.suptitle("the frontier: tokens saved against accuracy kept")
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return _save(figure, path, "the frontier: tokens saved against accuracy kept")
 
 
 def plot_rows_per_step(steps_dir: Path, path: Path) -> Path | None:
@@ -241,8 +224,15 @@ def plot_rows_per_step(steps_dir: Path, path: Path) -> Path | None:
     axis.set_title("the rollout's tail: rows per engine step over the last rollout")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
+    return _save(figure, path)
+
+
+def _save(figure, path: Path, title: str = "") -> Path:
+    """Write `figure` to `path` (its folder made if need be), titled `title` if given, and close it."""
+    if title:
+        figure.suptitle(title)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=90)
-    plt.close(figure)
+    _pyplot().close(figure)
     return path

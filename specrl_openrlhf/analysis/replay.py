@@ -23,6 +23,7 @@ import numpy as np
 
 from ..draft import Draft
 from ..history import ROOT, History, logprob_floor
+from ..markdown import numbers, table
 from ..policies import ReusePolicy
 from ..policies.base import checked_cuts, draft_batch
 from ..policies.stateful import FeedbackCoordinator
@@ -294,20 +295,18 @@ def replay(
 
 
 def format_table(results: list[ReplayResult], records: TraceRecords) -> str:
-    lines = [
-        f"{int(records.samples.sum())} traced samples, {int(records.lengths[records.samples].sum())} draft tokens "
-        f"(recorded by: {', '.join(p for p in records.policies if p)}; proposals: {', '.join(records.proposals)})",
-        "",
-        "| rule | reuse ratio | mean verified prefix | full-reuse ratio | decoded tokens saved "
-        "| kept: log p_curr/p_gen | kept: older than 2 visits | replay s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    head = ["rule", "reuse ratio", "mean verified prefix", "full-reuse ratio", "decoded tokens saved"]
+    head += ["kept: log p_curr/p_gen", "kept: older than 2 visits", "replay s"]
+    rows = [
+        [r.rule, f"{r.reuse_ratio:.3f}", f"{r.mean_verified_prefix:.1f}", f"{r.full_reuse_ratio:.3f}", r.reused_tokens]
+        + [f"{r.kept_drift:.4f}", f"{r.kept_old:.3f}", f"{r.seconds:.2f}"]
+        for r in results
     ]
-    for r in results:
-        lines.append(
-            f"| {r.rule} | {r.reuse_ratio:.3f} | {r.mean_verified_prefix:.1f} | {r.full_reuse_ratio:.3f} | "
-            f"{r.reused_tokens} | {r.kept_drift:.4f} | {r.kept_old:.3f} | {r.seconds:.2f} |"
-        )
-    return "\n".join(lines)
+    intro = (
+        f"{int(records.samples.sum())} traced samples, {int(records.lengths[records.samples].sum())} draft tokens "
+        f"(recorded by: {', '.join(p for p in records.policies if p)}; proposals: {', '.join(records.proposals)})"
+    )
+    return intro + "\n\n" + table(head, rows, numbers(1, len(head)))
 
 
 def csv_rows(results: list[ReplayResult]) -> list[dict]:

@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..analysis import report
+from ..analysis import run_readers
 from .task import TaskConfig, splits
 from .tiny_model import build_tiny_model
 
@@ -143,7 +143,7 @@ def report_runs(device: str, runs: list[RuleRun], out: Path) -> int:
 
 def gpu_runs(out: Path, rules: tuple[str, ...]) -> list[RuleRun]:
     """Each rule's run, from its TensorBoard logs."""
-    series = {s.name: s for s in report.discover(out / "tb")}
+    series = {s.name: s for s in run_readers.discover(out / "tb")}
     return [
         RuleRun.of(rule, len(series[rule].steps), series[rule].total)
         if rule in series

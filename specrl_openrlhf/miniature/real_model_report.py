@@ -27,7 +27,7 @@ def format_record(r: Record) -> str:
 
 def summary(result: dict, settings: Settings) -> tuple[str, dict]:
     """The paper's Table 3 shape, per rule against each seed's `off`, over seeds (95% t intervals)."""
-    from ..analysis.report import mean_interval
+    from ..analysis.report_rows import mean_interval
 
     records, accuracy = result["records"], result["accuracy"]
     by = {(r.seed, r.rule, r.visit): r for r in records}

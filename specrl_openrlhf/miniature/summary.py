@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from ..analysis import plots, report
+from ..analysis import plots, report, report_rows, run_readers
 from ..analysis.run_series import RunSeries, baseline_of
 from ..pricing.curves import describe
 from ..pricing.projection import RL_SCALE, missing_field
@@ -70,15 +70,15 @@ def finish(args, out: Path, groups: list[Group], accuracy_before: dict, wall_s: 
     known = [v for v in accuracy_before.values() if v is not None]
     before = sum(known) / len(known) if known else None
     metrics = write_outputs(out, groups, {"acc_before": before, "wall_s": wall_s}, settings)
-    series = report.load_cpu_metrics(metrics)
+    series = run_readers.load_cpu_metrics(metrics)
     files = report.write_report(series, out)
     tail = plots.plot_rows_per_step(out / "steps", out / "rows_per_step.png")
     if tail is not None:
         files["rows_per_step"] = tail
     print("\n" + format_table([row for run in runs for row in run.rows if row["kind"] == "epoch"]))
     print("\nwhole runs, against each group's baseline (the paper's Table 3 shape, with the staleness meter):")
-    print(report.markdown(report.table_rows(series)))
-    paired = report.paired_rows(series)
+    print(report.markdown(report_rows.table_rows(series)))
+    paired = report_rows.paired_rows(series)
     curve, host = getattr(args, "projection_curve", None), getattr(args, "host_curve", None)
     if curve is not None:
         paired = host_figures(paired, series, groups, out / "steps", curve, host)
@@ -102,7 +102,7 @@ def later_token_ratio(series: list[RunSeries], method: str) -> float:
         return sum(r.get("decoded_tokens") or 0.0 for r in run.steps if r.get("epoch", 1) > 0)
 
     pairs = [(r, baseline_of(r, series)) for r in series if r.method == method]
-    return report.ratio(sum(later(b) for _, b in pairs if b), sum(later(r) for r, _ in pairs))
+    return report_rows.ratio(sum(later(b) for _, b in pairs if b), sum(later(r) for r, _ in pairs))
 
 
 def summary_lines(paired: list[dict], series: list[RunSeries], accuracy_before: float | None) -> list[str]:

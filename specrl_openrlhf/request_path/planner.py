@@ -36,7 +36,8 @@ from ..trace import TraceWriter, record_cut
 from .assembly import Assembler
 from .residual import redraw
 from .sample import Sample, ScoredHistory
-from .scoring import DraftScorer, ScoringAnswer, ScoringRequest, batch_of
+from .scoring import DraftScorer, batch_of
+from .scoring_messages import ScoringAnswer, ScoringRequest
 
 logger = logging.getLogger(__name__)
 

@@ -1,15 +1,12 @@
 """Scoring drafts on the request path: the requests that give a visit's and a sample's drafts their p_curr.
 
-Terminology:
-- *scoring request*: prompt + draft[:end] sent with `max_tokens=1, prompt_logprobs=0` (`ScoringRequest`); entry
-  `P + i` of vLLM's prompt log-probs is log p_curr(draft[i]). The tokens asked to *follow* it are scored as the one
-  token it generates (vLLM's `logprob_token_ids`).
-- *answer*: what the engine returned, parsed at the integration edge into arrays (`ScoringAnswer`); positions the
-  prefix cache served come back without log-probs (NaN here).
+Terminology (the requests and answers themselves are in `scoring_messages`):
 - *prompt probe*: the prompt alone, scoring the first draft token of every sample of a visit (or the children of a
   tree's root) as the tokens that follow it.
-- *chunk*: the part of a draft one request scores, for rules whose first rejection decides the cut (`ChunkSchedule`,
-  `CutForecast`).
+- *chunk*: the part of a draft one request scores, for rules whose first rejection decides the cut (`chunking`:
+  `ChunkSchedule`, `CutForecast`).
+- *point probe*: prompt + draft up to a position the prefix cache served, scoring that position as the token that
+  follows.
 
 `DraftScorer` holds these decisions; the planner (`planner.SpeculativePlanner`) asks it for requests, and the driver
 hands it the answers through the planner. Core module: numpy and torch only.
@@ -18,144 +15,17 @@ hands it the answers through the planner. Core module: numpy and torch only.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..history import ROOT
 from ..policies import DraftBatch, ReusePolicy
 from ..policies.base import checked_cuts, draft_batch
+from .chunking import ChunkSchedule, CutForecast
 from .sample import Sample, ScoredHistory
+from .scoring_messages import MAX_NEXT_TOKEN_IDS, ScoringAnswer, ScoringRequest
 
-MAX_NEXT_TOKEN_IDS = 128  # vLLM's cap on `logprob_token_ids`
 MAX_POINT_PROBES = 4  # more positions missing than this: rescore them without reading the prefix cache
-
-
-@dataclass(frozen=True)
-class ScoringRequest:
-    """Score draft[start:end]: send prompt + draft[:end] with `max_tokens=1, prompt_logprobs=0`. With `read_cache`,
-    the request may read vLLM's prefix cache: positions served from it come back without logprobs.
-    `next_token_ids` are scored as the token that follows (vLLM's `logprob_token_ids` on the one generated token):
-    draft[end], so that the next chunk can start after it, or every sample's first token in a visit's prompt probe."""
-
-    token_ids: list[int]
-    start: int
-    end: int
-    read_cache: bool
-    next_token_ids: tuple[int, ...] = ()
-    branch: int | None = None  # a tree's request: the draft is that response of the visit's `ScoredHistory`
-    sample: int | None = None  # a visit's request for one of its samples: the draft is that sample's (its index)
-    top_k: int = 0  # p_curr's top-k at each scored position, for rules that redraw rejected positions
-
-
-@dataclass(frozen=True)
-class ScoringAnswer:
-    """The engine's answer to a `ScoringRequest`, as the integration edge parsed it."""
-
-    logprobs: np.ndarray  # [end - start] float32, log p_curr of draft[start:end]; NaN where the cache served it
-    follows: dict[int, float]  # log p_curr of the tokens asked to follow, by token id
-    cached: int = 0  # prompt tokens the request read from the prefix cache (0 for one that may not)
-    computed_from: int = 0  # the first draft position the engine computed (those before came from the cache)
-    top: tuple[np.ndarray, np.ndarray] | None = None  # ([end - start, k] ids, logprobs) of p_curr's top-k, or None
-
-
-class ChunkSchedule:
-    """How many draft tokens one scoring request covers, for rules whose first rejection decides the cut.
-
-    Such a rule needs p_curr only up to the first rejection. Drafts are scored in chunks; a chunk that is all
-    accepted is followed by the next, and the prefix cache serves each later chunk its prompt and earlier chunks.
-    A chunk too long scores tokens past the rejection; one too short pays many round trips, each costing about
-    `round_trip_tokens` scored tokens (the partial cache block it computes again, and its wait for a sequence slot).
-    With rejections at this engine's recent rate q per examined token, a chunk of c tokens costs
-    (c + round_trip_tokens) / (1 - (1 - q)^c) per draft; the chunk is the c that costs least. With little drift the
-    best chunk outgrows any draft, and a draft is scored in one request, as without chunks.
-    """
-
-    LONGEST = 1 << 16  # a best chunk this long means: the whole draft in one request
-    CANDIDATES = np.unique(np.minimum(np.round(1.08 ** np.arange(146)), LONGEST).astype(np.int64))  # 1 .. LONGEST
-
-    def __init__(self, round_trip_tokens: float = 64.0, half_life_tokens: float = 16384.0):
-        if not (round_trip_tokens >= 0 and half_life_tokens > 0):
-            raise ValueError(
-                f"bad chunk schedule: round_trip_tokens={round_trip_tokens}, half_life_tokens={half_life_tokens}"
-            )
-        self.round_trip_tokens, self.half_life_tokens = float(round_trip_tokens), float(half_life_tokens)
-        self.rejections = 0.0  # decayed counts over recently examined tokens
-        self.tokens = 0.0
-        self._best: int | None = None  # cached until the next observation
-
-    def chunk(self) -> int | None:
-        """Draft tokens for the next request, or None for the whole rest of the draft."""
-        if self.rejections <= 0.0:
-            return None
-        if self._best is None:
-            q = min(1.0, self.rejections / self.tokens)
-            candidates = self.CANDIDATES
-            with np.errstate(divide="ignore"):
-                reached = -np.expm1(candidates * np.log1p(-q))  # P(a rejection within c tokens)
-            self._best = int(candidates[np.argmin((candidates + self.round_trip_tokens) / reached)])
-        return None if self._best >= self.LONGEST else self._best
-
-    def observe(self, examined: int, rejected: bool) -> None:
-        """One cut draft: the tokens the rule examined (up to and including its first rejection)."""
-        decay = 0.5 ** (examined / self.half_life_tokens)
-        self.tokens = self.tokens * decay + examined
-        self.rejections = self.rejections * decay + float(rejected)
-        self._best = None
-
-
-class CutForecast:
-    """Where a rule will cut a draft, asked of the rule itself with p_prev standing in for p_curr where the draft is
-    not scored yet, and how far past that forecast a scoring chunk should reach.
-
-    The uniforms are drawn before scoring, so a rule such as `lossless` (keep y_i iff u_i <= p_curr(y_i)) tells where
-    it would cut if the policy had not moved: a chunk that ends a margin past that forecast scores few tokens past
-    the real cut and rarely needs a second request. The margin is the one that would have cost least on the drafts
-    cut most recently: the tokens it scores plus `round_trip_tokens` for each draft it leaves short (see
-    `ChunkSchedule`). Among the margins is "the whole draft", so a rule whose forecast says nothing (`spec`, which
-    keeps every draft whose policy did not move) costs no more than without one.
-    """
-
-    MARGINS = np.array([0, 1, 2, 4, 8, 16, 32, 64, ChunkSchedule.LONGEST], np.int64)
-    MIN_RECORDS = 32  # before this many cut drafts, the chunk schedule alone decides
-    SAMPLE_EVERY = 8  # while the whole draft is the best margin, one request in this many still forecasts
-
-    def __init__(self, round_trip_tokens: float = 64.0, window: int = 512):
-        if not (round_trip_tokens >= 0 and window >= self.MIN_RECORDS):
-            raise ValueError(f"bad cut forecast: round_trip_tokens={round_trip_tokens}, window={window}")
-        self.round_trip_tokens = float(round_trip_tokens)
-        self.records = np.zeros((int(window), 4), np.int64)  # rows: forecast cut, start, tokens needed, draft length
-        self.count = 0
-        self._margin: int | None = None  # cached until the next observation
-        self._asked = 0
-
-    def wanted(self) -> bool:
-        """Whether to forecast for the next scoring request. Not while the whole draft is the best margin (a rule whose
-        forecast says nothing, such as `spec`), but for one request in `SAMPLE_EVERY`, so that the margin can move."""
-        if self.margin() != ChunkSchedule.LONGEST:
-            return True
-        self._asked += 1
-        return self._asked % self.SAMPLE_EVERY == 0
-
-    def margin(self) -> int | None:
-        """Tokens past the forecast cut (after the forecast rejection) that a chunk should score, or None while too
-        few drafts were cut to tell."""
-        if self.count < self.MIN_RECORDS:
-            return None
-        if self._margin is None:
-            forecast, start, needed, length = self.records[: min(self.count, len(self.records))].T  # [N] each
-            covered = np.minimum(length, forecast + 1 + self.MARGINS[:, None])  # [M, N]
-            short = needed > covered
-            cost = covered - start + short * (self.round_trip_tokens + needed - covered)
-            self._margin = int(self.MARGINS[np.argmin(cost.mean(axis=1))])
-        return self._margin
-
-    def observe(self, forecast: int, start: int, needed: int, draft_len: int) -> None:
-        """One cut draft: the cut forecast at its first scoring request, that request's first draft position, the
-        tokens the rule examined (up to and including its first rejection) and the draft's length."""
-        self.records[self.count % len(self.records)] = (forecast, start, needed, draft_len)
-        self.count += 1
-        self._margin = None
 
 
 class DraftScorer:

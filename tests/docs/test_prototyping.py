@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.analysis import report, wandb_logs
+from specrl_openrlhf.analysis import run_readers, wandb_logs
 from specrl_openrlhf.analysis.replay import replay_kept
 from specrl_openrlhf.trace import read_traces
+from tests.helpers import a_real_picture
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "prototyping.md"
@@ -28,15 +29,6 @@ DOC = REPO / "docs" / "prototyping.md"
 
 def bash_blocks(text: str) -> list[str]:
     return re.findall(r"^```bash\n(.*?)^```$", text, re.M | re.S)
-
-
-def a_real_picture(path: Path) -> bool:
-    """A PNG that decodes to a figure with something drawn on it (not blank)."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        pixels = np.asarray(image.convert("L"), dtype=np.float64)
-    return image.format == "PNG" and min(pixels.shape) > 100 and pixels.std() > 10
 
 
 def run_blocks(blocks: list[str], out: Path) -> str:
@@ -146,9 +138,9 @@ def test_the_quickstart_writes_what_it_measured(tutorial):
 
     # The report reads the runs three times over: our metrics.json, and the logs written with OpenRLHF's own
     # TensorBoard and wandb loggers, read back from disk; all give the same numbers, the staleness meter included.
-    from_json = {run.name: run for run in report.load_cpu_metrics(out / "record" / "metrics.json")}
-    from_tensorboard = {run.name: run for run in report.discover(out / "tb")}
-    from_wandb = {run.name: run for run in map(report.load_wandb_run, wandb_logs.run_folders(out / "record"))}
+    from_json = {run.name: run for run in run_readers.load_cpu_metrics(out / "record" / "metrics.json")}
+    from_tensorboard = {run.name: run for run in run_readers.discover(out / "tb")}
+    from_wandb = {run.name: run for run in map(run_readers.load_wandb_run, wandb_logs.run_folders(out / "record"))}
     assert sorted(from_json) == sorted(from_tensorboard) == sorted(from_wandb) == ["lossless", "off", "spec@1.65"]
     for logged in (from_tensorboard, from_wandb):
         for name, run in from_json.items():
@@ -161,7 +153,7 @@ def test_the_quickstart_writes_what_it_measured(tutorial):
                 want = None if expected is None else pytest.approx(expected, rel=1e-5)
                 assert logged[name].per_draft_mean(key) == want
             assert logged[name].final_accuracy() == pytest.approx(run.final_accuracy())
-    assert len(report.discover(out / "record")) == 3  # metrics.json and its wandb runs: each run once
+    assert len(run_readers.discover(out / "record")) == 3  # metrics.json and its wandb runs: each run once
     printed = subprocess.run(
         [sys.executable, "-m", "specrl_openrlhf.report", str(out / "tb")], capture_output=True, text=True
     )

@@ -17,7 +17,7 @@ import pytest
 
 import specrl_openrlhf as sr
 from specrl_openrlhf.request_path.residual import draw, residual
-from specrl_openrlhf.request_path.scoring import ScoringAnswer
+from specrl_openrlhf.request_path.scoring_messages import ScoringAnswer
 from tests.helpers import Z_DETECTS, chi2_quantile
 
 EOS, VOCAB, LENGTH = 0, 4, 3

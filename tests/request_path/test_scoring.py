@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.request_path.scoring import MAX_POINT_PROBES, ScoringAnswer
+from specrl_openrlhf.request_path.scoring import MAX_POINT_PROBES
+from specrl_openrlhf.request_path.scoring_messages import ScoringAnswer
 from tests.helpers import draft
 
 

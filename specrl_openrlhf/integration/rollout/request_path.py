@@ -19,7 +19,7 @@ from ...cache import prompt_key
 from ...policies.stateful import FeedbackCoordinator
 from ...request_path.assembly import SampleOutput
 from ...request_path.planner import ContinuationRequest, SpeculativePlanner
-from ...request_path.scoring import ScoringRequest
+from ...request_path.scoring_messages import ScoringRequest
 from ..vllm.edge import (
     Completion,
     completion_of,

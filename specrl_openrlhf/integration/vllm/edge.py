@@ -1,6 +1,6 @@
 """The vLLM edge: the SamplingParams of our requests, vLLM's answers parsed into the core's types, engine limits.
 
-Nothing past this module reads a vLLM type: a scoring answer becomes a `request_path.scoring.ScoringAnswer`, a
+Nothing past this module reads a vLLM type: a scoring answer becomes a `request_path.scoring_messages.ScoringAnswer`, a
 generation a `Completion`.
 """
 
@@ -18,7 +18,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from ...policies import ReusePolicy
 from ...policies.sampling import check_sampling
-from ...request_path.scoring import ScoringAnswer, ScoringRequest
+from ...request_path.scoring_messages import ScoringAnswer, ScoringRequest
 from .exclude import EXCLUDE_FIRST_TOKEN
 
 SUPPORTED_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specrl_openrlhf.request_path.scoring import ScoringRequest
+from specrl_openrlhf.request_path.scoring_messages import ScoringRequest
 from tests.helpers import score
 
 pytest.importorskip("vllm")

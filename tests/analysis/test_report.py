@@ -1,6 +1,6 @@
 """The report on metrics from a real CPU run: the quickstart's lenience grid (tests/data, recorded on a 2-core
 machine with `bash scripts/quickstart.sh --grid lenience`). The TensorBoard reader is tested end to end on a fresh
-run in tests/miniature/test_quickstart.py."""
+run in tests/docs/test_prototyping.py."""
 
 import csv
 import gzip

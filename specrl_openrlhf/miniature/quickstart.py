@@ -18,7 +18,8 @@ from .run_loggers import open_loggers
 
 
 def warm_start_with_progress(config, task, bar) -> Path:
-    """The warm-started model of a seed: built once per settings (a minute or two) and cached."""
+    """The warm-started model of a seed: the package's own for the default settings (`warm_start.SHIPPED`), else
+    built once per settings (minutes on a CPU) and cached."""
     from tqdm import tqdm
 
     from .warm_start import warm_start

@@ -1,4 +1,20 @@
-"""GRPO on CPU with stock rollouts and speculative ones, side by side (`bash scripts/quickstart.sh`).
+"""The quickstart's command line: its flags, their checks (a bad one fails at once, naming the fix) and the groups
+they plan (`plan`). What the command does is `DESCRIPTION`, which `--help` shows."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from .. import config as reuse_config
+from ..policies import PluginError, UnknownPolicyError
+from ..pricing.curves import StepCurve
+from .engine import add_dtype_argument
+from .plan import GRIDS, REGIMES, SUFFIX_AT_SCALE, Method, Regime, plan, with_trace_dirs
+
+DESCRIPTION = """GRPO on CPU with stock rollouts and speculative ones, side by side (`bash scripts/quickstart.sh`).
 
 A tiny model is warm-started on a noisy teacher (see `task`), then trained with GRPO several times from the same
 weights, on the same data: once with stock OpenRLHF rollouts (`off`), and once per rule: by default `spec` at
@@ -15,20 +31,6 @@ back and how far the policy moves between visits, at the same number of steps.
 path, the own draft) beside off in the default and the many-visit regimes: decoded tokens against accuracy; `--grid
 tree` the two trees and spec only.
 """
-
-from __future__ import annotations
-
-import argparse
-import math
-from dataclasses import replace
-from pathlib import Path
-
-from .. import config as reuse_config
-from ..policies import PluginError, UnknownPolicyError
-from ..pricing.curves import StepCurve
-from .engine import add_dtype_argument
-from .plan import GRIDS, REGIMES, SUFFIX_AT_SCALE, Method, Regime, plan, with_trace_dirs
-
 DEFAULT_POLICY, DEFAULT_LENIENCE = "spec", 1.65
 # Trained beside the baseline and `spec` when no rule is given: the rule that is exact in RL (docs/benchmarks.md).
 RECOMMENDED = Method.of("lossless")
@@ -50,7 +52,9 @@ def seed_list(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bash scripts/quickstart.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="bash scripts/quickstart.sh",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     reuse_config.add_arguments(parser, REUSE_FLAGS)
     parser.set_defaults(rollout_reuse=None)  # None: not given (the grids refuse a rule of the user's)

@@ -91,3 +91,11 @@ def test_the_peers_grid_sizes_suffix_decodings_cache_as_at_scale(tmp_path):
     assert list(runs) == ["off", "lossless", "suffix", "suffix@scale", "ngram"]
     assert runs["suffix@scale"].params["speculative_config"]["suffix_decoding_max_cached_requests"] == 308
     assert runs["suffix"].params == {} and runs["lossless"].params["cost_curve"] == curve
+
+
+def test_help_says_what_the_command_does(capsys):
+    with pytest.raises(SystemExit):
+        quickstart_args.parse_args(["--help"])
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: bash scripts/quickstart.sh")
+    assert "GRPO on CPU with stock rollouts and speculative ones, side by side" in shown and "--grid drift" in shown

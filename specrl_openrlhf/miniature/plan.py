@@ -91,7 +91,7 @@ def _lenience_label(value: float) -> str:
 
 
 OFF = Method.of("off")
-SUFFIX_AT_SCALE = "suffix@scale"  # suffix decoding with a cache of 1.2 steps' requests (quickstart.at_scale)
+SUFFIX_AT_SCALE = "suffix@scale"  # suffix decoding with a cache of 1.2 steps' requests (quickstart_args.at_scale)
 GRIDS = {  # name -> (regimes, rules), every rule trained beside the baseline of its regime and seed
     "lenience": (
         ("default",),
@@ -220,3 +220,16 @@ def with_trace_dirs(groups: list[Group], trace_dir: str | None) -> None:
             if run.reuses:
                 config = replace(run.method.config, trace_dir=str(Path(trace_dir).resolve() / run.label))
                 run.method = Method(run.method.name, config)
+
+
+def describe_plan(groups) -> str:
+    lines = []
+    for group in groups:
+        regime = group.regime
+        lines.append(
+            f"{group.key}: {regime.train_size} prompts x {regime.epochs} epochs, lr {regime.lr:g}, "
+            + (f"held-out every {regime.eval_every} epoch(s)" if regime.eval_every else "held-out at the end")
+            + ": "
+            + ", ".join(r.label for r in group.runs)
+        )
+    return "\n".join(lines)

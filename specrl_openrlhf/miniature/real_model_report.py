@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from ..markdown import numbers, table
 from ..pricing.curves import describe
 from ..pricing.projection import RL_SCALE, STOCK, rl_pricing
 from ..pricing.rl_scale import RL_SCALES, project_at_rl_scales, scale_fields, scaled_name
@@ -15,6 +16,20 @@ from .real_model_settings import Record, Settings
 HEADER = (
     f"{'seed':>4} {'visit':>5} {'rule':<26} {'seconds':>8} {'decoded':>8} {'reused':>7} {'kept':>6} {'reentry':>8} "
     f"{'reward':>7} {'drafted':>8}"
+)
+SUMMARY_HEAD = (
+    "rule",
+    "decoded tokens",
+    "tokens vs off (visits 2+)",
+    "speedup (all)",
+    "speedup (visits 2+)",
+    "projected GPU speedup, rows x1 / x8",
+    "with the host hidden, x1 / x8",
+    "breakeven host ms, x1 / x8",
+    "kept share (visits 2+)",
+    "re-entries / sample",
+    "reward",
+    "held-out acc. diff",
 )
 
 
@@ -31,12 +46,7 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
 
     records, accuracy = result["records"], result["accuracy"]
     by = {(r.seed, r.rule, r.visit): r for r in records}
-    lines = [
-        "| rule | decoded tokens | tokens vs off (visits 2+) | speedup (all) | speedup (visits 2+) "
-        "| projected GPU speedup, rows x1 / x8 | with the host hidden, x1 / x8 | breakeven host ms, x1 / x8 "
-        "| kept share (visits 2+) | re-entries / sample | reward | held-out acc. diff |",
-        "| --- |" + " ---: |" * 11,
-    ]
+    cells_of_rows = []
     figures = {}
     for rule in settings.rules:
         per_seed = []
@@ -65,14 +75,23 @@ def summary(result: dict, settings: Settings) -> tuple[str, dict]:
             mean, lo, hi = cells[key]
             return fmt.format(mean) + ("" if math.isnan(lo) else f" [{fmt.format(lo)}, {fmt.format(hi)}]")
 
-        lines.append(
-            f"| {rule} | {cells['decoded'][0]:,.0f} | {show('token_ratio', '{:.2f}x')} | {show('speedup', '{:.2f}')} "
-            f"| {show('later_speedup', '{:.2f}')} | {show('projected', '{:.2f}')} / {show('projected8', '{:.2f}')} "
-            f"| {show('projected_async', '{:.2f}')} / {show('projected_async8', '{:.2f}')} "
-            f"| {cells['breakeven_host_ms'][0]:.2f} / {cells['breakeven_host_ms8'][0]:.2f} "
-            f"| {show('kept', '{:.1%}')} | {cells['reentries'][0]:.1f} "
-            f"| {cells['reward'][0]:.3f} | {show('acc_diff', '{:+.3f}')} |"
+        cells_of_rows.append(
+            [
+                rule,
+                f"{cells['decoded'][0]:,.0f}",
+                show("token_ratio", "{:.2f}x"),
+                show("speedup", "{:.2f}"),
+                show("later_speedup", "{:.2f}"),
+                f"{show('projected', '{:.2f}')} / {show('projected8', '{:.2f}')}",
+                f"{show('projected_async', '{:.2f}')} / {show('projected_async8', '{:.2f}')}",
+                f"{cells['breakeven_host_ms'][0]:.2f} / {cells['breakeven_host_ms8'][0]:.2f}",
+                show("kept", "{:.1%}"),
+                f"{cells['reentries'][0]:.1f}",
+                f"{cells['reward'][0]:.3f}",
+                show("acc_diff", "{:+.3f}"),
+            ]
         )
+    lines = [table(SUMMARY_HEAD, cells_of_rows, numbers(1, len(SUMMARY_HEAD)))]
     host = result.get("host")
     if host is not None:
         lines.append(

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.miniature import engine, quickstart, real_model
+from specrl_openrlhf.miniature import engine, quickstart_args, real_model
 from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
 
 pytestmark = pytest.mark.engine
@@ -109,5 +109,5 @@ def test_an_unreadable_cpuinfo_means_float32_and_a_bad_dtype_is_refused(tmp_path
     with pytest.raises(SystemExit):
         real_model.parse_args(["--dtype", "fp8"])
     with pytest.raises(SystemExit):
-        quickstart.parse_args(["--dtype", "half"])
-    assert quickstart.parse_args(["--rollout_reuse", "spec"]).dtype == "float32"  # the tiny model's default
+        quickstart_args.parse_args(["--dtype", "half"])
+    assert quickstart_args.parse_args(["--rollout_reuse", "spec"]).dtype == "float32"  # the tiny model's default

@@ -1,8 +1,8 @@
 """`python scripts/bench_at_scale.py --lenience-curve`: how much of the drafted epochs SPEC-RL's ratio rule keeps as
 its lenience ℓ grows, on a corpus, beside the paper's own ablation, and what each ℓ projects against stock.
 
-Kept of drafted: the share of the response tokens of the epochs that have drafts (every epoch after the first) that
-the rule keeps. At ℓ = ∞ (`full`) the rule keeps every draft whole, by definition.
+Kept of drafted: of the response tokens the rule gives the epochs that have drafts (every epoch after the first), the
+share it kept from drafts rather than generated. At ℓ = ∞ (`full`) the rule keeps every draft whole, by definition.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import math
 import time
 
 from ..analysis.corpus import Corpus
+from ..analysis.request_replay import request_workload
 from ..markdown import numbers, table
-from .at_scale_run import drafted_tokens, projections, run_rules, step_price
+from .at_scale_run import projections, run_rules, step_price
 
 # The SPEC-RL paper's ablation on lenience (its table "Ablation on lenience": Qwen3-1.7B, GRPO, DeepMath-6K, 15
 # epochs): the rollout tokens generated at stock and at each ℓ.
@@ -52,16 +53,28 @@ def paper_token_ratio(label: str) -> float:
     return PAPER_LENIENCE["tokens_m"][label] / PAPER_LENIENCE["stock_tokens_m"]
 
 
+def kept_of_drafted(rule: str, corpus: Corpus) -> tuple[int, int]:
+    """(tokens kept, tokens generated) by request-path `rule` over the epochs that have drafts: a sample with a draft
+    keeps its cut and generates its continuation, one without generates its response (`RequestReplay.plan`)."""
+    workload, kept, generated = request_workload(rule, corpus), 0, 0
+    for epoch in range(1, corpus.epochs):
+        for prompt, responses in enumerate(corpus.responses[epoch]):
+            for decision, response in zip(workload.plan(epoch, prompt, corpus).decisions, responses):
+                kept += decision.kept if decision else 0
+                generated += len(decision.rest) if decision else len(response)
+    return kept, generated
+
+
 def lenience_curve(args, corpus: Corpus, host, started: float) -> int:
     """Prints the curve for `args.model` on `args.gpu` (`args.rules`: off and `curve_rules`), then its RESULT line."""
     rules = curve_rules()
     runs = run_rules(args, corpus, args.model, args.gpu, host, {})
     price, _ = step_price(args, args.model, args.gpu)
     result = projections(runs, host, price, args.schedule.max_num_seqs)
-    drafted = max(drafted_tokens(corpus), 1)
     rows, fields = [], []
     for label, rule in rules.items():
-        kept, p = runs[rule].figures["kept_tokens"] / drafted, result[rule]
+        kept_tokens, generated = kept_of_drafted(rule, corpus)
+        kept, p = kept_tokens / max(kept_tokens + generated, 1), result[rule]
         ratio = paper_token_ratio(label)
         rows.append(
             [

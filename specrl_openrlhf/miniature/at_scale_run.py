@@ -79,7 +79,6 @@ def priced(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
     costs = rules.simulated_costs(columns, pricing)
     found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
     figures = rules.figures(columns, costs, proposer.async_scheduling) | {"kept": sim.kept, "found_previous": found}
-    figures["kept_tokens"] = sim.accepted + sim.kept_outside
     figures["memory_mb"] = proposer.memory_bytes() / 2**20
     fit = figures["proposer_fit"]  # measured here: never missing
     cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
@@ -137,11 +136,6 @@ def fastest(result: dict[str, Projection], reading: str, candidates=None) -> tup
     if len(ranked) < 2:
         return ranked[0], math.nan
     return ranked[0], getattr(result[ranked[0]], reading) / getattr(result[ranked[1]], reading)
-
-
-def drafted_tokens(corpus: Corpus) -> int:
-    """The response tokens of the epochs that have drafts (every epoch after the first)."""
-    return sum(len(r) for epoch in corpus.responses[1:] for samples in epoch for r in samples)
 
 
 def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:

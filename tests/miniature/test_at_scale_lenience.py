@@ -7,7 +7,14 @@ import json
 import pytest
 
 from specrl_openrlhf.miniature import at_scale, at_scale_lenience
-from specrl_openrlhf.miniature.at_scale_lenience import LENIENCES, PAPER_LENIENCE, curve_rules, paper_kept
+from specrl_openrlhf.miniature.at_scale_lenience import (
+    LENIENCES,
+    PAPER_LENIENCE,
+    curve_rules,
+    kept_of_drafted,
+    paper_kept,
+)
+from specrl_openrlhf.miniature.at_scale_run import load_corpus
 
 from .test_at_scale import toy_corpus
 
@@ -22,6 +29,18 @@ def test_the_curve_runs_the_papers_five_leniences_then_full():
     assert list(rules.values()) == ["spec@1", "spec@1.2214", "spec@1.6487", "spec@2.2255", "spec@7.3891", "spec@inf"]
     assert set(PAPER_LENIENCE["tokens_m"]) == set(LENIENCES) and "Ablation on lenience" in PAPER_LENIENCE["source"]
     assert paper_kept("1") == pytest.approx((554.8 - 419.1) / (554.8 * 14 / 15))
+
+
+def test_kept_of_drafted_counts_the_cut_kept_and_the_continuation_generated(tmp_path):
+    corpus = load_corpus(toy_corpus(tmp_path, scored=True))
+    assert kept_of_drafted("spec@inf", corpus) == (10, 0)  # every draft of epoch 0 kept whole, nothing generated
+    # lenience 1 on the toy's scores (-0.25 now, -0.5 then): the ratio exceeds 1, every draft kept whole too
+    assert kept_of_drafted("spec@1", corpus) == (10, 0)
+    scores = [[[s - 1.0 for s in p] for p in e] for e in corpus.scores]  # now far less likely than then: cut early
+    kept, generated = kept_of_drafted(
+        "spec@1", corpus.__class__(corpus.prompts, corpus.responses, corpus.meta, corpus.logprobs, scores)
+    )
+    assert kept < 10 and kept + generated == 10  # a cut's continuation is the recorded response's rest
 
 
 def test_the_curve_replaces_rules_and_needs_a_scoring_pass(tmp_path, capsys):

@@ -1,12 +1,10 @@
-"""The rules run and priced (`miniature.at_scale_run`): the fastest rule and its margin by each host reading, and the
-tokens of the drafted epochs."""
+"""The rules run and priced (`miniature.at_scale_run`): the fastest rule and its margin by each host reading."""
 
 import doctest
 import math
 
-from specrl_openrlhf.analysis.corpus import Corpus
 from specrl_openrlhf.miniature import at_scale_run
-from specrl_openrlhf.miniature.at_scale_run import drafted_tokens, fastest
+from specrl_openrlhf.miniature.at_scale_run import fastest
 from specrl_openrlhf.pricing.projection import Projection
 
 
@@ -29,8 +27,3 @@ def test_the_fastest_rule_is_read_per_host_and_its_margin_is_over_the_runner_up(
 def test_a_lone_rule_has_no_margin():
     rule, margin = fastest({"off": projection(1.0, 1.0)}, "projected")
     assert rule == "off" and math.isnan(margin)
-
-
-def test_the_drafted_epochs_are_every_epoch_after_the_first():
-    corpus = Corpus([[1], [2]], [[[[5, 6, 7]], [[8]]], [[[5, 6]], [[8, 9, 9, 9]]]])
-    assert drafted_tokens(corpus) == 6

@@ -21,6 +21,10 @@ Pricing (`pricing`), per engine step:
 Each rule is shown three ways against stock: `projected` (this machine's host time), `projected_async` (the host
 hidden) and `breakeven_host_ms` (the host time of a full-batch step at which the rule ties stock). A projection: the
 figures say what these schedules would cost on that GPU.
+
+This module is the command line; it dispatches to the modules below it, which never import it: `at_scale_run` (the
+rules run, priced and projected), `at_scale_map` (`--map`) and its picture (`at_scale_heatmap`), `at_scale_lenience`
+(`--lenience-curve`) and `at_scale_validate` (`--validate`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def draw_map(speedups: dict[tuple, dict[str, tuple[float, float]]], path=DEFAULT
     finite = grid[np.isfinite(grid)]
     low, high = (float(finite.min()), float(finite.max())) if len(finite) else (1.0, 1.0)
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(low, 0.99), vmax=max(high, 1.01))  # 1: ties stock, the colours' middle
-    figure = Figure(figsize=(max(8.0, 0.62 * len(cells) + 2.5), 2 * (0.45 * len(rules) + 1.6)), layout="constrained")
+    figure = Figure(figsize=(max(8.0, 0.85 * len(cells) + 2.5), 2 * (0.45 * len(rules) + 1.6)), layout="constrained")
     axes = figure.subplots(len(PANELS), 1, sharex=True)
     for panel, (ax, title) in enumerate(zip(axes, PANELS)):
         image = ax.imshow(np.ma.masked_invalid(grid[panel]), cmap="RdYlGn", norm=norm, aspect="auto")

@@ -4,11 +4,12 @@ against stock and by how much, with this machine's host time (`projected`) and w
 suffix decoding. One line a cell (`MAP ...`), then a markdown table, then the map as a picture (`at_scale_heatmap`).
 
 The engine path's verification reads each row's cache once a step (`--attention once`), a lower bound of its cost;
-the map prices `lossless` in the engine a second time, its cache read for each of a row's tokens (`per_token`), as
-its upper bound (`lossless@per_token`, against stock priced the same way).
+the map prices the same steps of `lossless` in the engine a second time, its cache read for each of a row's tokens
+(`per_token`), as its upper bound (`lossless@per_token`, against stock priced the same way). Its budget drafted on
+`once`'s price in both: the two differ only in the price.
 
 Simulations are shared across cells where they do not depend on the price (`at_scale_run.run_rules`), so the map costs
-about one run per corpus, and two more of `lossless` per model x GPU (its budget prices drafts on each).
+about one run per corpus, and one more of `lossless` per model x GPU (its budget prices drafts on each).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def run_map(args, first_corpus, host, started: float) -> int:
 
 
 def cell_projections(args, corpus, model: str, gpu: str, host, cache: dict) -> dict:
-    """Every rule of `args.rules` against stock in one cell, and, where `lossless` is among them, its engine path
-    priced with `per_token` attention too (`UPPER_BOUND`)."""
+    """Every rule of `args.rules` against stock in one cell, and, where `lossless` is among them, its engine path's
+    steps priced with `per_token` attention too (`UPPER_BOUND`)."""
     runs = run_rules(args, corpus, model, gpu, host, cache)
     price, _ = step_price(args, model, gpu)
     result = projections(runs, host, price, args.schedule.max_num_seqs)

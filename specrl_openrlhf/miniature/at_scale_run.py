@@ -88,11 +88,13 @@ def priced(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
 def run_rules(
     args, corpus: Corpus, model: str, gpu: str, host: HostCurve, cache: dict, attention: str | None = None
 ) -> dict[str, RuleRun]:
-    """Every rule of `args.rules` priced for `model` on `gpu` (a verification step's attention read as `attention`,
-    default `--attention`). A simulation is reused across prices where it does not depend on them (every rule but
-    lossless, whose budget prices its drafts on the step price) and the KV capacity did not bind
+    """Every rule of `args.rules` priced for `model` on `gpu`, a verification step's cache read as `attention`
+    (default `--attention`; lossless's budget drafts on `--attention`'s price either way, so another `attention`
+    prices the same simulations). A simulation is reused across prices where it does not depend on them (every rule
+    but lossless, whose budget prices its drafts on the step price) and the KV capacity did not bind
     (`Simulation.peak_kv`)."""
     price, capacity = step_price(args, model, gpu, attention)
+    budget = step_price(args, model, gpu)[0] if attention else price
     scale = rows_scale(args, corpus)
     schedule = replace(args.schedule, kv_capacity_tokens=max(capacity // scale, 1))
     suffix_cache = args.suffix_cache or math.ceil(1.2 * schedule.prompts_per_step * corpus.samples)
@@ -100,10 +102,10 @@ def run_rules(
     params = {**args.params, "cost_scale": scale}  # lossless's budget prices a row as the GPU's `scale` rows
     runs = {}
     for rule in args.rules:
-        key = (rule, (model, gpu, attention or args.attention) if rule == "lossless" else None)
+        key = (rule, (model, gpu) if rule == "lossless" else None)
         sim, proposer = cache.get(key, (None, None))
         if sim is None or sim.peak_kv > schedule.kv_capacity_tokens:
-            budget_price = price.with_host(host)  # lossless's budget prices a step's host time too
+            budget_price = budget.with_host(host)  # lossless's budget prices a step's host time too
             sim, proposer = simulate(rule, corpus, schedule, budget_price, suffix_cache, params)
             cache[key] = (sim, proposer)
         runs[rule] = priced(sim, proposer, pricing)

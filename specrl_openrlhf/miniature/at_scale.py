@@ -21,43 +21,47 @@ Pricing (`pricing`), per engine step:
 Each rule is shown three ways against stock: `projected` (this machine's host time), `projected_async` (the host
 hidden) and `breakeven_host_ms` (the host time of a full-batch step at which the rule ties stock). A projection: the
 figures say what these schedules would cost on that GPU.
+
+This module is the command line; it dispatches to the modules below it, which never import it: `at_scale_run` (the
+rules run, priced and projected), `at_scale_map` (`--map`) and its picture (`at_scale_heatmap`), `at_scale_lenience`
+(`--lenience-curve`) and `at_scale_validate` (`--validate`).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-from dataclasses import dataclass, replace
 
-import numpy as np
-
-from ..analysis.corpus import Corpus
-from ..analysis.request_replay import NoDrafts, request_workload
-from ..analysis.simulator import EngineSimulator, Schedule, Simulation
+from ..analysis.request_replay import request_workload
+from ..analysis.simulator import Schedule
 from ..config import json_object
-from ..pricing import measured, rules
+from ..markdown import numbers, table
+from ..pricing import measured
 from ..pricing.curves import HostCurve, describe, load_price
-from ..pricing.kernels import GPUS, MODELS, KernelStepModel
-from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, missing_field, project
-from .corpus import PRESETS, named
+from ..pricing.kernels import GPUS, MODELS
+from ..pricing.projection import Projection, missing_field
+from .at_scale_heatmap import DEFAULT_IMAGE
+from .at_scale_lenience import curve_rules, lenience_curve
+from .at_scale_map import run_map
+from .at_scale_run import (
+    ENGINE_RULES,
+    GOAL,
+    RULES,
+    RuleRun,
+    fastest,
+    load_corpus,
+    projections,
+    rows_scale,
+    run_rules,
+    step_history_bytes,
+    step_price,
+)
+from .at_scale_validate import validate, validated
+from .corpus import PRESETS
 from .host_steps import host_curve
-from .sim_proposers import build
 
-ENGINE_RULES = ("off", "lossless", "suffix", "ngram")
-RULES = ("off", "lossless", "lossless:requests", "spec@1.65", "exact", "suffix", "ngram")
-GOAL = {"corpus": "long", "model": "qwen3-8b", "gpu": "h100"}  # the paper's hardware, its middle model
-
-
-@dataclass
-class RuleRun:
-    """One rule's simulation, priced: its figures, its steps' costs, what it pays besides the forward."""
-
-    figures: dict
-    costs: StepCosts
-    cost: RuleCost
-    prefill_s: float
+__all__ = ["ENGINE_RULES", "GOAL", "RULES", "main", "parse_args"]
 
 
 def parse_args(argv=None):
@@ -96,11 +100,26 @@ def parse_args(argv=None):
         "x 16 samples a step)",
     )
     parser.add_argument("--params", type=json_object, default={}, metavar="JSON", help="lossless's parameters")
-    parser.add_argument("--map", action="store_true", help="every corpus x model x GPU: the fastest rule and path")
-    parser.add_argument("--validate", action="store_true", help="the simulator against the real engine")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--map", action="store_true", help="every corpus x model x GPU: the fastest rule and path")
+    mode.add_argument(
+        "--lenience-curve",
+        action="store_true",
+        help="spec@ℓ at ℓ = 1, e^0.2, e^0.5, e^0.8, e^2 and ∞ (full): kept of the drafted epochs and projected, "
+        "beside the SPEC-RL paper's (replaces --rules)",
+    )
+    mode.add_argument("--validate", action="store_true", help="the simulator against the real engine")
+    parser.add_argument(
+        "--map-image",
+        default=str(DEFAULT_IMAGE),
+        metavar="PNG",
+        help=f"with --map: where the map's picture is written (default: {DEFAULT_IMAGE})",
+    )
     parser.add_argument("--visits", type=int, default=4, help="with --validate: visits of the prompts (default: 4)")
     args = parser.parse_args(argv)
     args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    if args.lenience_curve:
+        args.rules = ["off", *curve_rules().values()]
     if "off" not in args.rules:
         parser.error(f"--rules takes off and any of {', '.join(RULES[1:])}, got {','.join(args.rules)}")
     for flag, value, choices in (("--model", args.model, MODELS), ("--gpu", args.gpu, GPUS)):
@@ -115,8 +134,6 @@ def parse_args(argv=None):
         args.host = HostCurve.load(args.host_steps) if args.host_steps else None
         args.measured_curve = load_price(args.curve) if args.curve else None
         if args.validate:
-            from .at_scale_validate import validated
-
             validated(args.rules)  # a rule it can't name: one error now, before the engines start
         else:
             args.loaded = load_corpus(args.corpus)
@@ -139,90 +156,9 @@ def parse_args(argv=None):
     return args
 
 
-def load_corpus(name: str) -> Corpus:
-    """A shipped corpus by name, or a corpus file; a missing one says how to record it."""
-    if name in PRESETS:
-        path = named(name)
-        if not path.is_file():
-            raise ValueError(f"--corpus {name}: {path} is missing: python -m specrl_openrlhf.miniature.corpus {name}")
-    else:
-        path = name
-    corpus = Corpus.load(path)
-    return replace(corpus, meta={**corpus.meta, "path": str(path)})
-
-
-def step_price(args, model: str, gpu: str):
-    """The GPU step price of `model` on `gpu` (or `--curve`'s), with the KV capacity of that model on that GPU."""
-    try:
-        kernel = KernelStepModel.build(gpu, model, args.attention)
-    except ModuleNotFoundError as error:
-        raise SystemExit(f"bench_at_scale.py: error: {error}") from None
-    return args.measured_curve or kernel, kernel.kv_capacity_tokens
-
-
-def simulate(rule: str, corpus: Corpus, schedule: Schedule, price, suffix_cache: int, params: dict) -> tuple:
-    """One rule's simulation on `schedule` (a proposer in the engine, or the request path's workload)."""
-    if rule in ENGINE_RULES:
-        proposer = build(rule, corpus, schedule, price, suffix_cache, params)
-        workload = None
-    else:
-        proposer, workload = NoDrafts(), request_workload(rule, corpus)
-    steps = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
-    sim = EngineSimulator(corpus, schedule, proposer, workload=workload).run(progress=_bar(rule, steps))
-    print()
-    return sim, proposer
-
-
-def priced(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
-    """A simulated rule on `pricing`: its figures (`pricing.rules`), costs, and the prefill's share of its forward."""
-    columns = {name: sim.column(name) for name in (*rules.COLUMNS, *rules.OPTIONAL)}
-    costs = rules.simulated_costs(columns, pricing)
-    found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
-    figures = rules.figures(columns, costs, proposer.async_scheduling) | {"kept": sim.kept, "found_previous": found}
-    figures["memory_mb"] = proposer.memory_bytes() / 2**20
-    fit = figures["proposer_fit"]  # measured here: never missing
-    cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
-    return RuleRun(figures, costs, cost, rules.prefill_seconds(columns, pricing, costs))
-
-
-def run_rules(args, corpus: Corpus, model: str, gpu: str, host: HostCurve, cache: dict) -> dict[str, RuleRun]:
-    """Every rule of `args.rules` priced for `model` on `gpu`. A simulation is reused across prices where it does not
-    depend on them (every rule but lossless, whose budget prices its drafts on the step price) and the KV capacity did
-    not bind (`Simulation.peak_kv`)."""
-    price, capacity = step_price(args, model, gpu)
-    scale = rows_scale(args, corpus)
-    schedule = replace(args.schedule, kv_capacity_tokens=max(capacity // scale, 1))
-    suffix_cache = args.suffix_cache or math.ceil(1.2 * schedule.prompts_per_step * corpus.samples)
-    pricing = Pricing(price, scale=scale, host=host)
-    params = {**args.params, "cost_scale": scale}  # lossless's budget prices a row as the GPU's `scale` rows
-    runs = {}
-    for rule in args.rules:
-        key = (rule, (model, gpu) if rule == "lossless" else None)
-        sim, proposer = cache.get(key, (None, None))
-        if sim is None or sim.peak_kv > schedule.kv_capacity_tokens:
-            budget_price = price.with_host(host)  # lossless's budget prices a step's host time too
-            sim, proposer = simulate(rule, corpus, schedule, budget_price, suffix_cache, params)
-            cache[key] = (sim, proposer)
-        runs[rule] = priced(sim, proposer, pricing)
-    return runs
-
-
-def rows_scale(args, corpus: Corpus) -> int:
-    """GPU rows a simulated row stands for: `--scale`, else an RL step's requests scaled up to `--max-num-seqs`."""
-    requests = min(args.schedule.prompts_per_step, len(corpus.prompts)) * corpus.samples
-    return args.scale or max(1, args.schedule.max_num_seqs // requests)
-
-
-def projections(runs: dict[str, RuleRun], pricing_host: HostCurve, price, full_rows: int) -> dict[str, Projection]:
-    pricing = Pricing(price, host=pricing_host)
-    return {rule: project(runs["off"].costs, r.costs, r.cost, pricing, full_rows) for rule, r in runs.items()}
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.validate:
-        from .at_scale_validate import validate
-
         return validate(args)
     from .engine import machine
 
@@ -238,9 +174,9 @@ def main(argv=None) -> int:
         )
         return 2
     if args.map:
-        from .at_scale_map import run_map
-
         return run_map(args, corpus, host, started)
+    if args.lenience_curve:
+        return lenience_curve(args, corpus, host, started)
     price, capacity = step_price(args, args.model, args.gpu)
     scale = rows_scale(args, corpus)
     print(
@@ -253,6 +189,13 @@ def main(argv=None) -> int:
     runs = run_rules(args, corpus, args.model, args.gpu, host, {})
     result = projections(runs, host, price, args.schedule.max_num_seqs)
     print(at_scale_table(runs, result))
+    leaders = {reading: fastest(result, reading) for reading in ("projected", "projected_async")}
+    for reading, (rule, margin) in leaders.items():
+        host_reading = "host measured here" if reading == "projected" else "host hidden"
+        print(
+            f"[at-scale] fastest, {host_reading}: {rule} ({getattr(result[rule], reading):.2f} x stock), "
+            f"{margin:.2f}x the runner-up"
+        )
     saved = measured.save_proposer_costs(
         {rule: r.figures["proposer_fit"] for rule, r in runs.items() if rule in ENGINE_RULES[1:]}, machine()
     )
@@ -268,50 +211,29 @@ def main(argv=None) -> int:
         f"host_ms={result['off'].host_ms:.3f} {missing_field({k: p.missing for k, p in result.items()})} "
         f"corpus={args.corpus} model={args.model} gpu={args.gpu} price={'curve' if args.curve else 'kernels'} "
         f"scale={scale} prefix_caching={args.prefix_caching} "
+        f"fastest={leaders['projected'][0]} fastest_margin={leaders['projected'][1]:.3f} "
+        f"fastest_async={leaders['projected_async'][0]} fastest_async_margin={leaders['projected_async'][1]:.3f} "
         f"wall_s={time.perf_counter() - started:.0f}"
     )
     return 0
 
 
 def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection]) -> str:
-    """Each rule's figures and its projection against stock, a markdown table."""
-    lines = [
-        "| rule | path | projected | projected_async | breakeven host ms | kept | steps | forward s | prefill s | "
-        "host s | proposer s | proposer µs/row-step | tail | memory MB | previous epoch held |",
-        "| --- | --- |" + " ---: |" * 13,
-    ]
+    """Each rule's figures and its projection against stock, a markdown table, and what its columns mean."""
+    head = ["rule", "path", "projected", "projected_async", "breakeven host ms", "kept", "steps", "forward s"]
+    head += ["prefill s", "host s", "proposer s", "proposer µs/row-step", "tail", "memory MB", "previous epoch held"]
+    rows = []
     for rule, r in runs.items():
         f, p = r.figures, result[rule]
         path = "stock" if rule == "off" else "engine" if rule in ENGINE_RULES else "requests"
         breakeven = "-" if rule == "off" else f"{p.breakeven_host_ms:.2f}"  # stock against itself: no tie to find
-        lines.append(
-            f"| {rule} | {path} | {p.projected:.2f} | {p.projected_async:.2f} | {breakeven} | {f['kept']:.1%} | "
-            f"{f['steps']} | {f['gpu_s']:.2f} | {r.prefill_s:.2f} | {f['host_s']:.2f} | {f['proposer_s']:.2f} | "
-            f"{f['proposer_us']:.2f} | {f['tail']:.1%} | {f['memory_mb']:.0f} | {f['found_previous']:.0%} |"
+        rows.append(
+            [rule, path, f"{p.projected:.2f}", f"{p.projected_async:.2f}", breakeven, f"{f['kept']:.1%}", f["steps"]]
+            + [f"{f['gpu_s']:.2f}", f"{r.prefill_s:.2f}", f"{f['host_s']:.2f}", f"{f['proposer_s']:.2f}"]
+            + [f"{f['proposer_us']:.2f}", f"{f['tail']:.1%}", f"{f['memory_mb']:.0f}", f"{f['found_previous']:.0%}"]
         )
-    lines.append(
-        f"host measured: {result['off'].host_ms:.2f} ms a full-batch step; breakeven: the host time at which the rule "
-        "would tie stock (inf: wins at any; nan: loses at any)"
+    return (
+        table(head, rows, numbers(2, len(head)))
+        + f"\nhost measured: {result['off'].host_ms:.2f} ms a full-batch step; breakeven: the host time at which the "
+        "rule would tie stock (inf: wins at any; nan: loses at any)"
     )
-    return "\n".join(lines)
-
-
-def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:
-    """The arena bytes the largest RL step's previous-epoch histories take (`Arena.BYTES_PER_NODE` a token)."""
-    from ..integration.vllm.arena import Arena
-
-    largest = 0
-    for epoch in range(1, corpus.epochs):
-        for prompts in schedule.steps_of(epoch, len(corpus.prompts)):
-            tokens = sum(len(r) for p in prompts for r in corpus.responses[epoch - 1][p])
-            largest = max(largest, tokens)
-    return largest * Arena.BYTES_PER_NODE
-
-
-def _bar(rule: str, total: int):
-    def progress(done: int) -> None:
-        filled = int(30 * done / max(total, 1))
-        print(f"\r[at-scale] {rule:<17} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} RL steps", end="")
-        sys.stdout.flush()
-
-    return progress

@@ -1,47 +1,73 @@
 """`python scripts/bench_at_scale.py --map`: for each shipped corpus x model x GPU, which rule and path is fastest
 against stock and by how much, with this machine's host time (`projected`) and with the host hidden
 (`projected_async`), and how `lossless`'s best path stands against `exact` (the paper's near-exact rule) and vLLM's
-suffix decoding. One line a cell (`MAP ...`), then a markdown table.
+suffix decoding. One line a cell (`MAP ...`), then a markdown table, then the map as a picture (`at_scale_heatmap`).
 
-Simulations are shared across cells where they do not depend on the price (`at_scale.run_rules`), so the map costs
+The engine path's verification reads each row's cache once a step (`--attention once`), a lower bound of its cost;
+the map prices the same steps of `lossless` in the engine a second time, its cache read for each of a row's tokens
+(`per_token`), as its upper bound (`lossless@per_token`, against stock priced the same way). Its budget drafted on
+`once`'s price in both: the two differ only in the price.
+
+Simulations are shared across cells where they do not depend on the price (`at_scale_run.run_rules`), so the map costs
 about one run per corpus, and one more of `lossless` per model x GPU (its budget prices drafts on each).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 
-from .at_scale import load_corpus, projections, run_rules, step_price
+from ..markdown import table
+from .at_scale_heatmap import draw_map
+from .at_scale_run import fastest, load_corpus, projections, run_rules, step_price
 from .corpus import PRESETS
 
 MODELS_MAPPED = ("qwen3-1.7b", "qwen3-8b", "qwen3-14b")
 GPUS_MAPPED = ("h100", "h200", "b200")
 LOSSLESS_PATHS = ("lossless", "lossless:requests")
+UPPER_BOUND = "lossless@per_token"  # the engine path with a verification step's attention read per token
 
 
 def run_map(args, first_corpus, host, started: float) -> int:
-    rows = []
+    """Every cell of the map, its table, and its picture at `args.map_image`."""
+    rows, speedups = [], {}
     for name in PRESETS:
         corpus = first_corpus if args.corpus == name else load_corpus(name)
         cache: dict = {}
         for model in MODELS_MAPPED:
             for gpu in GPUS_MAPPED:
-                runs = run_rules(args, corpus, model, gpu, host, cache)
-                price, _ = step_price(args, model, gpu)
-                result = projections(runs, host, price, args.schedule.max_num_seqs)
+                result = cell_projections(args, corpus, model, gpu, host, cache)
                 rows.append(cell(name, model, gpu, result))
+                speedups[(name, model, gpu)] = {r: (p.projected, p.projected_async) for r, p in result.items()}
                 print("MAP " + " ".join(f"{k}={v}" for k, v in rows[-1].items()))
     print(map_table(rows))
+    draw_map(speedups, args.map_image)
+    print(f"[at-scale] the map drawn to {args.map_image}")
     print(f"RESULT cells={len(rows)} prefix_caching={args.prefix_caching} wall_s={time.perf_counter() - started:.0f}")
     return 0
 
 
+def cell_projections(args, corpus, model: str, gpu: str, host, cache: dict) -> dict:
+    """Every rule of `args.rules` against stock in one cell, and, where `lossless` is among them, its engine path's
+    steps priced with `per_token` attention too (`UPPER_BOUND`)."""
+    runs = run_rules(args, corpus, model, gpu, host, cache)
+    price, _ = step_price(args, model, gpu)
+    result = projections(runs, host, price, args.schedule.max_num_seqs)
+    if "lossless" in runs and args.attention == "once" and args.measured_curve is None:
+        bound = argparse.Namespace(**{**vars(args), "rules": ["off", "lossless"]})
+        runs = run_rules(bound, corpus, model, gpu, host, cache, attention="per_token")
+        price, _ = step_price(args, model, gpu, "per_token")
+        result[UPPER_BOUND] = projections(runs, host, price, args.schedule.max_num_seqs)["lossless"]
+    return result
+
+
 def cell(corpus: str, model: str, gpu: str, result: dict) -> dict:
-    """One cell: the fastest rule by each host reading, and lossless's best path against exact and suffix."""
-    rules = [r for r in result if r != "off"]
-    best = max(rules, key=lambda r: result[r].projected)
-    best_async = max(rules, key=lambda r: result[r].projected_async)
+    """One cell: the fastest rule by each host reading, and lossless's best path against exact and suffix (its
+    `per_token` bound beside it where priced)."""
+    rules = [r for r in result if r not in ("off", UPPER_BOUND)]
+    best, _ = fastest(result, "projected", rules)
+    best_async, _ = fastest(result, "projected_async", rules)
     paths = [r for r in LOSSLESS_PATHS if r in result]
     lossless = max(paths, key=lambda r: result[r].projected) if paths else None
 
@@ -50,6 +76,7 @@ def cell(corpus: str, model: str, gpu: str, result: dict) -> dict:
             return math.nan
         return result[lossless].projected / result[other].projected
 
+    bound = result.get(UPPER_BOUND)
     return {
         "corpus": corpus,
         "model": model,
@@ -63,19 +90,43 @@ def cell(corpus: str, model: str, gpu: str, result: dict) -> dict:
         "over_exact": round(against("exact"), 3),
         "over_suffix": round(against("suffix"), 3),
         "breakeven_host_ms": round(result[lossless].breakeven_host_ms, 2) if lossless else math.nan,
+        "engine_per_token": round(bound.projected, 3) if bound else math.nan,
+        "engine_per_token_async": round(bound.projected_async, 3) if bound else math.nan,
     }
 
 
 def map_table(rows: list[dict]) -> str:
-    lines = [
-        "| corpus | model | GPU | fastest (host measured here) | × stock | fastest (host hidden) | × stock | "
-        "lossless's best path | × stock | × exact | × suffix | lossless ties stock at host ms |",
-        "| --- | --- | --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    head = [
+        "corpus",
+        "model",
+        "GPU",
+        "fastest (host measured here)",
+        "× stock",
+        "fastest (host hidden)",
+        "× stock",
+        "lossless's best path",
+        "× stock",
+        "× exact",
+        "× suffix",
+        "lossless ties stock at host ms",
+        "engine path, per_token attention: × stock",
+        "host hidden",
     ]
-    for c in rows:
-        lines.append(
-            f"| {c['corpus']} | {c['model']} | {c['gpu']} | {c['best']} | {c['projected']:.2f} | {c['best_async']} | "
-            f"{c['projected_async']:.2f} | {c['lossless_path']} | {c['lossless']:.2f} | {c['over_exact']:.2f} | "
-            f"{c['over_suffix']:.2f} | {c['breakeven_host_ms']:.2f} |"
-        )
-    return "\n".join(lines)
+    figures = (
+        "projected",
+        "projected_async",
+        "lossless",
+        "over_exact",
+        "over_suffix",
+        "breakeven_host_ms",
+        "engine_per_token",
+        "engine_per_token_async",
+    )
+    body = [
+        [c["corpus"], c["model"], c["gpu"], c["best"], f"{c['projected']:.2f}", c["best_async"]]
+        + [f"{c['projected_async']:.2f}", c["lossless_path"]]
+        + [f"{c[k]:.2f}" for k in figures[2:]]
+        for c in rows
+    ]
+    align = ["left"] * 4 + ["right", "left", "right", "left"] + ["right"] * 6
+    return table(head, body, align)

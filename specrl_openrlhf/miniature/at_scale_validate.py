@@ -9,6 +9,8 @@ import os
 
 from ..analysis.corpus import Corpus
 from ..analysis.simulator import EngineSimulator, Schedule
+from ..markdown import numbers, table
+from .at_scale_run import RULES
 from .sim_proposers import build
 
 # the real engine's rules (`real_model_settings.RULES`) and the simulator's names for them: the engine path and the
@@ -69,8 +71,6 @@ async def engine_visits(settings, progress=print) -> dict[str, tuple[Corpus, lis
 def validated(rules: list[str]) -> tuple[dict[str, str], list[str]]:
     """The engine's rules `--rules` names (simulator names) that this check runs, off always, and those it can't: a
     ratio rule has no engine-path twin here, ngram no replay of its own responses."""
-    from .at_scale import RULES
-
     unknown = [rule for rule in rules if rule not in RULES and rule not in VALIDATED.values()]
     if unknown:
         raise ValueError(f"--validate checks {', '.join(VALIDATED.values())}; --rules has {', '.join(unknown)}")
@@ -106,8 +106,7 @@ def validate(args) -> int:
     curve = StepCurve.load(DEFAULT_CURVE)
     engine = asyncio.run(engine_visits(settings, progress=print))
     schedule = Schedule(max_num_seqs=settings.prompts * settings.samples, prompts_per_step=settings.prompts)
-    errors = {}
-    print("| rule | engine steps | simulated steps | engine kept | simulated kept |\n| --- |" + " ---: |" * 4)
+    errors, rows = {}, []
     for name, rule in checked.items():
         corpus, visits = engine[name]  # the rule's own responses: the engine's verdicts are in them
         corpus = Corpus(corpus.prompts, corpus.responses, {**corpus.meta, "max_tokens": settings.max_tokens})
@@ -122,7 +121,9 @@ def validate(args) -> int:
         sim_steps, sim_kept = len(later), kept / tokens
         real_steps, real_kept = sum(steps for steps, *_ in visits[1:]), sum(kept for _, kept, _ in visits[1:]) / tokens
         errors[rule] = (sim_steps / real_steps - 1, (sim_kept - real_kept) / real_kept if real_kept else 0.0)
-        print(f"| {rule} | {real_steps} | {sim_steps} | {real_kept:.1%} | {sim_kept:.1%} |")
+        rows.append([rule, real_steps, sim_steps, f"{real_kept:.1%}", f"{sim_kept:.1%}"])
+    head = ["rule", "engine steps", "simulated steps", "engine kept", "simulated kept"]
+    print(table(head, rows, numbers(1, len(head))))
     print(
         "RESULT "
         + "".join(f"steps_err[{r}]={e[0]:+.3f} kept_err[{r}]={e[1]:+.3f} " for r, e in errors.items())

@@ -34,6 +34,7 @@ def toy_corpus(tmp_path, scored=False):
         (["--rules", "off,spec@x"], "lenience 'x' is not a number"),
         (["--validate", "--rules", "off,lossless:tree"], "--validate checks off, lossless, suffix, lossless:requests"),
         (["--prefix-caching", "maybe"], "argument --prefix-caching: invalid choice: 'maybe'"),
+        (["--map", "--lenience-curve"], "argument --lenience-curve: not allowed with argument --map"),
     ],
 )
 def test_bad_input_is_one_clear_error(argv, message, capsys, tmp_path):
@@ -74,6 +75,12 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     assert fields["missing"] == "none" and fields["model"] == "qwen3-8b" and fields["gpu"] == "h100"
     assert fields["prefix_caching"] == "on"  # every rule's schedule: the request path needs the cache
     assert at_scale.parse_args([*argv, "--prefix-caching", "off"]).schedule.prefix_caching is False
+    # the fastest rule by each host reading, stock included, and its lead over the runner-up
+    for reading, suffix in (("projected", ""), ("projected_async", "_async")):
+        leader = fields[f"fastest{suffix}"]
+        ranked = sorted((float(fields[f"{reading}[{rule}]"]) for rule in rules.split(",")), reverse=True)
+        assert float(fields[f"{reading}[{leader}]"]) == ranked[0]
+        assert float(fields[f"fastest{suffix}_margin"]) == pytest.approx(ranked[0] / ranked[1], abs=2e-3)
     # epoch 1 against the trees of epoch 0: [5, 6, 7] twice follows [5, 6, 7] | [5, 6, 9] for 3 tokens each; [8, 2]
     # and [8, 9] follow [8, 9] for 1 and 2: 9 of the corpus's 20 response tokens
     assert float(fields["kept[lossless:requests]"]) == pytest.approx(9 / 20)

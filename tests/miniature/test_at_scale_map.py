@@ -1,6 +1,7 @@
 """The map (`miniature.at_scale_map`): each cell names the fastest rule by each host reading and `lossless`'s best
 path against `exact` and suffix decoding."""
 
+import json
 import math
 
 import pytest
@@ -34,3 +35,40 @@ def test_a_cell_names_the_fastest_rule_by_each_host_reading_and_lossless_against
 def test_a_cell_without_a_peer_says_nan_not_a_number_made_up():
     c = cell("short", "qwen3-1.7b", "b200", {"off": projection(1.0, 1.0), "lossless": projection(1.1, 1.2, 30.0)})
     assert c["lossless_path"] == "lossless" and math.isnan(c["over_exact"]) and math.isnan(c["over_suffix"])
+
+
+def test_the_engine_paths_per_token_bound_sits_beside_it_and_never_wins_a_cell():
+    result = {
+        "off": projection(1.0, 1.0),
+        "lossless": projection(1.1, 1.2),
+        "lossless@per_token": projection(1.4, 1.5),  # a bound of lossless, not a rule of its own
+    }
+    c = cell("long", "qwen3-8b", "h100", result)
+    assert c["best"] == c["best_async"] == "lossless"
+    assert (c["engine_per_token"], c["engine_per_token_async"]) == (1.4, 1.5)
+    assert "| 1.40 | 1.50 |" in map_table([c])
+
+
+def test_the_map_runs_each_cell_and_draws_its_picture(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("aiconfigurator_core")
+    pytest.importorskip("matplotlib")
+    from specrl_openrlhf.miniature import at_scale, at_scale_map
+
+    from .test_at_scale import toy_corpus
+
+    corpus = toy_corpus(tmp_path, scored=True)
+    monkeypatch.setattr(at_scale_map, "PRESETS", (corpus,))  # one cell: the toy corpus, one model, one GPU
+    monkeypatch.setattr(at_scale_map, "MODELS_MAPPED", ("qwen3-1.7b",))
+    monkeypatch.setattr(at_scale_map, "GPUS_MAPPED", ("h100",))
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
+    image = tmp_path / "map.png"
+    argv = ["--corpus", corpus, "--host-steps", str(host), "--rules", "off,lossless,exact", "--map"]
+    assert at_scale.main([*argv, "--map-image", str(image), "--prompts-per-step", "2", "--max-num-seqs", "8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cells = [dict(item.split("=", 1) for item in line.split()[1:]) for line in lines if line.startswith("MAP ")]
+    assert len(cells) == 1 and cells[0]["model"] == "qwen3-1.7b"
+    # the engine path's own steps priced per token too: an upper bound of its cost, so at most its speedup
+    c = cells[0]
+    assert c["lossless_path"] == "lossless" and 0 < float(c["engine_per_token"]) <= float(c["lossless"])
+    assert lines[-1].startswith("RESULT cells=1 ") and image.read_bytes()[:4] == b"\x89PNG"

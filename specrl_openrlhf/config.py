@@ -16,7 +16,7 @@ import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .lenience import DEFAULT_LENIENCE, check_lenience
+from .params import DEFAULT_LENIENCE, check_lenience, check_value
 from .references import absolute_reference
 
 if TYPE_CHECKING:
@@ -160,18 +160,14 @@ class ReuseConfig:
             )
         if self.scoring not in SCORING_MODES:
             raise ValueError(f"--reuse.scoring must be one of {', '.join(SCORING_MODES)}, got {self.scoring!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"--reuse.seed must be an integer >= 0, got {self.seed!r}")
-        if self.update_every is not None and (
-            isinstance(self.update_every, bool) or not isinstance(self.update_every, int) or self.update_every < 1
-        ):
-            raise ValueError(f"--reuse.update_every must be an integer >= 1, got {self.update_every!r}")
+        check_value("--reuse.seed", self.seed, int, at_least=0)
+        if self.update_every is not None:
+            check_value("--reuse.update_every", self.update_every, int, at_least=1)
         if not (isinstance(self.cache_max_gb, (int, float)) and math.isfinite(self.cache_max_gb)) or (
             self.cache_max_gb <= 0
         ):
             raise ValueError(f"--reuse.cache_max_gb must be a positive number of GiB, got {self.cache_max_gb!r}")
-        if isinstance(self.cache_shards, bool) or not isinstance(self.cache_shards, int) or self.cache_shards < 1:
-            raise ValueError(f"--reuse.cache_shards must be an integer >= 1, got {self.cache_shards!r}")
+        check_value("--reuse.cache_shards", self.cache_shards, int, at_least=1)
         if not (isinstance(self.checkpoint_poll_s, (int, float)) and self.checkpoint_poll_s > 0):
             raise ValueError(f"--reuse.checkpoint_poll_s must be a positive number, got {self.checkpoint_poll_s!r}")
         object.__setattr__(self, "plugins", tuple(str(p) for p in self.plugins))

@@ -192,10 +192,11 @@ class ReuseConfig:
             params["lenience"] = self.lenience
         return make(self.policy, **params)
 
-    def resolved(self) -> ReuseConfig:
-        """This config with the rule's parameters as the rule read them: a file a parameter names (`cost_curve`) is
-        read once, where the run starts, and the processes the config is sent to get its data, not its path."""
-        read = getattr(self.build_policy(), "params", None)
+    def resolved(self, policy: ReusePolicy | None = None) -> ReuseConfig:
+        """This config with the rule's parameters as the rule read them (`policy`: its rule, if built): a file a
+        parameter names (`cost_curve`) is read once, where the run starts, and the processes the config is sent to
+        get its data, not its path."""
+        read = getattr(self.build_policy() if policy is None else policy, "params", None)
         if not dataclasses.is_dataclass(read):
             return self
         return dataclasses.replace(self, params={k: getattr(read, k, v) for k, v in self.params.items()})

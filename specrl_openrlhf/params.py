@@ -89,7 +89,11 @@ def check_value(name: str, value, kind, *, error=ValueError, means: str = "", **
             or (below is not None and value >= below)
         )
     if not ok:
-        wanted += _range(**bounds) if kind in (int, float) else ""
+        given = {key: value for key, value in bounds.items() if value is not None}
+        if kind is int and given == {"at_least": 1}:
+            wanted = "a positive integer"
+        elif kind in (int, float):
+            wanted += _range(**bounds)
         raise error(f"{name} must be {wanted}, got {value!r}" + (f" ({means})" if means else ""))
 
 

@@ -45,6 +45,8 @@ def test_good_values_pass_and_an_int_is_a_number():
 def test_a_flag_names_itself_and_the_error_is_the_callers():
     with pytest.raises(KeyError, match="--seed must be an integer >= 0, got -1"):
         check_value("--seed", -1, int, at_least=0, error=KeyError)
+    with pytest.raises(ValueError, match="--shards must be a positive integer, got 0"):
+        check_value("--shards", 0, int, at_least=1)
     check_value("--rate", 2, float, above=0)
     with pytest.raises(ValueError, match="--rate must be a number > 0"):
         check_value("--rate", 0.0, float, above=0)

@@ -92,6 +92,8 @@ def check_value(name: str, value, kind, *, error=ValueError, means: str = "", **
         given = {key: value for key, value in bounds.items() if value is not None}
         if kind is int and given == {"at_least": 1}:
             wanted = "a positive integer"
+        elif kind is float and given == {"above": 0}:
+            wanted = "a positive number"
         elif kind in (int, float):
             wanted += _range(**bounds)
         raise error(f"{name} must be {wanted}, got {value!r}" + (f" ({means})" if means else ""))

@@ -48,8 +48,10 @@ def test_a_flag_names_itself_and_the_error_is_the_callers():
     with pytest.raises(ValueError, match="--shards must be a positive integer, got 0"):
         check_value("--shards", 0, int, at_least=1)
     check_value("--rate", 2, float, above=0)
-    with pytest.raises(ValueError, match="--rate must be a number > 0"):
+    with pytest.raises(ValueError, match="--rate must be a positive number, got 0.0"):
         check_value("--rate", 0.0, float, above=0)
+    with pytest.raises(ValueError, match=r"--rate must be a number > 1, got inf"):
+        check_value("--rate", float("inf"), float, above=1)
 
 
 def test_lenience_must_be_a_positive_number():

@@ -89,7 +89,7 @@ def check_value(name: str, value, kind, *, error=ValueError, means: str = "", **
             or (below is not None and value >= below)
         )
     if not ok:
-        given = {key: value for key, value in bounds.items() if value is not None}
+        given = {key: bound for key, bound in bounds.items() if bound is not None}
         if kind is int and given == {"at_least": 1}:
             wanted = "a positive integer"
         elif kind is float and given == {"above": 0}:

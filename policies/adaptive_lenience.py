@@ -13,7 +13,7 @@ step) and sends `state_dict()` back to every engine. Watch `reuse/lenience` and 
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,14 +22,22 @@ import specrl_openrlhf as sr
 
 @dataclass(frozen=True, kw_only=True)
 class AdaptiveLenienceParams:
-    target_kept: float = 0.6  # share of draft tokens to keep (cut / draft length, over a batch)
-    lenience: float = sr.DEFAULT_LENIENCE  # the starting lenience
-    gain: float = 2.0  # change of log(lenience) per unit of error, per update
+    """The parameters of `AdaptiveLenience`; `sr.check_fields` checks each against its annotation and limits."""
+
+    target_kept: float = field(default=0.6, metadata=sr.limits(above=0.0, below=1.0))
+    """The share of draft tokens to keep (cut / draft length, over a batch)."""
+
+    lenience: float = sr.DEFAULT_LENIENCE
+    """The starting lenience."""
+
+    gain: float = 2.0
+    """The change of log(lenience) per unit of error, per update."""
+
     max_lenience: float = math.exp(3.0)
+    """The most lenience the steering may reach."""
 
     def __post_init__(self):
-        if not 0.0 < self.target_kept < 1.0:
-            raise ValueError(f"adaptive_lenience: target_kept must be in (0, 1), got {self.target_kept!r}")
+        sr.check_fields(self, owner="adaptive_lenience")
         sr.policies.check_steering("adaptive_lenience", self)
 
 

@@ -7,7 +7,7 @@ policy more closely: ℓ_age = 1 + (ℓ - 1) * decay^(age - 1), towards exact ac
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,13 +16,17 @@ import specrl_openrlhf as sr
 
 @dataclass(frozen=True, kw_only=True)
 class AgeDecayLenienceParams:
-    lenience: float = sr.DEFAULT_LENIENCE  # for tokens decoded at the previous visit
-    decay: float = 0.5  # per visit of age beyond the first
+    """The parameters of `AgeDecayLenience`."""
+
+    lenience: float = sr.DEFAULT_LENIENCE
+    """The lenience of tokens decoded at the previous visit."""
+
+    decay: float = field(default=0.5, metadata=sr.limits(at_least=0.0, at_most=1.0))
+    """The factor on lenience - 1 per visit of age beyond the first."""
 
     def __post_init__(self):
         sr.policies.check_lenience("age_decay_lenience", self.lenience)
-        if not 0.0 <= self.decay <= 1.0:
-            raise ValueError(f"age_decay_lenience: decay must be in [0, 1], got {self.decay!r}")
+        sr.check_fields(self, owner="age_decay_lenience")
 
 
 class AgeDecayLenience(sr.ReusePolicy):

@@ -10,7 +10,7 @@ one coordinator updates the rule once per `--reuse.update_every` samples (see po
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,14 +19,22 @@ import specrl_openrlhf as sr
 
 @dataclass(frozen=True, kw_only=True)
 class ExcessBudgetParams:
-    budget: float = 0.01  # the excess acceptance to hold, per scored token
-    lenience: float = sr.DEFAULT_LENIENCE  # the starting lenience
-    gain: float = 20.0  # change of log ℓ per unit of error, per update
+    """The parameters of `ExcessBudget`."""
+
+    budget: float = field(default=0.01, metadata=sr.limits(above=0.0, below=1.0))
+    """The excess acceptance to hold, per scored token."""
+
+    lenience: float = sr.DEFAULT_LENIENCE
+    """The starting lenience."""
+
+    gain: float = 20.0
+    """The change of log ℓ per unit of error, per update."""
+
     max_lenience: float = math.exp(2.0)
+    """The most lenience the steering may reach."""
 
     def __post_init__(self):
-        if not 0.0 < self.budget < 1.0:
-            raise ValueError(f"excess_budget: budget must be in (0, 1), got {self.budget!r}")
+        sr.check_fields(self, owner="excess_budget")
         sr.policies.check_steering("excess_budget", self)
 
 

@@ -4,7 +4,7 @@ Early tokens of a draft are reused leniently; later ones, which depend on more o
 must match the current policy more closely: lenience_i = 1 + (lenience - 1) * decay**i.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,13 +13,17 @@ import specrl_openrlhf as sr
 
 @dataclass(frozen=True, kw_only=True)
 class PositionDecayParams:
+    """The parameters of `PositionDecay`."""
+
     lenience: float = sr.DEFAULT_LENIENCE
-    decay: float = 0.99
+    """The lenience at the draft's first token."""
+
+    decay: float = field(default=0.99, metadata=sr.limits(above=0.0, at_most=1.0))
+    """The factor on lenience - 1 per position along the draft."""
 
     def __post_init__(self):
         sr.policies.check_lenience("position_decay", self.lenience)
-        if not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"position_decay: decay must be in (0, 1], got {self.decay!r}")
+        sr.check_fields(self, owner="position_decay")
 
 
 @sr.register("position_decay")

@@ -3,7 +3,7 @@
 Forcing a fresh tail on every sample keeps some exploration even when the policy barely moves.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,13 +12,17 @@ import specrl_openrlhf as sr
 
 @dataclass(frozen=True, kw_only=True)
 class PrefixCapParams:
+    """The parameters of `PrefixCap`."""
+
     lenience: float = sr.DEFAULT_LENIENCE
-    max_fraction: float = 0.9
+    """The spec rule's lenience."""
+
+    max_fraction: float = field(default=0.9, metadata=sr.limits(at_least=0.0, at_most=1.0))
+    """The largest share of a draft kept."""
 
     def __post_init__(self):
         sr.policies.check_lenience("prefix_cap", self.lenience)
-        if not 0.0 <= self.max_fraction <= 1.0:
-            raise ValueError(f"prefix_cap: max_fraction must be in [0, 1], got {self.max_fraction!r}")
+        sr.check_fields(self, owner="prefix_cap")
 
 
 @sr.register("prefix_cap")

@@ -8,7 +8,7 @@ learning. This rule also rejects every token whose probability under the current
     python -m openrlhf.cli.train_ppo_ray --rollout_reuse policies/probability_floor.py:ProbabilityFloor ...
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,13 +17,17 @@ import specrl_openrlhf as sr
 
 @dataclass(frozen=True, kw_only=True)
 class ProbabilityFloorParams:
+    """The parameters of `ProbabilityFloor`."""
+
     lenience: float = sr.DEFAULT_LENIENCE
-    floor: float = 0.2  # reject a draft token whose current probability is below this
+    """The spec rule's lenience."""
+
+    floor: float = field(default=0.2, metadata=sr.limits(at_least=0.0, below=1.0))
+    """Reject a draft token whose current probability is below this."""
 
     def __post_init__(self):
         sr.policies.check_lenience("probability_floor", self.lenience)
-        if not 0.0 <= self.floor < 1.0:
-            raise ValueError(f"probability_floor: floor must be in [0, 1), got {self.floor!r}")
+        sr.check_fields(self, owner="probability_floor")
 
 
 class ProbabilityFloor(sr.ReusePolicy):

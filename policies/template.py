@@ -14,12 +14,17 @@ import specrl_openrlhf as sr
 
 @dataclass(frozen=True, kw_only=True)
 class MyRuleParams:
-    """Parameters are a frozen keyword-only dataclass; validate them here so bad values fail at start-up."""
+    """Parameters are a frozen keyword-only dataclass, a docstring under each field; validate them here so bad
+    values fail at start-up. `sr.check_fields` checks each field against its annotation (`Literal[...]` choices,
+    int, float, bool) and a range in its metadata, `field(default=0.9, metadata=sr.limits(at_least=0, at_most=1))`,
+    naming the field, the value and what it takes."""
 
     lenience: float = sr.DEFAULT_LENIENCE
+    """The factor on p_curr / p_prev: 1 is exact speculative acceptance."""
 
     def __post_init__(self):
         sr.policies.check_lenience("my_rule", self.lenience)
+        sr.check_fields(self, owner="my_rule")
 
 
 @sr.register("my_rule")

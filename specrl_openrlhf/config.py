@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import types
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from .lenience import DEFAULT_LENIENCE, check_lenience
 from .markdown import table
+from .params import DEFAULT_LENIENCE, check_lenience, check_value
 from .references import absolute_reference
 
 if TYPE_CHECKING:
@@ -155,26 +154,14 @@ class ReuseConfig:
             check_lenience("--lenience", self.lenience)
         if not isinstance(self.params, dict) or not all(isinstance(k, str) for k in self.params):
             raise TypeError(f"--reuse.params must be a JSON object of parameter names, got {self.params!r}")
-        if self.reused_logprobs not in REUSED_LOGPROBS:
-            raise ValueError(
-                f"--reuse.logprobs must be one of {', '.join(REUSED_LOGPROBS)}, got {self.reused_logprobs!r}"
-            )
-        if self.scoring not in SCORING_MODES:
-            raise ValueError(f"--reuse.scoring must be one of {', '.join(SCORING_MODES)}, got {self.scoring!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"--reuse.seed must be an integer >= 0, got {self.seed!r}")
-        if self.update_every is not None and (
-            isinstance(self.update_every, bool) or not isinstance(self.update_every, int) or self.update_every < 1
-        ):
-            raise ValueError(f"--reuse.update_every must be an integer >= 1, got {self.update_every!r}")
-        if not (isinstance(self.cache_max_gb, (int, float)) and math.isfinite(self.cache_max_gb)) or (
-            self.cache_max_gb <= 0
-        ):
-            raise ValueError(f"--reuse.cache_max_gb must be a positive number of GiB, got {self.cache_max_gb!r}")
-        if isinstance(self.cache_shards, bool) or not isinstance(self.cache_shards, int) or self.cache_shards < 1:
-            raise ValueError(f"--reuse.cache_shards must be an integer >= 1, got {self.cache_shards!r}")
-        if not (isinstance(self.checkpoint_poll_s, (int, float)) and self.checkpoint_poll_s > 0):
-            raise ValueError(f"--reuse.checkpoint_poll_s must be a positive number, got {self.checkpoint_poll_s!r}")
+        check_value("--reuse.logprobs", self.reused_logprobs, Literal[REUSED_LOGPROBS])
+        check_value("--reuse.scoring", self.scoring, Literal[SCORING_MODES])
+        check_value("--reuse.seed", self.seed, int, at_least=0)
+        if self.update_every is not None:
+            check_value("--reuse.update_every", self.update_every, int, at_least=1)
+        check_value("--reuse.cache_max_gb", self.cache_max_gb, float, above=0, means="GiB")
+        check_value("--reuse.cache_shards", self.cache_shards, int, at_least=1)
+        check_value("--reuse.checkpoint_poll_s", self.checkpoint_poll_s, float, above=0, means="seconds")
         object.__setattr__(self, "plugins", tuple(str(p) for p in self.plugins))
 
     @property
@@ -197,10 +184,11 @@ class ReuseConfig:
             params["lenience"] = self.lenience
         return make(self.policy, **params)
 
-    def resolved(self) -> ReuseConfig:
-        """This config with the rule's parameters as the rule read them: a file a parameter names (`cost_curve`) is
-        read once, where the run starts, and the processes the config is sent to get its data, not its path."""
-        read = getattr(self.build_policy(), "params", None)
+    def resolved(self, policy: ReusePolicy | None = None) -> ReuseConfig:
+        """This config with the rule's parameters as the rule read them (`policy`: its rule, if built): a file a
+        parameter names (`cost_curve`) is read once, where the run starts, and the processes the config is sent to
+        get its data, not its path."""
+        read = getattr(self.build_policy() if policy is None else policy, "params", None)
         if not dataclasses.is_dataclass(read):
             return self
         return dataclasses.replace(self, params={k: getattr(read, k, v) for k, v in self.params.items()})

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .draft import Draft
+from .params import check_value
 
 ROOT = 0
 UNKNOWN_LOGPROB = math.nan  # a node's p_prev where no response through it reported one (never read as probability 1)
@@ -65,8 +66,7 @@ class History:
     """
 
     def __init__(self, min_match: int = DEFAULT_MIN_MATCH):
-        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
-            raise ValueError(f"min_match must be a positive integer, got {min_match!r}")
+        check_value("min_match", min_match, int, at_least=1)
         self.min_match = min_match
         self.token, self.parent, self.depth, self.source = [-1], [-1], [0], [-1]
         self.stop, self.count, self.logprob = [False], [0], [UNKNOWN_LOGPROB]

@@ -27,6 +27,7 @@ import math
 import re
 from pathlib import Path
 
+from ..params import is_integer
 from ..references import absolute_reference
 from .grid import Grid, GridError, flag_word
 
@@ -70,7 +71,7 @@ def parse_lenience(value, where: str) -> tuple[float, str]:
             number, label = (math.exp(float(match.group(1))), f"e{match.group(1)}") if match else (float(text), text)
         except ValueError:
             raise GridError(f"{where}: lenience {value!r} is not a number; write 1.65, e^0.5 or exp(0.5)") from None
-    from ..lenience import check_lenience
+    from ..params import check_lenience
 
     try:
         check_lenience(where, number)
@@ -160,7 +161,7 @@ def _list(data: dict, key: str, where: str, default=None) -> list:
 
 
 def _seed(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_integer(value) or value < 0:
         raise GridError(f"{where}: {value!r} is not a seed; seeds are integers >= 0")
     return value
 

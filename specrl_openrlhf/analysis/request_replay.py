@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..history import ROOT, History
-from ..lenience import DEFAULT_LENIENCE, check_lenience
+from ..params import DEFAULT_LENIENCE, check_lenience
 from ..proposal import majority_path
 from .corpus import Corpus
 from .simulator import Request, cached_tokens, samples_of

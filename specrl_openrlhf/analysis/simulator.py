@@ -46,6 +46,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..params import is_integer
 from .corpus import Corpus
 
 BLOCK_TOKENS = 16  # vLLM's GPU KV-cache block: the prefix cache serves whole blocks
@@ -71,7 +72,7 @@ class Schedule:
             value = getattr(self, name)
             if name == "kv_capacity_tokens" and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
     def steps_of(self, epoch: int, prompts: int) -> list[list[int]]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..params import check_value
+
 DEFAULT_KV_CACHE_BYTES = 256 << 20  # 131k tokens of the 2-layer tiny model, 4k of a 100M one
 # A record of every engine step (`integration.vllm.step_log`), and no log line per step from vLLM's own logger.
 RECORD_STEPS = {"enable_logging_iteration_details": True, "disable_log_stats": True}
@@ -125,8 +127,7 @@ def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrid
     >>> cpu_engine_kwargs(kv_cache_bytes=1 << 28)["kv_cache_memory_bytes"]
     268435456
     """
-    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int) or kv_cache_bytes <= 0:
-        raise ValueError(f"kv_cache_bytes must be a positive number of bytes, got {kv_cache_bytes!r}")
+    check_value("kv_cache_bytes", kv_cache_bytes, int, at_least=1, means="a positive number of bytes")
     if "gpu_memory_utilization" in overrides:
         raise ValueError(
             "gpu_memory_utilization is a share of the NUMA node's memory on CPU and breaks on hosts that report a "

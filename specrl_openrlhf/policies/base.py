@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ..lenience import check_lenience  # noqa: F401  (re-exported)
+from ..params import check_lenience  # noqa: F401  (re-exported)
 from ..references import short_name
 
 
@@ -49,8 +49,9 @@ class DraftBatch:
 class ReusePolicy(ABC):
     """Decides the cut of each draft: the verified prefix is draft[:cut], the current policy generates the rest.
 
-    Subclasses set the class attributes below, define `Params` (a frozen keyword-only dataclass that validates
-    itself in ``__post_init__``) and implement `cut`. Register them with `specrl_openrlhf.register`.
+    Subclasses set the class attributes below, define `Params` (a frozen keyword-only dataclass, a docstring under
+    each field, that validates itself in ``__post_init__`` with `specrl_openrlhf.params.check_fields`) and implement
+    `cut`. Register them with `specrl_openrlhf.register`.
     """
 
     name: ClassVar[str] = ""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
-from ..lenience import DEFAULT_LENIENCE
+from ..params import DEFAULT_LENIENCE, check_fields, limits
 from ..pricing.curves import load_price
 from .base import DraftBatch, ReusePolicy, check_lenience, first_rejection, lenient_acceptance_logprob, lenient_cut
 from .registry import register
@@ -15,9 +16,10 @@ from .registry import register
 
 @dataclass(frozen=True, kw_only=True)
 class LenienceParams:
-    """lenience: the factor on p_curr / p_prev; 1 is exact speculative acceptance, larger reuses more."""
+    """The parameter of a lenient rule (`spec`, `delayed`, `anchored`)."""
 
     lenience: float = DEFAULT_LENIENCE
+    """The factor on p_curr / p_prev: 1 is exact speculative acceptance, larger reuses more."""
 
     def __post_init__(self):
         check_lenience("lenience", self.lenience)
@@ -93,89 +95,81 @@ class Full(ReusePolicy):
 
 
 HISTORY_PROPOSER = "specrl_openrlhf.integration.vllm.proposer.HistoryProposer"  # vLLM imports it by this name
-DRAFT_CHOICES = ("own", "majority", "tree")
-VERIFY_CHOICES = ("engine", "requests")
-BUDGET_CHOICES = ("goodput", "static")
 
 
 @dataclass(frozen=True, kw_only=True)
 class LosslessParams:
-    """verify: where drafts are verified. "engine" (the default): inside vLLM, at every decoding step
-    (`integration.vllm.proposer`): the engine proposes from the tree of the prompt's previous responses (and of its
-    finished siblings) while the sample stays in it, and after a rejection from the longest suffix match of at least
-    `min_match` tokens, up to `num_speculative_tokens` tokens at a time. budget: which of those tokens a step carries.
-    "goodput" (the default): the slots whose expected accepted tokens pay for what they add to the step, by the step
-    cost the engine measures and the acceptance it learns (`specrl_openrlhf.budget`); zero is a valid answer.
-    "static": all of them while the chance that the draft is accepted so far, by the history's own log-probs, stays at
-    least `min_accept_prob`. "requests": on our request path, once per visit up to the first rejection (scoring
-    requests, then a continuation), with `draft` as the proposal: "own" (the sample's own previous response, SPEC-RL's
-    draft), "majority" (the majority path through the prompt's previous responses) or "tree" (their tree, walked by
-    sampling p_curr at each node, `specrl_openrlhf.proposal.walk`). history: how many of the prompt's last visits the
-    proposal draws on (1 or 2; not "own"). Acceptance follows p_curr, so the likelier proposal keeps more; every choice
-    is exact. cost_curve: a GPU's step curve, the path of a JSON file of `scripts/bench_gpu_step.py` (read once, here,
-    where the run starts: the rule then holds the curve's data, which travels to the engines with its parameters) or
-    that data: the goodput budget then prices slots on it at `cost_scale` times the rows a step serves instead of on
-    this machine's measured step cost, so the drafts are those that GPU would choose (acceptance does not depend on
-    the hardware); the drafting check, which measures this machine's steps, is off then. shared: in the engine, where
-    the prompt's own history holds no suffix of the sample (or the prompt has none yet), re-enter in the engine's other
-    prompts' recent responses, one tree of them all (as vLLM's suffix decoding does with its global tree). lookup: and
-    in the sample's own tokens, its prompt and response so far (prompt lookup, as vLLM's n-gram proposer): the longer
-    match of the two. history_mb: the memory an engine's histories may take (MiB); past it the histories of the
-    prompts that left the engine go first."""
+    """The parameters of `lossless`: where its drafts are verified, what they propose and how many a step carries.
+    Every choice is exact: acceptance follows p_curr, so a likelier proposal only keeps more."""
 
-    draft: str = "tree"
-    history: int = 1
-    verify: str = "engine"
-    num_speculative_tokens: int = 16
-    min_match: int = 4
-    min_accept_prob: float = 0.1
-    budget: str = "goodput"
+    draft: Literal["own", "majority", "tree"] = "tree"
+    """The proposal: "own" (the sample's own previous response, SPEC-RL's draft; `verify="requests"` only),
+    "majority" (the majority path through the prompt's previous responses; `verify="requests"` only) or "tree"
+    (their tree, walked by sampling p_curr at each node, `specrl_openrlhf.proposal.walk`)."""
+
+    history: Literal[1, 2] = 1
+    """How many of the prompt's last visits the proposal draws on; 2 needs draft "majority" or "tree"."""
+
+    verify: Literal["engine", "requests"] = "engine"
+    """Where drafts are verified. "engine": inside vLLM, at every decoding step (`integration.vllm.proposer`); the
+    engine proposes from the tree of the prompt's previous responses (and its finished siblings) while the sample
+    stays in it, and after a rejection from the longest suffix match of at least `min_match` tokens. "requests": on
+    our request path, once per visit up to the first rejection (scoring requests, then a continuation), with `draft`
+    as the proposal."""
+
+    num_speculative_tokens: int = field(default=16, metadata=limits(at_least=1, at_most=64))
+    """The most tokens the engine drafts for a sample at one step (`verify="engine"`)."""
+
+    min_match: int = field(default=4, metadata=limits(at_least=1, means="tokens a re-entry matches on"))
+    """The shortest suffix of the sample a re-entry into the history must match, after a rejection."""
+
+    min_accept_prob: float = field(default=0.1, metadata=limits(at_least=0.0, below=1.0))
+    """The static budget's floor on the chance that the draft so far is accepted."""
+
+    budget: Literal["goodput", "static"] = "goodput"
+    """Which drafted tokens a step carries. "goodput": the slots whose expected accepted tokens pay for what they add
+    to the step, by the step cost the engine measures and the acceptance it learns (`specrl_openrlhf.budget`); zero
+    is a valid answer. "static": all of them while the chance that the draft is accepted so far, by the history's
+    own log-probs, stays at least `min_accept_prob`."""
+
     cost_curve: str | dict | None = field(default=None, repr=False)  # the data: `describe` leaves it out
-    cost_scale: int = 1
+    """A GPU's step curve: the path of a JSON file of `scripts/bench_gpu_step.py` (read once, here, where the run
+    starts: the rule then holds the curve's data, which travels to the engines with its parameters) or that data. The
+    goodput budget then prices slots on it at `cost_scale` times the rows a step serves instead of on this machine's
+    measured step cost, so the drafts are those that GPU would choose (acceptance does not depend on the hardware);
+    the drafting check, which measures this machine's steps, is off then."""
+
+    cost_scale: int = field(default=1, metadata=limits(at_least=1, means="rows each row stands for"))
+    """How many rows on the GPU of `cost_curve` each of this engine's rows stands for."""
+
     shared: bool = True
+    """In the engine, where the prompt's own history holds no suffix of the sample (or the prompt has none yet),
+    re-enter in the engine's other prompts' recent responses, one tree of them all (as vLLM's suffix decoding does
+    with its global tree)."""
+
     lookup: bool = True
-    history_mb: int = 1024
+    """Also re-enter in the sample's own tokens, its prompt and response so far (prompt lookup, as vLLM's n-gram
+    proposer); the longer match of the two wins."""
+
+    history_mb: int = field(default=1024, metadata=limits(at_least=1, means="MiB an engine's histories may take"))
+    """The memory an engine's histories may take (MiB); past it the histories of the prompts that left the engine go
+    first."""
 
     def __post_init__(self):
-        if self.draft not in DRAFT_CHOICES:
-            raise ValueError(f"draft must be one of {DRAFT_CHOICES}, got {self.draft!r}; 'own' is SPEC-RL's draft")
-        if isinstance(self.history, bool) or self.history not in (1, 2):
-            raise ValueError(
-                f"history must be 1 or 2 (visits of the prompt the proposal draws on), got {self.history!r}"
-            )
+        check_fields(self)
         if self.draft == "own" and self.history != 1:
             raise ValueError('history applies to draft "majority" and "tree"; "own" is the one previous response')
-        if self.verify not in VERIFY_CHOICES:
-            raise ValueError(f"verify must be one of {VERIFY_CHOICES}, got {self.verify!r}")
         if self.verify == "engine" and self.draft != "tree":
             raise ValueError(
                 f"draft={self.draft!r} is proposed once per visit on the request path: add verify='requests' "
                 "(the engine proposes from the tree of the prompt's responses at every step)"
             )
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
-            raise ValueError(f"num_speculative_tokens must be an integer in [1, 64], got {k!r}")
-        m = self.min_match
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"min_match must be a positive integer (tokens a re-entry matches on), got {m!r}")
-        if self.budget not in BUDGET_CHOICES:
-            raise ValueError(f"budget must be one of {BUDGET_CHOICES}, got {self.budget!r}")
-        if isinstance(self.min_accept_prob, bool) or not 0.0 <= self.min_accept_prob < 1.0:
-            raise ValueError(f"min_accept_prob must be in [0, 1), got {self.min_accept_prob!r}")
         if self.cost_curve is not None:  # a path is read once, here: its data, not the path, reaches the engines
             try:
                 curve = load_price(self.cost_curve)
             except ValueError as error:
                 raise ValueError(f"cost_curve: {error}") from None
             object.__setattr__(self, "cost_curve", curve.as_data())
-        for name in ("shared", "lookup"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        mb = self.history_mb
-        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-            raise ValueError(f"history_mb must be a positive integer (MiB an engine's histories may take), got {mb!r}")
-        if isinstance(self.cost_scale, bool) or not isinstance(self.cost_scale, int) or self.cost_scale < 1:
-            raise ValueError(f"cost_scale must be an integer >= 1 (rows each row stands for), got {self.cost_scale!r}")
 
 
 @register("lossless")
@@ -237,14 +231,14 @@ class Lossless(ReusePolicy):
 
 @dataclass(frozen=True, kw_only=True)
 class ResidualParams:
-    """top_k: how many of p_prev's and p_curr's likeliest tokens are kept per draft position to draw a rejected one
-    from the residual; what lies beyond them bounds the bias left (`reuse/residual_tail_mass`)."""
+    """The parameter of `residual`."""
 
-    top_k: int = 20  # vLLM's default max_logprobs
+    top_k: int = field(default=20, metadata=limits(at_least=1, at_most=1024))  # vLLM's default max_logprobs
+    """How many of p_prev's and p_curr's likeliest tokens are kept per draft position to draw a rejected one from the
+    residual; what lies beyond them bounds the bias left (`reuse/residual_tail_mass`)."""
 
     def __post_init__(self):
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= 1024:
-            raise ValueError(f"top_k must be an integer in [1, 1024], got {self.top_k!r}")
+        check_fields(self)
 
 
 @register("residual")

@@ -13,11 +13,11 @@ key and value, naming the key and the fix. Other methods' keys are checked again
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
+from ..params import check_value
 from .base import DraftBatch, ReusePolicy
 from .registry import register
 
@@ -34,6 +34,7 @@ METHOD_KEYS = {
 }
 SUFFIX_DEFAULT_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth, its default k too
 NGRAM_DEFAULT_K = 8  # vLLM requires k for n-gram; ours when the config leaves it out
+TOKENS = "speculative_config.num_speculative_tokens"
 
 
 class SpeculativeConfigError(ValueError):
@@ -50,22 +51,18 @@ def check_speculative_config(config) -> dict:
         )
     method = config["method"]
     config = dict(config)
-    if method not in METHOD_KEYS:
-        if not isinstance(config.get("num_speculative_tokens", 1), int):
-            raise SpeculativeConfigError(f"speculative_config.num_speculative_tokens must be an integer, got {config}")
-        return config  # another of vLLM's methods: vLLM checks its keys at start-up
+    if method not in METHOD_KEYS:  # another of vLLM's methods: vLLM checks its keys at start-up
+        if "num_speculative_tokens" in config:
+            check_value(TOKENS, config["num_speculative_tokens"], int, error=SpeculativeConfigError)
+        return config
     allowed = {**COMMON_KEYS, **METHOD_KEYS[method]}
     for key, value in config.items():
         if key not in allowed:
             raise SpeculativeConfigError(
                 f"speculative_config key {key!r} is not one of method {method!r}'s: {sorted(allowed)}"
             )
-        kind = allowed[key]
-        ok = isinstance(value, kind) or (kind is float and isinstance(value, int))
-        if not ok or isinstance(value, bool) or (kind is not str and not math.isfinite(value)):
-            raise SpeculativeConfigError(f"speculative_config.{key} must be {kind.__name__}, got {value!r}")
-        if kind is not str and value < 0:
-            raise SpeculativeConfigError(f"speculative_config.{key} must be >= 0, got {value!r}")
+        bounds = {} if allowed[key] is str else {"at_least": 0}
+        check_value(f"speculative_config.{key}", value, allowed[key], error=SpeculativeConfigError, **bounds)
     if method == "suffix":
         if config.get("suffix_decoding_min_token_prob", 0.1) > 1:
             raise SpeculativeConfigError("speculative_config.suffix_decoding_min_token_prob must be in [0, 1]")
@@ -77,21 +74,21 @@ def check_speculative_config(config) -> dict:
                 f"speculative_config.prompt_lookup_min ({low}) must be <= prompt_lookup_max ({high})"
             )
         config.setdefault("num_speculative_tokens", NGRAM_DEFAULT_K)
-    if not 1 <= config["num_speculative_tokens"] <= 64:
-        raise SpeculativeConfigError(
-            f"speculative_config.num_speculative_tokens must be in [1, 64], got {config['num_speculative_tokens']}"
-        )
+    check_value(TOKENS, config["num_speculative_tokens"], int, error=SpeculativeConfigError, at_least=1, at_most=64)
     return config
 
 
 @dataclass(frozen=True, kw_only=True)
 class VllmParams:
-    """speculative_config: vLLM's `speculative_config` engine argument, any method vLLM offers ("suffix", "ngram",
-    "eagle", "mtp", ...), with that method's keys; `num_speculative_tokens` defaults to the suffix tree's depth for
-    "suffix" and to 8 for "ngram"."""
+    """The parameter of `vllm`: the speculative config handed to every engine (`check_speculative_config`)."""
 
     speculative_config: dict = field(default_factory=lambda: {"method": "suffix"})
-    method: str | None = field(default=None, init=False, repr=False)  # the one a short name stands for
+    """vLLM's `speculative_config` engine argument: any method vLLM offers ("suffix", "ngram", "eagle", "mtp", ...),
+    with that method's keys; `num_speculative_tokens` defaults to the suffix tree's depth for "suffix" and to 8 for
+    "ngram"."""
+
+    method: str | None = field(default=None, init=False, repr=False)
+    """The method a short name (`suffix`, `ngram`) stands for; None: any."""
 
     def __post_init__(self):
         object.__setattr__(self, "speculative_config", check_speculative_config(self.speculative_config))
@@ -105,20 +102,24 @@ class VllmParams:
 
 @dataclass(frozen=True, kw_only=True)
 class SuffixParams(VllmParams):
-    """speculative_config: vLLM's suffix decoding settings (`suffix_decoding_max_tree_depth` 24,
-    `suffix_decoding_max_cached_requests` 10000 responses kept FIFO in one tree per engine,
-    `suffix_decoding_max_spec_factor` 1.0, `suffix_decoding_min_token_prob` 0.1: vLLM's defaults)."""
+    """The parameter of `suffix`."""
 
     speculative_config: dict = field(default_factory=lambda: {"method": "suffix"})
+    """vLLM's suffix decoding settings: `suffix_decoding_max_tree_depth` (24), `suffix_decoding_max_cached_requests`
+    (10000 responses kept FIFO in one tree per engine), `suffix_decoding_max_spec_factor` (1.0),
+    `suffix_decoding_min_token_prob` (0.1): vLLM's defaults."""
+
     method: str | None = field(default="suffix", init=False, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
 class NgramParams(VllmParams):
-    """speculative_config: vLLM's n-gram settings (`prompt_lookup_min`, `prompt_lookup_max`: 5 each by default;
-    `num_speculative_tokens` 8 here)."""
+    """The parameter of `ngram`."""
 
     speculative_config: dict = field(default_factory=lambda: {"method": "ngram"})
+    """vLLM's n-gram settings: `prompt_lookup_min` and `prompt_lookup_max` (5 each by default);
+    `num_speculative_tokens` (8 here)."""
+
     method: str | None = field(default="ngram", init=False, repr=False)
 
 

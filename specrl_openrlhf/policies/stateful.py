@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from ..params import check_value
 from .base import ReusePolicy
 
 
@@ -47,8 +48,7 @@ class FeedbackCoordinator:
     """
 
     def __init__(self, policy: ReusePolicy, update_every: int):
-        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
-            raise ValueError(f"--reuse.update_every must be an integer >= 1, got {update_every!r}")
+        check_value("--reuse.update_every", update_every, int, at_least=1)
         self.policy = policy
         self.update_every = update_every
         self.pending = FeedbackBuffer()

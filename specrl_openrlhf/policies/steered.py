@@ -7,14 +7,14 @@ from abc import abstractmethod
 
 import torch
 
+from ..params import check_value
 from .base import DraftBatch, ReusePolicy, check_lenience, lenient_cut
 
 
 def check_steering(owner: str, params) -> None:
     """Validate the steering fields every `SteeredLenience.Params` has: lenience, gain and max_lenience."""
     check_lenience(owner, params.lenience)
-    if not (params.gain > 0 and math.isfinite(params.gain)):
-        raise ValueError(f"{owner}: gain must be a positive number, got {params.gain!r}")
+    check_value(f"{owner}: gain", params.gain, float, above=0)
     if not 1.0 <= params.lenience <= params.max_lenience < math.inf:
         raise ValueError(
             f"{owner}: need 1 <= lenience <= max_lenience < inf, got {params.lenience} and {params.max_lenience}"

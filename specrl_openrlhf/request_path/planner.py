@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ import torch
 from ..config import REUSED_LOGPROBS, SCORING_MODES
 from ..draft import Draft
 from ..history import History
+from ..params import check_value
 from ..policies import ReusePolicy
 from ..policies.base import checked_cuts
 from ..policies.stateful import FeedbackBuffer
@@ -93,10 +95,8 @@ class SpeculativePlanner:
         stop_token_ids=(),
         processed_logprobs: bool = False,
     ):
-        if reused_logprobs not in REUSED_LOGPROBS:
-            raise ValueError(f"reused_logprobs must be one of {REUSED_LOGPROBS}, got {reused_logprobs!r}")
-        if scoring not in SCORING_MODES:
-            raise ValueError(f"scoring must be one of {SCORING_MODES}, got {scoring!r}")
+        check_value("reused_logprobs", reused_logprobs, Literal[REUSED_LOGPROBS])
+        check_value("scoring", scoring, Literal[SCORING_MODES])
         self.policy = policy
         self.seed = int(seed)
         self.max_token_id = max_token_id

@@ -139,7 +139,7 @@ def test_anchored_judges_each_token_on_its_drift_since_decoding():
 def test_lossless_params_are_validated():
     with pytest.raises(ValueError, match="draft must be one of"):
         make("lossless", draft="forest")
-    with pytest.raises(ValueError, match="history must be 1 or 2"):
+    with pytest.raises(ValueError, match="history must be one of 1, 2, got 3"):
         make("lossless", history=3)
     with pytest.raises(ValueError, match="history applies"):
         make("lossless", draft="own", history=2, verify="requests")

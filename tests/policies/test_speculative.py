@@ -26,7 +26,7 @@ def test_the_short_names_fill_in_vllms_settings():
         ("suffix", {"method": "suffix", "suffix_decoding_min_token_prob": 2.0}, "suffix_decoding_min_token_prob"),
         ("ngram", {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
         ("ngram", {"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
-        ("ngram", {"method": "ngram", "prompt_lookup_max": "5"}, "prompt_lookup_max must be int"),
+        ("ngram", {"method": "ngram", "prompt_lookup_max": "5"}, "prompt_lookup_max must be an integer"),
         ("vllm", {"num_speculative_tokens": 3}, 'a "method"'),
         ("vllm", "suffix", 'a "method"'),
     ],

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ... import config as reuse_config
 from ...config import ReuseConfig
-from ...policies import PluginError, UnknownPolicyError
+from ...policies import PluginError, ReusePolicy, UnknownPolicyError
 from ...policies.sampling import UnsupportedSamplingError, check_sampling
 from .eval import WORKER_SETUP_HOOK
 
@@ -43,39 +43,40 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
     reuse_config.add_arguments(parser)
 
 
-def steps_in(config: ReuseConfig) -> bool:
+def steps_in(policy: ReusePolicy) -> bool:
     """Whether the run needs us: a rule that reuses drafts, or one that vLLM verifies by itself (the peers: their
     engines need its `speculative_config`, and our executor reports, per sample, what vLLM drafted and accepted).
     `off` leaves OpenRLHF as it is."""
-    policy = config.build_policy()
     return policy.draft_age > 0 or policy.verifies_in_engine
 
 
 def after_parse(parser: argparse.ArgumentParser, namespace):
     """Validate our flags with OpenRLHF's (a bad one is a usage error, before Ray starts). Returns what to put in the
     command module's namespace (our `train`, and for a rule verified in the engine our `create_vllm_engines`), or
-    None to leave it as it is (`off`, no dry run)."""
+    None to leave it as it is (`off`, no dry run). The rule is built here, once for the run, and passed on."""
     try:
         config = reuse_config.from_namespace(namespace)
-        for warning in check_combination(namespace, config):
+        policy = config.build_policy()  # loads the plugins: a bad rule is a usage error too
+        for warning in check_combination(namespace, config, policy):
             print(f"[specrl-openrlhf] warning: {warning}", file=sys.stderr)
     except (UnknownPolicyError, PluginError, UnsupportedSamplingError, ValueError, TypeError) as error:
         flag = "--rollout_reuse" if isinstance(error, (UnknownPolicyError, PluginError)) else ""
         parser.error(f"{flag + ': ' if flag and not str(error).startswith('--') else ''}{error}")
-    if not (steps_in(config) or config.dry_run):
+    if not (steps_in(policy) or config.dry_run):
         return None
-    return functools.partial(take_over_names, config)
+    return functools.partial(take_over_names, config, policy=policy)
 
 
-def take_over_names(config: ReuseConfig, module_globals: dict) -> None:
-    """Our `train` (`train_with_reuse`, which calls OpenRLHF's), and the engine arguments the rule needs."""
+def take_over_names(config: ReuseConfig, module_globals: dict, policy: ReusePolicy | None = None) -> None:
+    """Our `train` (`train_with_reuse`, which calls OpenRLHF's), and the engine arguments the rule needs (`policy`:
+    the config's rule, built where the run starts)."""
     from ..vllm.engine_args import engine_kwargs
     from .engines import with_engine_kwargs
 
+    policy = config.build_policy() if policy is None else policy
     upstream_train = module_globals["train"]
-    module_globals["train"] = lambda args: train_with_reuse(args, upstream_train)
-    policy = config.build_policy() if steps_in(config) else None
-    if policy is not None and engine_kwargs(policy) and "create_vllm_engines" in module_globals:
+    module_globals["train"] = lambda args: train_with_reuse(args, upstream_train, policy)
+    if steps_in(policy) and engine_kwargs(policy) and "create_vllm_engines" in module_globals:
         extra = functools.partial(engine_kwargs, policy)  # OpenRLHF's arguments in, ours added
         module_globals["create_vllm_engines"] = with_engine_kwargs(module_globals["create_vllm_engines"], extra)
 
@@ -90,10 +91,9 @@ def lookup(namespace, dotted: str, default=None):
     return node
 
 
-def check_combination(namespace, config: ReuseConfig) -> list[str]:
-    """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's."""
-    policy = config.build_policy()
-    if not steps_in(config):
+def check_combination(namespace, config: ReuseConfig, policy: ReusePolicy) -> list[str]:
+    """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's (`policy`: the config's rule)."""
+    if not steps_in(policy):
         return []
     get = lambda name, default=None: lookup(namespace, name, default)  # noqa: E731
     if not get("vllm.num_engines"):
@@ -125,10 +125,11 @@ def check_combination(namespace, config: ReuseConfig) -> list[str]:
     return warnings
 
 
-def run_settings(args, config: ReuseConfig) -> dict:
-    """What every executor needs to know, held by the run's `ReuseRun` actor."""
+def run_settings(args, config: ReuseConfig, policy: ReusePolicy | None = None) -> dict:
+    """What every executor needs to know, held by the run's `ReuseRun` actor (`policy`: the config's rule, if
+    built)."""
     return {
-        "reuse_config": config.resolved().to_json(),  # files its rule names travel as their data
+        "reuse_config": config.resolved(policy).to_json(),  # files its rule names travel as their data
         "num_shards": config.cache_shards,
         "samples_per_visit": args.rollout.n_samples_per_prompt,
         "training_signature": [args.rollout.temperature, args.rollout.top_p, -1],
@@ -149,20 +150,20 @@ def namespace_to_dict(namespace) -> dict:
     return namespace if isinstance(namespace, (str, int, float, bool, type(None))) else repr(namespace)
 
 
-def print_dry_run(args, config: ReuseConfig) -> None:
+def print_dry_run(args, config: ReuseConfig, policy: ReusePolicy) -> None:
     openrlhf_args = namespace_to_dict(args)
     for ours in ("reuse", "rollout_reuse", "lenience"):
         openrlhf_args.pop(ours, None)
-    resolved = {"reuse": dataclasses.asdict(config), "policy": config.build_policy().describe()}
-    if steps_in(config):
+    resolved = {"reuse": dataclasses.asdict(config), "policy": policy.describe()}
+    if steps_in(policy):
         from ..vllm.engine_args import engine_kwargs
 
         # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path, and for a rule
         # verified in the engine, its speculative config (our proposer, or vLLM's own for the peers)
         resolved["engines"] = {
             "agent_func_path": AGENT_ENTRY,
-            "engine_kwargs": engine_kwargs(config.build_policy()),
-            **run_settings(args, config),
+            "engine_kwargs": engine_kwargs(policy),
+            **run_settings(args, config, policy),
         }
     resolved["openrlhf_args"] = openrlhf_args
     print(json.dumps(resolved, indent=2, default=str))
@@ -226,13 +227,15 @@ def start_ray() -> None:
     ray.init(runtime_env=openrlhf_runtime_env())
 
 
-def train_with_reuse(args, upstream_train) -> None:
-    """Stands in for OpenRLHF's `train(args)` at the end of its `__main__` block (see `seams`)."""
+def train_with_reuse(args, upstream_train, policy: ReusePolicy | None = None) -> None:
+    """Stands in for OpenRLHF's `train(args)` at the end of its `__main__` block (see `seams`); `policy`: the rule
+    `after_parse` built (else it is built here)."""
     config = reuse_config.from_namespace(args)
+    policy = config.build_policy() if policy is None else policy
     if config.dry_run:
-        print_dry_run(args, config)
+        print_dry_run(args, config, policy)
         return
-    if not steps_in(config):
+    if not steps_in(policy):
         return upstream_train(args)
 
     from .draft_store import CACHE_DIRNAME, start_reuse
@@ -242,9 +245,9 @@ def train_with_reuse(args, upstream_train) -> None:
         resumed = latest_checkpoint_dir(args.ckpt.path)
         if resumed is not None and (resumed / CACHE_DIRNAME).is_dir():
             load_dir = str(resumed / CACHE_DIRNAME)
-    settings = run_settings(args, config)
+    settings = run_settings(args, config, policy)
     start_ray()
-    reuse = start_reuse(settings, config, load_dir=load_dir)
+    reuse = start_reuse(settings, config, load_dir=load_dir, policy=policy)
     watcher = CheckpointWatcher(reuse, args.ckpt.path, config.checkpoint_poll_s)
     watcher.start()
     # OpenRLHF's agent seam: its engines build our executor, which wraps the run's own (settings above). Set after

@@ -206,15 +206,18 @@ class ReuseActors:
         return paths
 
 
-def start_reuse(settings: dict, config: ReuseConfig, *, load_dir: str | None = None, run: str = "") -> ReuseActors:
+def start_reuse(
+    settings: dict, config: ReuseConfig, *, load_dir: str | None = None, run: str = "", policy=None
+) -> ReuseActors:
     """Start the run's `ReuseRun` (named, `get_if_exists`: one per run in the Ray job) and its cache shards (named,
-    so any process of the job finds them), and wait until they are up."""
+    so any process of the job finds them), and wait until they are up (`policy`: the config's rule, if built)."""
     name = run_actor_name(run)
     handle = ReuseRun.options(name=name, get_if_exists=True).remote(settings, load_dir)
     if ray.get(handle.settings.remote()) != settings:  # a finished run's actor under this name: replace it
         ray.kill(handle, no_restart=True)
         handle = ReuseRun.options(name=name).remote(settings, load_dir)
-    num_shards, keep_visits = config.cache_shards, config.build_policy().visits_kept
+    policy = config.build_policy() if policy is None else policy
+    num_shards, keep_visits = config.cache_shards, policy.visits_kept
     shards = [
         DraftCacheActor.options(name=actor_name(i, run)).remote(
             i, num_shards, max(config.cache_max_bytes // num_shards, 1), run, keep_visits

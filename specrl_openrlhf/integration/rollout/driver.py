@@ -22,12 +22,40 @@ from ...metrics import ReuseStats, verified_in_engine
 from ...policies import ReusePolicy
 from ...policies.stateful import FeedbackCoordinator
 from ...request_path.assembly import SampleOutput
+from ...request_path.planner import SpeculativePlanner
 from ...trace import TraceWriter
 from ..vllm.edge import completion_of
 
 logger = logging.getLogger(__name__)
 
 DRAFTED_PROMPTS_KEPT = 1 << 16  # prompts a driver remembers having committed drafts for (`Driver.drafted`)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverOptions:
+    """What a driver is built with besides its engine call, rule and draft store: the one list of them (the generator
+    takes them as keywords and hands them to the driver it picks; each driver reads those it knows of)."""
+
+    samples_per_visit: int
+    """Samples per prompt in a batch (OpenRLHF's `n_samples_per_prompt`)."""
+
+    prioritize: bool = False
+    """The engine call takes `priority=` (an engine scheduling by priority); lower values are served first."""
+
+    planner: SpeculativePlanner | None = None
+    """The request path's planner (default: one for the rule, with `seed` and `trace`)."""
+
+    trace: TraceWriter | None = None
+    """Where visits are recorded (`--reuse.trace_dir`; the request path's planner has its own)."""
+
+    seed: int = 0
+    """The run's seed: the request path's default planner draws with it; the engine path's trace records name it."""
+
+    update_every: int | None = None
+    """Samples per update of a rule that adapts (request path; default: a visit's samples)."""
+
+    rpc: object = None
+    """The engine's `collective_rpc`, which carries histories to its proposer (engine path)."""
 
 
 @dataclass
@@ -129,22 +157,16 @@ class Driver:
 
     trace: TraceWriter | None = None  # where the driver records visits (`--reuse.trace_dir`)
     planner = None  # the request path's planner
+    new_visit = Visit  # the driver's kind of visit, built from an id
 
-    def __init__(
-        self,
-        generate,
-        policy: ReusePolicy,
-        store,
-        *,
-        samples_per_visit: int,
-        prioritize: bool = False,
-        new_visit=Visit,
-    ):
+    def __init__(self, generate, policy: ReusePolicy, store, **options):
+        """`options`: `DriverOptions`' fields, as keywords."""
+        self.options = DriverOptions(**options)
         self.generate_fn = generate
-        self.prioritize = prioritize
+        self.prioritize = self.options.prioritize
         self.policy = policy
         self.store = store
-        self.visits = VisitTracker(samples_per_visit, new_visit)
+        self.visits = VisitTracker(self.options.samples_per_visit, self.new_visit)
         self.failures = 0
         self.lost_commits = 0  # the store's failed commits, as counted on samples so far
         # The prompts this driver last committed drafts for, most recent last: their next visit here will likely find

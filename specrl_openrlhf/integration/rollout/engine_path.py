@@ -21,7 +21,7 @@ from ...history import UNKNOWN_LOGPROB
 from ...metrics import budget_gauges, verified_in_engine
 from ...request_path.assembly import SampleOutput
 from ...seeds import entropy_of, prompt_number
-from ...trace import HISTORY_SLOT, TraceWriter, visit_group
+from ...trace import HISTORY_SLOT, visit_group
 from ..vllm.edge import completion_of, continuation_params
 from ..vllm.histories import params_message, update_histories
 from .driver import DRAFTED_PROMPTS_KEPT, Driver
@@ -144,15 +144,13 @@ class EnginePathDriver(Driver):
     `trace` records each visit's history and responses (`--reuse.trace_dir`), for `replay` to verify them against
     other proposals; `seed` names the run in the records."""
 
-    def __init__(
-        self, generate, policy, store, *, rpc=None, trace: TraceWriter | None = None, seed: int = 0, **driver_args
-    ):
-        super().__init__(generate, policy, store, **driver_args)
-        self.histories = HistoryChannel(rpc, policy.params)
+    def __init__(self, generate, policy, store, **options):
+        super().__init__(generate, policy, store, **options)
+        self.histories = HistoryChannel(self.options.rpc, policy.params)
         self.forecast = StepForecast()
         self.order = ReleaseOrder()
-        self.trace = trace
-        self.seed = int(seed)
+        self.trace = self.options.trace
+        self.seed = int(self.options.seed)
 
     @property
     def available(self) -> bool:

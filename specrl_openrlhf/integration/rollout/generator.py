@@ -51,41 +51,20 @@ class AsyncSpeculativeGenerator:
         generate: the engine call (`bind` replaces it).
         policy: the reuse rule.
         store: the draft store (`LocalDraftStore`, or `openrlhf.draft_store.RayDraftStore`).
-        samples_per_visit: samples per prompt in a batch (OpenRLHF's `n_samples_per_prompt`).
-        planner: the request path's planner (default: one for `policy` with `seed` and `trace`).
-        trace: where the engine path records visits (the request path's planner has its own).
-        seed: the run's seed, named in the engine path's trace records.
-        update_every: samples per update of a rule that adapts (request path).
-        prioritize: `generate` takes `priority=` (an engine scheduling by priority).
-        rpc: the engine's `collective_rpc`, which carries histories to its proposer (engine path).
+        options: the driver's, as keywords (`driver.DriverOptions`: `samples_per_visit`, and optionally `prioritize`,
+            `planner`, `trace`, `seed`, `update_every`, `rpc`).
     """
 
-    def __init__(
-        self,
-        generate,
-        policy: ReusePolicy,
-        store,
-        *,
-        samples_per_visit: int,
-        planner: SpeculativePlanner | None = None,
-        trace: TraceWriter | None = None,
-        seed: int = 0,
-        update_every: int | None = None,
-        prioritize: bool = False,
-        rpc=None,
-    ):
+    def __init__(self, generate, policy: ReusePolicy, store, **options):
         self.policy = policy
         self.store = store
-        args = dict(samples_per_visit=samples_per_visit, prioritize=prioritize)
         if not policy.draft_age:  # nothing to reuse: stock generation (vLLM may speculate inside, `vllm`)
-            self.driver: Driver = StockDriver(generate, policy, store, **args)
+            kind: type[Driver] = StockDriver
         elif policy.verifies_in_engine:
-            self.driver = EnginePathDriver(generate, policy, store, rpc=rpc, trace=trace, seed=seed, **args)
+            kind = EnginePathDriver
         else:
-            planner = planner or SpeculativePlanner(policy, seed=seed, trace=trace)
-            self.driver = RequestPathDriver(
-                generate, policy, store, planner=planner, update_every=update_every, **args
-            )
+            kind = RequestPathDriver
+        self.driver = kind(generate, policy, store, **options)
 
     @property
     def planner(self) -> SpeculativePlanner | None:

@@ -57,11 +57,12 @@ class RequestPathDriver(Driver):
     and each unblocks a continuation, and continuations expected to be longest next, since the slowest sample
     decides when a step ends."""
 
-    def __init__(
-        self, generate, policy, store, *, planner: SpeculativePlanner, update_every: int | None = None, **driver_args
-    ):
-        super().__init__(generate, policy, store, new_visit=PlannedVisit, **driver_args)
-        self.planner = planner
+    new_visit = PlannedVisit
+
+    def __init__(self, generate, policy, store, **options):
+        super().__init__(generate, policy, store, **options)
+        seed, trace, update_every = self.options.seed, self.options.trace, self.options.update_every
+        self.planner = self.options.planner or SpeculativePlanner(policy, seed=seed, trace=trace)
         self.reusable = 0.0  # decayed share of recent visits that had something to reuse
         self.exclusion_applies: bool | None = None  # whether the engine runs the `vllm.exclude` plugin; None: unknown
         if policy.keeps_state and isinstance(store, LocalDraftStore):  # one process: this rule is the coordinator's

@@ -15,13 +15,14 @@ Terminology:
   chained per bucket (`head` [buckets]): a re-entry looks up where else a row's last tokens occur.
 - *support* of a child: its count over its parent's `BELOW`, the share of the paths there that take it.
 
-Kernels take (`nodes`, `gram`, `head`) explicitly (`Arena.arrays`); `Arena` grows them and is the one owner of their
-size.
+Kernels take (`nodes`, `gram`, `head`) explicitly (`Arena.arrays`, an `ArenaArrays`); `Arena` grows them and is the
+one owner of their size.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 
@@ -174,6 +175,14 @@ def rebuild_index(nodes, gram, head, size):
             head[gram[c] & mask] = c
 
 
+class ArenaArrays(NamedTuple):
+    """The arena's arrays, as the kernels take them (numba compiles a named tuple of arrays)."""
+
+    nodes: np.ndarray  # [capacity, FIELDS] int32, one node record a row
+    gram: np.ndarray  # [capacity] int64, each node's gram hash (NONE: shallower than min_match)
+    head: np.ndarray  # [buckets] int32, the newest node of each gram bucket (a power of two, about 2 * capacity)
+
+
 class Arena:
     """The arrays, their size, and growth. `capacity` nodes; the gram index has about twice as many buckets."""
 
@@ -190,8 +199,8 @@ class Arena:
         self.head = np.full(1 << int(np.ceil(np.log2(2 * capacity))), NONE, np.int32)
 
     @property
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.nodes, self.gram, self.head
+    def arrays(self) -> ArenaArrays:
+        return ArenaArrays(self.nodes, self.gram, self.head)
 
     def column(self, field: int) -> np.ndarray:
         """One field of every node ([size]), e.g. `column(COUNT)`."""

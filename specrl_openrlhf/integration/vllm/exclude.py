@@ -24,6 +24,8 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from ...params import is_integer
+
 try:  # vLLM >= 0.32: the model runner V2's interface, which its plugin loader requires
     from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
 
@@ -56,9 +58,7 @@ class ExcludeFirstToken(LogitsProcessor, *V2_BASES):
     def validate_params(cls, sampling_params) -> None:
         tokens = excluded_tokens(sampling_params)
         if tokens is not None and (
-            not isinstance(tokens, (list, tuple))
-            or not tokens
-            or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tokens)
+            not isinstance(tokens, (list, tuple)) or not tokens or any(not is_integer(t) or t < 0 for t in tokens)
         ):
             raise ValueError(
                 f"extra_args[{EXCLUDE_FIRST_TOKEN!r}] must be a non-empty list of token ids (ints >= 0), "

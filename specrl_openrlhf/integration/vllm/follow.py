@@ -15,16 +15,35 @@ proposal is a fixed one, and vLLM's verification keeps it exact.
 moved on, and its candidate draft (tokens, supports, buckets, predicted acceptance). Rows it does not recognise (a new
 request in the row, or one moved there) are left to the caller (`rows.NEW`), which finds their prompt's slot and calls
 `anchor`. The budget's definitions it uses (`budget.bucket`, `budget.goodput_allocate`) are compiled here.
+
+The kernels' data travels as named tuples of arrays, which numba compiles: the arena's (`arena.ArenaArrays`), the
+rows' (`rows.RowArrays`, `rows.RowOutputs`), the step's (`Sampled`, `Arrivals`) and the rule's (`Settings`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from ... import budget
 from ...budget import ANCHORED, OWN, REENTERED, SHARED
-from .arena import BELOW, BEST, COUNT, NONE, OWNER, TOKEN, Arena, child_of, insert, njit, reentry, sequence_hash
-from .rows import FOLLOWED, IDLE, NEW, RowState
+from .arena import (
+    BELOW,
+    BEST,
+    COUNT,
+    NONE,
+    OWNER,
+    TOKEN,
+    Arena,
+    ArenaArrays,
+    child_of,
+    insert,
+    njit,
+    reentry,
+    sequence_hash,
+)
+from .rows import FOLLOWED, IDLE, NEW, RowArrays, RowOutputs, RowState
 
 bucket = njit(cache=True)(budget.bucket)  # the budget's definitions, compiled
 survival_floor = njit(cache=True)(budget.survival_floor)
@@ -33,22 +52,56 @@ MAX_MATCH = 16  # a re-entry's match is measured back this far at most
 RETRY = 1  # a row that found no re-entry looks again after this many more tokens
 
 
+class Settings(NamedTuple):
+    """The rule's settings for a step."""
+
+    min_match: int  # tokens a re-entry matches on
+    k: int  # draft tokens a row proposes at most
+    max_len: int  # the engine's max_model_len: no row proposes past it
+    shared: bool  # re-enter in other prompts' responses too
+    table: np.ndarray  # [prod(budget.SHAPE)] float64, predicted acceptance per bucket (empty: propose nothing)
+    floor: float  # a candidate stops where its survival falls to it (`survival_floor`; -1: never)
+
+
+class Sampled(NamedTuple):
+    """What the engine sampled at a step, for the rows `indices`."""
+
+    indices: np.ndarray  # [n] int64, the rows to follow
+    flat: np.ndarray  # [tokens sampled] int32, every row's sampled tokens: row r's at offsets[r]:offsets[r + 1]
+    offsets: np.ndarray  # [rows + 1] int64
+    num_tokens: np.ndarray  # [rows] int32, vLLM's tokens per row (prompt and response)
+    token_ids: np.ndarray  # [rows, max_len] int32, vLLM's tokens of each row
+
+
+class Arrivals(NamedTuple):
+    """Rows new to the proposer, their prompt's slot found."""
+
+    indices: np.ndarray  # [n] int64, the rows
+    roots: np.ndarray  # [n] int64, their slot's root node
+    slots: np.ndarray  # [n] int64, their slot (NONE: their prompt has none)
+    num_tokens: np.ndarray  # [rows] int32, vLLM's tokens per row
+    token_ids: np.ndarray  # [rows, max_len] int32, vLLM's tokens of each row
+
+
 @njit(cache=True)
-def place(nodes, gram, head, r, tokens, end, own, slot, m, k, shared, cursor, kind, match, retry):
-    """Where row `r` proposes from next: its own node while paths go on below it, else its cursor while it has paths
-    below, else a re-entry (`reentry`; after one that found nothing, `RETRY` tokens later)."""
+def place(arena: ArenaArrays, rows: RowArrays, settings: Settings, r, tokens, end):
+    """Where row `r` (its first `end` `tokens`) proposes from next: its own node while paths go on below it, else its
+    cursor while it has paths below, else a re-entry (`reentry`; after one that found nothing, `RETRY` tokens
+    later)."""
+    nodes, own, slot, cursor, kind = arena.nodes, rows.own[r], rows.slot[r], rows.cursor, rows.kind
     if nodes[own, BELOW] > 0:
         cursor[r], kind[r] = own, ANCHORED
         return
     if cursor[r] != NONE and kind[r] != ANCHORED and nodes[cursor[r], BELOW] > 0:
         return
-    if end < retry[r]:
+    if end < rows.retry[r]:
         cursor[r] = NONE
         return
-    node, length = reentry(nodes, gram, head, tokens, end, m, own, k, MAX_MATCH, slot, shared)
-    cursor[r], match[r] = node, length
+    m, k, shared = settings.min_match, settings.k, settings.shared
+    node, length = reentry(nodes, arena.gram, arena.head, tokens, end, m, own, k, MAX_MATCH, slot, shared)
+    cursor[r], rows.match[r] = node, length
     if node == NONE:
-        retry[r] = end + RETRY
+        rows.retry[r] = end + RETRY
     if node == NONE or nodes[node, OWNER] == 2 * slot:
         kind[r] = REENTERED
     elif nodes[node, OWNER] == 2 * slot + 1:
@@ -58,82 +111,75 @@ def place(nodes, gram, head, r, tokens, end, own, slot, m, k, shared, cursor, ki
 
 
 @njit(cache=True)
-def candidate(nodes, r, node, k, kind, match, table, floor, out):
-    """Row `r`'s candidate: the greedy path below `node`, up to `k` tokens, each token's support, bucket and predicted
-    acceptance (`table`: `AcceptanceModel.table`), while its survival stays above `floor` (`survival_floor`: no later
-    slot could pay; the first is kept, for the budget's exploring slot); returns its length."""
-    cand, support, buckets, accept = out[2][r], out[3][r], out[5][r], out[6][r]
+def candidate(arena: ArenaArrays, rows: RowArrays, settings: Settings, out: RowOutputs, r, k):
+    """Row `r`'s candidate: the greedy path below its cursor, up to `k` tokens, each token's support, bucket and
+    predicted acceptance (`settings.table`: `AcceptanceModel.table`), while its survival stays above `settings.floor`
+    (`survival_floor`: no later slot could pay; the first is kept, for the budget's exploring slot); its length goes
+    to `out.length`."""
+    nodes, node, kind, match = arena.nodes, rows.cursor[r], rows.kind[r], rows.match[r]
+    cand, support, buckets, accept = out.cand[r], out.support[r], out.cand_bucket[r], out.cand_accept[r]
     n, alive = 0, 1.0
     while n < k and node != NONE and nodes[node, BELOW] > 0:
         c = nodes[node, BEST]
         cand[n] = nodes[c, TOKEN]
         support[n] = nodes[c, COUNT] / nodes[node, BELOW]
         buckets[n] = bucket(kind, n, support[n], match + n)
-        accept[n] = table[buckets[n]]
+        accept[n] = settings.table[buckets[n]]
         alive *= accept[n]
-        if n > 0 and alive <= floor:
+        if n > 0 and alive <= settings.floor:
             break
         n += 1
         node = c
-    return n
+    out.length[r] = n
 
 
 @njit(cache=True)
-def follow(
-    nodes,
-    gram,
-    head,
-    size,
-    indices,
-    flat,
-    offsets,
-    num_tokens,
-    token_ids,
-    state,
-    m,
-    k,
-    max_len,
-    shared,
-    table,
-    floor,
-    out,
-):
-    """One engine step for the rows `indices` (see the module's docstring). `flat[offsets[r]:offsets[r + 1]]`: the
-    tokens row r sampled; `num_tokens`, `token_ids`: vLLM's; `state`: `RowState.kernel_args`. Per row, `out` gets
-    its status, the draft slots accepted (-1 where no draft was given) and, given the acceptance `table` (empty: the
-    proposer sleeps), its candidate. Returns the arena's new size (the caller reserved room for every sampled
-    token)."""
-    seen, first, last, prompt_len, slot, own, cursor, kind, match, drafted, retry, hashes = state
-    status, accepted, cand, length, cand_bucket, cand_accept = out[0], out[1], out[2], out[4], out[5], out[6]
-    judged, judged_bucket, judged_predicted, judged_hit = out[7], out[8], out[9], out[10]
-    for i in range(len(indices)):
-        r = indices[i]
-        new = offsets[r + 1] - offsets[r]
-        n = num_tokens[r]
-        length[r] = 0
-        accepted[r] = NONE
+def propose(arena: ArenaArrays, rows: RowArrays, settings: Settings, out: RowOutputs, r, tokens, n):
+    """Row `r`, its first `n` `tokens` in the arena: its candidate, where the rule proposes (a table) and room is
+    left."""
+    if len(settings.table) and n < settings.max_len:
+        place(arena, rows, settings, r, tokens, n)
+        candidate(arena, rows, settings, out, r, min(settings.k, settings.max_len - n))
+
+
+@njit(cache=True)
+def follow(arena: ArenaArrays, size, step: Sampled, rows: RowArrays, settings: Settings, out: RowOutputs):
+    """One engine step for the rows `step.indices` (see the module's docstring). Per row, `out` gets its status, the
+    draft slots accepted (-1 where no draft was given) and, given the acceptance table (empty: the proposer sleeps),
+    its candidate. Returns the arena's new size (the caller reserved room for every sampled token)."""
+    nodes, gram, head, token_ids, cand = arena.nodes, arena.gram, arena.head, step.token_ids, out.cand
+    seen, own, cursor, kind, drafted = rows.seen, rows.own, rows.cursor, rows.kind, rows.drafted
+    judged = out.judged
+    for i in range(len(step.indices)):
+        r = step.indices[i]
+        new = step.offsets[r + 1] - step.offsets[r]
+        n = step.num_tokens[r]
+        out.length[r] = 0
+        out.accepted[r] = NONE
         if new == 0:  # in prefill: a new request here, or one that was not sampled
-            status[r] = IDLE
+            out.status[r] = IDLE
             seen[r], drafted[r] = 0, 0
             continue
         s = seen[r]
-        if s == 0 or s + new != n or token_ids[r, 0] != first[r] or token_ids[r, s - 1] != last[r]:
-            status[r] = NEW
+        if s == 0 or s + new != n or token_ids[r, 0] != rows.first[r] or token_ids[r, s - 1] != rows.last[r]:
+            out.status[r] = NEW
             continue
-        status[r] = FOLLOWED
+        out.status[r] = FOLLOWED
         a, d = 0, drafted[r]
         while a < d and a < new and token_ids[r, s + a] == cand[r, a]:
             a += 1
         if d > 0:  # the verdicts: slots accepted up to the first token the row did not take, that one rejected
-            accepted[r] = a
+            out.accepted[r] = a
             for j in range(min(d, a + 1)):
                 t = judged[0]
-                judged_bucket[t], judged_predicted[t], judged_hit[t] = cand_bucket[r, j], cand_accept[r, j], j < a
+                out.judged_bucket[t], out.judged_predicted[t] = out.cand_bucket[r, j], out.cand_accept[r, j]
+                out.judged_hit[t] = j < a
                 judged[0] = t + 1
         drafted[r] = 0
-        node, size = insert(nodes, gram, head, size, own[r], token_ids[r], s, n, slot[r] * 2, m)
-        own[r] = node
-        hashes[r] = sequence_hash(hashes[r], token_ids[r], s, n)
+        own[r], size = insert(
+            nodes, gram, head, size, own[r], token_ids[r], s, n, rows.slot[r] * 2, settings.min_match
+        )
+        rows.hash[r] = sequence_hash(rows.hash[r], token_ids[r], s, n)
         c = cursor[r]
         if kind[r] != ANCHORED and c != NONE:
             for j in range(s, n):
@@ -141,54 +187,33 @@ def follow(
                 if c == NONE:
                     break
             cursor[r] = c
-            match[r] += new
-        seen[r], last[r] = n, token_ids[r, n - 1]
-        if len(table) and n < max_len:
-            place(nodes, gram, head, r, token_ids[r], n, own[r], slot[r], m, k, shared, cursor, kind, match, retry)
-            length[r] = candidate(nodes, r, cursor[r], min(k, max_len - n), kind[r], match[r], table, floor, out)
+            rows.match[r] += new
+        seen[r], rows.last[r] = n, token_ids[r, n - 1]
+        propose(arena, rows, settings, out, r, token_ids[r], n)
     return size
 
 
 @njit(cache=True)
-def anchor(
-    nodes,
-    gram,
-    head,
-    size,
-    indices,
-    roots,
-    slots,
-    num_tokens,
-    token_ids,
-    state,
-    m,
-    k,
-    max_len,
-    shared,
-    table,
-    floor,
-    out,
-):
-    """Rows new to the proposer (`indices`), their prompt's slot found (`slots`, its root `roots`; slot -1: none;
-    `state`'s `prompt_len` set): their response so far becomes a path of the slot, and they propose from it.
-    Returns the arena's new size."""
-    seen, first, last, prompt_len, slot, own, cursor, kind, match, drafted, retry, hashes = state
-    length = out[4]
-    for i in range(len(indices)):
-        r = indices[i]
-        n = num_tokens[r]
-        seen[r], first[r], last[r], drafted[r] = n, token_ids[r, 0], token_ids[r, n - 1], 0
-        slot[r], kind[r], match[r], cursor[r], length[r], retry[r] = slots[i], ANCHORED, 0, NONE, 0, 0
-        if slots[i] == NONE:
-            own[r], seen[r] = NONE, 0
+def anchor(arena: ArenaArrays, size, arrivals: Arrivals, rows: RowArrays, settings: Settings, out: RowOutputs):
+    """Rows new to the proposer (`arrivals`; `rows.prompt_len` set): their response so far becomes a path of their
+    slot, and they propose from it. Returns the arena's new size."""
+    token_ids = arrivals.token_ids
+    for i in range(len(arrivals.indices)):
+        r, slot = arrivals.indices[i], arrivals.slots[i]
+        n = arrivals.num_tokens[r]
+        rows.seen[r], rows.first[r], rows.last[r], rows.drafted[r] = n, token_ids[r, 0], token_ids[r, n - 1], 0
+        rows.slot[r], rows.kind[r], rows.match[r], rows.cursor[r], rows.retry[r] = slot, ANCHORED, 0, NONE, 0
+        out.length[r] = 0
+        if slot == NONE:
+            rows.own[r], rows.seen[r] = NONE, 0
             continue
-        p = prompt_len[r]
-        node, size = insert(nodes, gram, head, size, roots[i], token_ids[r], p, n, slots[i] * 2, m)
-        own[r] = node
-        hashes[r] = sequence_hash(0, token_ids[r], p, n)
-        if len(table) and n < max_len:
-            place(nodes, gram, head, r, token_ids[r], n, node, slots[i], m, k, shared, cursor, kind, match, retry)
-            length[r] = candidate(nodes, r, cursor[r], min(k, max_len - n), kind[r], match[r], table, floor, out)
+        p = rows.prompt_len[r]
+        m = settings.min_match
+        rows.own[r], size = insert(
+            arena.nodes, arena.gram, arena.head, size, arrivals.roots[i], token_ids[r], p, n, slot * 2, m
+        )
+        rows.hash[r] = sequence_hash(0, token_ids[r], p, n)
+        propose(arena, rows, settings, out, r, token_ids[r], n)
     return size
 
 
@@ -198,11 +223,10 @@ def warm_up(k: int, max_len: int) -> None:
     token_ids, num_tokens = np.array([[5, 6, 7, 8, 9, 10, 0]] * 2, np.int32), np.array([6, 6], np.int32)
     roots, index = np.array([arena.new_root(0)] * 2, np.int64), np.arange(2, dtype=np.int64)
     state.prompt_len[:] = 2
-    args = (2, k, max_len, True, np.full(int(np.prod(budget.SHAPE)), 0.5), -1.0, state.outputs)
+    settings = Settings(2, k, max_len, True, np.full(int(np.prod(budget.SHAPE)), 0.5), -1.0)
     arena.reserve(16)
-    arena.size = anchor(
-        *arena.arrays, arena.size, index, roots, index * 0, num_tokens, token_ids, state.kernel_args(), *args
-    )
+    arrivals = Arrivals(index, roots, index * 0, num_tokens, token_ids)
+    arena.size = anchor(arena.arrays, arena.size, arrivals, state.kernel_args(), settings, state.outputs)
     token_ids[:, 6], num_tokens[:] = 11, 7
-    flat, offsets = np.array([11, 11], np.int32), np.array([0, 1, 2], np.int64)
-    follow(*arena.arrays, arena.size, index, flat, offsets, num_tokens, token_ids, state.kernel_args(), *args)
+    step = Sampled(index, np.array([11, 11], np.int32), np.array([0, 1, 2], np.int64), num_tokens, token_ids)
+    follow(arena.arrays, arena.size, step, state.kernel_args(), settings, state.outputs)

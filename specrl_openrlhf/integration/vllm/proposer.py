@@ -33,7 +33,7 @@ from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck
 from ...pricing.online import OnlineStepCost
 from . import histories, plugin
 from .arena import NONE, warn_if_interpreted
-from .follow import anchor, follow, goodput_allocate, survival_floor, warm_up
+from .follow import Arrivals, Sampled, Settings, anchor, follow, goodput_allocate, survival_floor, warm_up
 from .rows import NEW, RowState
 
 logger = logging.getLogger(__name__)
@@ -124,20 +124,20 @@ class HistoryProposer:
         table = self.acceptance.table if awake else np.zeros(0)  # no table: follow the rows, propose nothing
         cost, margin = self._cost(rows, float(num_tokens[:rows].sum()))
         floor = -1.0 if params.budget == "static" else survival_floor(rows, *cost)  # slots that can't pay: none
-        args = (params.min_match, k, self.max_model_len, params.shared, table, floor, state.outputs)
-        arena = board.arena
+        settings = Settings(params.min_match, k, self.max_model_len, params.shared, table, floor)
+        arena, at, out = board.arena, state.kernel_args(), state.outputs
         arena.reserve(int(offsets[-1]))
-        sampled_at = (flat, offsets, num_tokens, token_ids, state.kernel_args())
-        arena.size = follow(*arena.arrays, arena.size, np.arange(rows, dtype=np.int64), *sampled_at, *args)
+        step = Sampled(np.arange(rows, dtype=np.int64), flat, offsets, num_tokens, token_ids)
+        arena.size = follow(arena.arrays, arena.size, step, at, settings, out)
         new = np.flatnonzero(state.status[:rows] == NEW)
         self._leave(rows, new)
         if len(new):
             moved = state.moved(new, range(rows, self.followed), num_tokens[:rows] - lengths, token_ids)
             if len(moved):  # their drafts are judged where they went
-                arena.size = follow(*arena.arrays, arena.size, moved, *sampled_at, *args)
+                arena.size = follow(arena.arrays, arena.size, step._replace(indices=moved), at, settings, out)
             fresh = np.setdiff1d(new, moved)
             if len(fresh):
-                self._anchor(fresh, lengths, num_tokens, token_ids, args)
+                self._anchor(fresh, lengths, num_tokens, token_ids, settings)
         self.followed = rows
         self._verdicts()
         self.report.deciles = self.acceptance.deciles
@@ -173,7 +173,7 @@ class HistoryProposer:
             if slot is not None:
                 slot.in_flight.add(int(state.hash[r]))
 
-    def _anchor(self, fresh, lengths, num_tokens, token_ids, args) -> None:
+    def _anchor(self, fresh, lengths, num_tokens, token_ids, settings: Settings) -> None:
         """Requests new to their rows: their prompt's slot (found by digest), their response so far a path of it."""
         board, state = histories.BOARD, self.rows
         roots, slots = np.full(len(fresh), NONE, np.int64), np.full(len(fresh), NONE, np.int64)
@@ -183,8 +183,8 @@ class HistoryProposer:
                 roots[i], slots[i], state.prompt_len[r] = slot.root, slot.id, prompt_len
         arena = board.arena
         arena.reserve(int(num_tokens[fresh].sum()))
-        placed = (fresh, roots, slots, num_tokens, token_ids, state.kernel_args())
-        arena.size = anchor(*arena.arrays, arena.size, *placed, *args)
+        arrivals = Arrivals(fresh, roots, slots, num_tokens, token_ids)
+        arena.size = anchor(arena.arrays, arena.size, arrivals, state.kernel_args(), settings, state.outputs)
 
     def _verdicts(self) -> None:
         """What the engine kept of the rows' last drafts (`follow` gathered the verdicts): learned, and reported."""

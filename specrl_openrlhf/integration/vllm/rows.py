@@ -5,6 +5,8 @@ new request, or one vLLM moved there from a row beyond the batch (`RowState.move
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .arena import NONE
@@ -12,13 +14,44 @@ from .arena import NONE
 NEW, FOLLOWED, IDLE = 1, 0, 2  # `follow`'s status per row: not recognised; followed; in prefill (nothing sampled)
 
 
-class RowState:
-    """Per row, as arrays [capacity]: tokens seen, first and last token (a different request in the row shows up in
-    one of them or in its length), prompt length, slot, own node, cursor, how the cursor was found, the match it was
-    found with (grown as the row follows it), the draft tokens given at the last step (the first `drafted` of its
-    candidate), and the hash of its response so far (`arena.sequence_hash`); and what the kernels give (`outputs`)."""
+class RowArrays(NamedTuple):
+    """Where each row stands, as the kernels read and write it (`RowState.kernel_args`); [capacity] each."""
 
-    INTS = ("seen", "first", "last", "prompt_len", "slot", "own", "cursor", "kind", "match", "drafted", "retry")
+    seen: np.ndarray  # int32, tokens of the row seen (0: not followed)
+    first: np.ndarray  # int32, its first token
+    last: np.ndarray  # int32, its last token seen
+    prompt_len: np.ndarray  # int32, its prompt's length
+    slot: np.ndarray  # int32, its prompt's slot (NONE: none)
+    own: np.ndarray  # int32, its own node: the end of its response's path
+    cursor: np.ndarray  # int32, the node it proposes from (NONE: none)
+    kind: np.ndarray  # int32, how the cursor was found (`budget.ANCHORED`, `REENTERED`, `SHARED`, `OWN`)
+    match: np.ndarray  # int32, the tokens the cursor matched, grown as the row follows it
+    drafted: np.ndarray  # int32, the draft tokens given at the last step (a prefix of its candidate)
+    retry: np.ndarray  # int32, the length at which a row that found no re-entry looks again
+    hash: np.ndarray  # int64, the hash of its response so far (`arena.sequence_hash`)
+
+
+class RowOutputs(NamedTuple):
+    """What the kernels give per row at each step (`RowState.outputs`), and the step's verdicts."""
+
+    status: np.ndarray  # [capacity] int32, FOLLOWED, NEW or IDLE
+    accepted: np.ndarray  # [capacity] int32, the draft slots accepted (NONE: no draft was given)
+    cand: np.ndarray  # [capacity, k] int32, the candidate draft's tokens
+    support: np.ndarray  # [capacity, k] float64, each candidate token's support
+    length: np.ndarray  # [capacity] int32, the candidate's length
+    cand_bucket: np.ndarray  # [capacity, k] int64, each candidate token's acceptance bucket (`budget.bucket`)
+    cand_accept: np.ndarray  # [capacity, k] float64, each candidate token's predicted acceptance
+    judged: np.ndarray  # [1] int64, the verdicts gathered this step
+    judged_bucket: np.ndarray  # [capacity * k] int64, each judged slot's bucket
+    judged_predicted: np.ndarray  # [capacity * k] float64, its predicted acceptance
+    judged_hit: np.ndarray  # [capacity * k] bool, whether it was accepted
+
+
+class RowState:
+    """Per row, where it stands (`RowArrays`: a different request in the row shows up in its first or last token or
+    in its length) and what the kernels give for it (`RowOutputs`), as arrays grown with the batch."""
+
+    INTS = RowArrays._fields[:-1]  # all but the hash
 
     def __init__(self, k: int, capacity: int = 64):
         self.k, self.capacity = k, 0
@@ -30,8 +63,6 @@ class RowState:
         fresh = {name: np.full(capacity, NONE, np.int32) for name in self.INTS}
         fresh["seen"][:], fresh["drafted"][:], fresh["retry"][:] = 0, 0, 0
         fresh["hash"] = np.zeros(capacity, np.int64)
-        # what `follow` and `anchor` give per row at each step (`outputs`): status, accepted draft slots, candidate
-        # tokens and their supports, candidate length
         fresh["status"], fresh["accepted"] = np.zeros(capacity, np.int32), np.zeros(capacity, np.int32)
         fresh["cand"], fresh["support"] = np.zeros((capacity, self.k), np.int32), np.zeros((capacity, self.k))
         fresh["length"] = np.zeros(capacity, np.int32)
@@ -39,8 +70,7 @@ class RowState:
             np.zeros((capacity, self.k), np.int64),
             np.zeros((capacity, self.k)),
         )
-        # the verdicts of a step (`follow` appends them, `judged[0]` of them): each judged slot's bucket, predicted
-        # acceptance and whether it was accepted
+        # the verdicts of a step: `follow` appends them, `judged[0]` of them
         fresh["judged"] = np.zeros(1, np.int64)
         fresh["judged_bucket"] = np.zeros(capacity * self.k, np.int64)
         fresh["judged_predicted"] = np.zeros(capacity * self.k)
@@ -58,16 +88,13 @@ class RowState:
             values[target] = values[source]
         self.seen[source] = 0
 
-    def kernel_args(self) -> tuple:
-        """What `follow` and `anchor` read and write, in their order."""
-        return (*(getattr(self, name) for name in self.INTS), self.hash)
+    def kernel_args(self) -> RowArrays:
+        """What `follow` and `anchor` read and write of each row."""
+        return RowArrays(*(getattr(self, name) for name in self.INTS), self.hash)
 
     @property
-    def outputs(self) -> tuple:
-        return (
-            *(self.status, self.accepted, self.cand, self.support, self.length, self.cand_bucket, self.cand_accept),
-            *(self.judged, self.judged_bucket, self.judged_predicted, self.judged_hit),
-        )
+    def outputs(self) -> RowOutputs:
+        return RowOutputs(*(getattr(self, name) for name in RowOutputs._fields))
 
     def moved(self, new, vanished, seen_before, token_ids) -> np.ndarray:
         """Which `new` rows (not recognised where they are) hold a request followed at the last step in one of the

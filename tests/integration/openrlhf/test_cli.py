@@ -212,7 +212,7 @@ def test_the_console_script_names_itself_in_errors():
         (["--rollout_reuse", "/nope/rule.py:Rule"], "--rollout_reuse /nope/rule.py:Rule: no such file"),
         (["--rollout_reuse", "rule.py"], "rule.py: the class name is missing; write path/to/rule.py:ClassName"),
         (["--rollout_reuse", f"{Path(__file__)}:Nope"], "has no 'Nope'"),
-        (["--rollout_reuse", "lossless", "--reuse.params", '{"history": 3}'], "history must be 1 or 2"),
+        (["--rollout_reuse", "lossless", "--reuse.params", '{"history": 3}'], "history must be one of 1, 2, got 3"),
         (
             ["--rollout_reuse", "lossless", "--reuse.params", '{"cost_curve": "/nope/h200.json"}'],
             "/nope/h200.json: no such step curve file",
@@ -303,13 +303,22 @@ def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(rule, mo
         train=ns(agent_func_path=None),
         vllm=ns(num_engines=1),
     )
+    built = []
+    build = openrlhf_cli.ReuseConfig.build_policy
+    monkeypatch.setattr(openrlhf_cli.ReuseConfig, "build_policy", lambda self: built.append(1) or build(self))
     takes_over = openrlhf_cli.after_parse(None, args)  # what the command module gets: our train, or nothing
     assert (takes_over is None) == (rule == "off")
 
     def upstream_train(a):
         calls.append(("train", a.train.agent_func_path, a.reward.remote_url))
 
-    openrlhf_cli.train_with_reuse(args, upstream_train)
+    if takes_over is None:
+        openrlhf_cli.train_with_reuse(args, upstream_train)
+    else:
+        module = {"train": upstream_train}
+        takes_over(module)
+        module["train"](args)
+        assert len(built) == 1  # the rule is built once for the run, its plugins loaded once
     if rule == "off":
         assert calls == [("train", None, ["r.py"])]
         return

@@ -5,7 +5,7 @@ import numpy as np
 
 from specrl_openrlhf import budget
 from specrl_openrlhf.integration.vllm.arena import NONE, Arena
-from specrl_openrlhf.integration.vllm.follow import anchor, follow
+from specrl_openrlhf.integration.vllm.follow import Arrivals, Sampled, Settings, anchor, follow
 from specrl_openrlhf.integration.vllm.rows import FOLLOWED, IDLE, NEW, RowState
 
 
@@ -13,26 +13,25 @@ def test_follow_tells_followed_rows_from_new_requests_and_judges_drafts():
     arena, state = Arena(64), RowState(k=4, capacity=3)
     root = arena.new_root(0)
     arena.insert(root, np.array([10, 11, 12, 13], np.int32), 0, 2)
-    out = state.outputs  # status, accepted, candidate tokens, supports, length, buckets, predicted acceptance
+    out = state.outputs
     tokens = np.zeros((3, 16), np.int32)
     tokens[0, :3], tokens[1, :3] = [1, 2, 10], [1, 2, 10]
     num = np.array([3, 3, 0], np.int32)
     state.prompt_len[:2] = 2
-    args = (2, 4, 64, True, np.full(int(np.prod(budget.SHAPE)), 0.5), -1.0, out)
+    settings = Settings(2, 4, 64, True, np.full(int(np.prod(budget.SHAPE)), 0.5), -1.0)
     index = np.arange(2, dtype=np.int64)
-    arena.size = anchor(
-        *arena.arrays, arena.size, index, np.array([root] * 2), index * 0, num, tokens, state.kernel_args(), *args
-    )
-    assert out[2][0, :3].tolist() == [11, 12, 13] and out[4][0] == 3  # anchored in the history
-    assert out[6][0, :3].tolist() == [0.5] * 3 and out[5][0, 0] == budget.bucket(budget.ANCHORED, 0, 1.0, 0)
+    arrivals = Arrivals(index, np.array([root] * 2), index * 0, num, tokens)
+    arena.size = anchor(arena.arrays, arena.size, arrivals, state.kernel_args(), settings, out)
+    assert out.cand[0, :3].tolist() == [11, 12, 13] and out.length[0] == 3  # anchored in the history
+    assert out.cand_accept[0, :3].tolist() == [0.5] * 3
+    assert out.cand_bucket[0, 0] == budget.bucket(budget.ANCHORED, 0, 1.0, 0)
     state.drafted[0] = 2  # the first two of its candidate were given
     tokens[0, 3:5], tokens[1, :4] = [11, 99], [7, 7, 7, 7]  # row 0 kept 11, drew 99; row 1 holds a new request
     num[:] = [5, 4, 0]
     flat, offsets = np.array([11, 99, 7], np.int32), np.array([0, 2, 3, 3], np.int64)
     arena.reserve(8)
-    arena.size = follow(
-        *arena.arrays, arena.size, np.arange(3, dtype=np.int64), flat, offsets, num, tokens, state.kernel_args(), *args
-    )
-    assert out[0].tolist() == [FOLLOWED, NEW, IDLE] and out[1][0] == 1  # one draft slot accepted
+    step = Sampled(np.arange(3, dtype=np.int64), flat, offsets, num, tokens)
+    arena.size = follow(arena.arrays, arena.size, step, state.kernel_args(), settings, out)
+    assert out.status.tolist() == [FOLLOWED, NEW, IDLE] and out.accepted[0] == 1  # one draft slot accepted
     assert state.judged[0] == 2 and state.judged_hit[:2].tolist() == [True, False]  # the second one rejected
-    assert state.cursor[0] == NONE and out[4][0] == 0  # [11, 99] is nowhere: nothing to propose
+    assert state.cursor[0] == NONE and out.length[0] == 0  # [11, 99] is nowhere: nothing to propose

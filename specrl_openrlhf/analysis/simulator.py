@@ -29,8 +29,9 @@ Terminology:
   (`Request.cached`, whole `BLOCK_TOKENS` blocks, never the last token) are not prefilled. vLLM caches a block when it
   allocates it, so a prompt's n samples sent together prefill it once: the first computes it, its siblings read its
   whole blocks (`samples_of`), even when admitted in the same step. With the cache off nothing is read from it.
-- *record* (`StepRecord`): per engine step, its decoding rows, tokens carried and contexts, its prefill rows and
-  tokens (and those whose prompt log-probs it computes), the draft tokens it verified and accepted, and the wall time
+- *record* (`StepRecord`): per engine step, its decoding rows, tokens carried and contexts, its prefill rows, tokens
+  and contexts (a chunk after the chunks before it, a prompt after its cached blocks; and the tokens whose prompt
+  log-probs it computes), the draft tokens it verified and accepted, and the wall time
   the proposer (and its history updates) took here.
 
 Engine-free: numpy only. Pricing the records is the `pricing` package's.
@@ -41,7 +42,7 @@ from __future__ import annotations
 import gc
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -73,6 +74,16 @@ class Schedule:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    def scaled(self, scale: int, kv_capacity_tokens: int | None = None) -> Schedule:
+        """This schedule for simulated rows that each stand for `scale` of the GPU's: the GPU's KV capacity
+        (`kv_capacity_tokens`, None: unbounded) and token budget over `scale` (at least 1 each), so that a step priced
+        at rows x `scale` holds and carries no more than the GPU's engine would."""
+        if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+            raise ValueError(f"scale must be a positive integer, got {scale!r}")
+        capacity = None if kv_capacity_tokens is None else max(kv_capacity_tokens // scale, 1)
+        budget = max(self.max_num_batched_tokens // scale, 1)
+        return replace(self, kv_capacity_tokens=capacity, max_num_batched_tokens=budget)
 
     def steps_of(self, epoch: int, prompts: int) -> list[list[int]]:
         """The prompts of each RL step of an epoch."""
@@ -241,6 +252,7 @@ class StepRecord:
     rl_step: int
     register_s: float = 0.0  # and of the history updates before it (a visit's start, finished samples)
     decode_context: int = 0  # the decoding rows' tokens in the KV cache before the step, summed
+    prefill_context: int = 0  # the prefilling rows' tokens in the KV cache before the step (cached, chunks before)
     logit_tokens: int = 0  # prefill tokens whose log-probs the step computes (scoring requests)
     preempted: int = 0  # rows preempted before the step (the KV cache was full)
 
@@ -342,9 +354,7 @@ class EngineSimulator:
                     done = set()
                     continue
                 return
-            budget = self.schedule.max_num_batched_tokens
-            budget -= sum(1 + len(r.draft) for r in batch.rows if r.prefilled >= r.to_prefill)
-            record = self._engine_step(batch, budget, rl_step)
+            record = self._engine_step(batch, self._fit_drafts(batch.rows), rl_step)
             record.preempted = len(preempted)
             out.records.append(record)
             done = {request.id for request in batch.rows if request.finished}
@@ -356,6 +366,17 @@ class EngineSimulator:
             for request in batch.rows:
                 if request.id in done:
                     waiting.extend(self._arriving(self.workload.followups(request)))
+
+    def _fit_drafts(self, rows: list[Request]) -> int:
+        """The token budget left for prefills once the decoding rows take theirs: each its sampled token, then its
+        draft as far as the budget goes, in admission order (vLLM's running queue), as vLLM cuts a draft the step's
+        `max_num_batched_tokens` can't carry."""
+        decoding = sorted((r for r in rows if r.prefilled >= r.to_prefill), key=lambda r: r.admitted)
+        budget = self.schedule.max_num_batched_tokens - len(decoding)
+        for request in decoding:
+            request.draft = request.draft[: max(budget, 0)]
+            budget -= len(request.draft)
+        return budget
 
     def _kv_held(self, rows: list[Request]) -> int:
         """KV tokens the rows hold: their contexts, with the whole blocks of a prompt that several of them share (the
@@ -381,10 +402,11 @@ class EngineSimulator:
         within the token budget; then the proposer drafts for the next step."""
         sampled: list[list[int]] = []
         decode_rows = decode_tokens = prefill_rows = prefill_tokens = drafted = accepted = 0
-        decode_context = logit_tokens = 0
+        decode_context = prefill_context = logit_tokens = 0
         for slot, request in enumerate(batch.rows):
             if request.prefilled < request.to_prefill:  # in prefill: as much as the budget allows
                 chunk = min(request.to_prefill - request.prefilled, max(budget, 0))
+                prefill_context += request.prefilled if chunk else 0  # it reads what it holds: a cached prefix
                 request.prefilled += chunk
                 budget -= chunk
                 prefill_rows += chunk > 0
@@ -428,5 +450,6 @@ class EngineSimulator:
             proposer_s,
             rl_step,
             decode_context=decode_context,
+            prefill_context=prefill_context,
             logit_tokens=logit_tokens,
         )

@@ -42,7 +42,7 @@ class StepPrice(Protocol):
 
     def time(self, rows, tokens_per_row, context=None): ...
 
-    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0): ...
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0, carried=None): ...
 
     def logits_cost(self, tokens): ...
 
@@ -187,12 +187,13 @@ class StepCurve:
         out = (1 - wr) * ((1 - wq) * s[i, j] + wq * s[i, j + 1]) + wr * ((1 - wq) * s[i + 1, j] + wq * s[i + 1, j + 1])
         return float(out[0]) if not shape else out.reshape(shape)
 
-    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0):
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0, carried=None):
         """Seconds that `tokens` prefill tokens add to a step that also serves `rows` decoding rows (scalars or
         arrays): the measured column's time less its intercept at zero tokens (the fixed cost the step pays anyway);
         without a column, each token at the decode grid's cost of a carried token at those rows (`token_slope`: at
-        the first measured row where fewer rows decode, so never more a token for fewer rows; a model). `context` and
-        `sequences` are ignored (the curve was measured at one context, on one sequence)."""
+        the first measured row where fewer rows decode, so never more a token for fewer rows; a model). `context`,
+        `sequences` and `carried` (the decoding rows' tokens) are ignored (the curve was measured at one context, on
+        one sequence, and its token slope is by rows)."""
         tokens = np.asarray(tokens, np.float64)
         if self.prefill_measured:
             t, s = self.prefill_tokens, self.prefill_seconds

@@ -136,6 +136,13 @@ class KernelStepModel:
         data.pop("host", None)
         return KernelStepModel({**data, **({"host": host.as_data()} if host else {})}, self.source)
 
+    def with_attention(self, attention: str) -> KernelStepModel:
+        """This model with a verification step's attention at `attention` (in ATTENTION): the same tables, priced as
+        the other bound ("per_token": the upper bound of the engine path's verification steps)."""
+        if attention not in ATTENTION:
+            raise ValueError(f"unknown attention {attention!r}: choose one of {', '.join(ATTENTION)}")
+        return KernelStepModel({**self.as_data(), "attention": attention}, self.source)
+
     def budget_cost(self, rows: int, scale: int = 1, context=None) -> np.ndarray:
         """[3] (base, per_row, per_token) that price a step of `rows` rows at `context` cached tokens a row as the
         model does at rows x `scale`, each row and draft slot standing for `scale` of the GPU's (the draft budget's
@@ -173,22 +180,27 @@ class KernelStepModel:
             out = out + _plane(self.rows, self.kv, self.decode, m, c + (q + 1) / 2)
         return float(out) if out.ndim == 0 else out
 
-    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0):
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0, carried=None):
         """Seconds that `tokens` prefill tokens (of `sequences` sequences, evenly split, each after `context` cached
-        ones: 0 where None) add to a step that also serves `rows` decoding rows (scalars or arrays): the dense ops'
-        marginal cost at the combined tokens and each sequence's attention (one launch's fixed cost for all); 0 where
-        tokens is 0. Priced as
-        aiconfigurator prices a mixed step: the prefill's attention a call of its own (vLLM's unified kernel may share
-        one launch: an upper bound), and no logits for prefill positions (vLLM computes those only for a request's
-        last prompt token; a request for prompt log-probs pays `logits_cost` for the rest)."""
+        ones: 0 where None) add to a step whose decoding rows (`rows` of them) carry `carried` tokens (None: one a
+        row), scalars or arrays: the dense ops' marginal cost past the decoding tokens, and the sequences' attention
+        (one launch's fixed cost for all); 0 where tokens is 0. Priced as aiconfigurator prices a mixed step: the
+        prefill's attention a call of its own (vLLM's unified kernel may share one launch: an upper bound), and no
+        logits for prefill positions (vLLM computes those only for a request's last prompt token; a request for
+        prompt log-probs pays `logits_cost` for the rest). The attention is at least each sequence's cache read once,
+        as a decode row reads it: the prefill table is one sequence's, and its fixed cost hides a short chunk's read
+        of its context, which many sequences' reads can't hide."""
         context = 0.0 if context is None else context
-        n, r, c, k = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (tokens, rows, context, sequences)))
+        carried = rows if carried is None else carried
+        values = (tokens, rows, context, sequences, carried)
+        n, _, c, k, m = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in values))
         k = np.maximum(k, 1.0)
-        dense = _line(self.tokens, self.layers, r + n) - _line(self.tokens, self.layers, r)
+        dense = _line(self.tokens, self.layers, m + n) - _line(self.tokens, self.layers, m)
         one = _plane(self.prefill_tokens, self.prefill_context, self.prefill, n / k, c)
         fixed = _plane(self.prefill_tokens, self.prefill_context, self.prefill, np.ones_like(n), c)
-        attention = k * one - (k - 1) * fixed  # vLLM runs a step's prefills in one varlen call: one fixed cost
-        out = np.where(n > 0, np.maximum(dense, 0.0) + attention, 0.0)
+        table = k * one - (k - 1) * fixed  # vLLM runs a step's prefills in one varlen call: one fixed cost
+        read = _plane(self.rows, self.kv, self.decode, k, c + n / k)  # each sequence's keys, read once
+        out = np.where(n > 0, np.maximum(dense, 0.0) + np.maximum(table, read), 0.0)
         return float(out) if out.ndim == 0 else out
 
     def logits_cost(self, tokens):

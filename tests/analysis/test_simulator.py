@@ -157,3 +157,27 @@ def test_a_prompts_samples_prefill_it_once_with_the_prefix_cache_and_each_on_its
     assert [(r.prefill_tokens, r.logit_tokens) for r in sim.records[:2]] == [(6, 6), (10, 0)]  # nothing read
     with pytest.raises(ValueError, match="prefix_caching must be True or False"):
         Schedule(prefix_caching="on")
+
+
+def test_a_prefill_records_the_context_it_extends():
+    chunked = EngineSimulator(
+        corpus([2, 2]), Schedule(max_num_seqs=2, prompts_per_step=2, max_num_batched_tokens=4), Fixed(k=0)
+    ).run()
+    # the second prompt's first token in the first step, its other two after it in the second
+    assert [(r.prefill_tokens, r.prefill_context) for r in chunked.records] == [(4, 0), (2, 1), (0, 0)]
+    long = Corpus([list(range(1, 41))], [[[[7, 8], [7, 9]]]])  # a 40-token prompt's two samples
+    shared = EngineSimulator(long, Schedule(max_num_seqs=2, prompts_per_step=1), Fixed(k=0)).run()
+    # the first prefills all 40; the second reads the 32 of its two whole blocks and prefills 8 after them
+    assert (shared.records[0].prefill_tokens, shared.records[0].prefill_context) == (48, 32)
+
+
+def test_a_scaled_schedule_carries_no_more_than_the_engines_token_budget():
+    assert Schedule().scaled(8, 80_000) == Schedule(max_num_batched_tokens=1024, kv_capacity_tokens=10_000)
+    assert Schedule().scaled(3).max_num_batched_tokens * 3 <= 8192 and Schedule().scaled(3).kv_capacity_tokens is None
+    with pytest.raises(ValueError, match="scale must be a positive integer"):
+        Schedule().scaled(0)
+    # four rows drafting 8 tokens each in a 12-token budget: each row its token, the drafts cut to the 8 left
+    schedule = Schedule(max_num_seqs=4, prompts_per_step=4, max_num_batched_tokens=12)
+    run = EngineSimulator(corpus([30] * 4), schedule, Fixed(k=8)).run()
+    assert max(r.decode_tokens + r.prefill_tokens for r in run.records) == 12
+    assert (run.records[1].decode_rows, run.records[1].drafted) == (4, 8)  # the first rows' drafts whole, then none

@@ -38,8 +38,9 @@ from ..analysis.request_replay import NoDrafts, request_workload
 from ..analysis.simulator import EngineSimulator, Schedule, Simulation
 from ..config import json_object
 from ..pricing import measured, rules
-from ..pricing.curves import HostCurve, describe, load_price
+from ..pricing.curves import HostCurve, describe
 from ..pricing.kernels import GPUS, MODELS, KernelStepModel
+from ..pricing.prices import load_price
 from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, missing_field, project
 from .corpus import PRESETS, named
 from .host_steps import host_curve

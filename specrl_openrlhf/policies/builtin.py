@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..lenience import DEFAULT_LENIENCE
-from ..pricing.curves import load_price
+from ..pricing.prices import load_price
 from .base import DraftBatch, ReusePolicy, check_lenience, first_rejection, lenient_acceptance_logprob, lenient_cut
 from .registry import register
 

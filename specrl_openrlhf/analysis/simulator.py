@@ -12,8 +12,8 @@ Terminology:
   step of the RL loop sends `prompts_per_step` prompts x n samples at once; the engine runs up to `max_num_seqs`
   rows, admits waiting requests first come first served as rows free up (their prompts prefilled within
   `max_num_batched_tokens`, after the decoding rows' tokens), and keeps rows in slots: a new request takes the lowest
-  free slot and the last rows move down into the holes left (`InputBatch.condense`), as a proposer that follows rows
-  by slot sees them. After every step the proposer gets each row's sampled tokens, tokens so far and token ids, and
+  free slot and the last rows move down into the holes left (`batch.BatchView`), as a proposer that follows rows by
+  slot sees them. After every step the proposer gets each row's sampled tokens, tokens so far and token ids, and
   returns each row's draft, verified at the next step.
 - *proposer* (`SimProposer`): what the simulator drives; the integration's adapters wrap the real ones.
 - *context*: the tokens a row holds in the KV cache before a step (its prompt and what it has taken), which a GPU's
@@ -23,16 +23,13 @@ Terminology:
   preempted and wait to be recomputed (prompt and what they had taken, prefilled again), as vLLM's scheduler does.
   With the prefix cache on, a prompt's whole blocks count once however many of its rows hold them, as vLLM holds a
   block once for every request that reads it.
-- *workload* (`Workload`): the requests an RL step sends (`Samples`: each prompt's n samples, for the engine path and
-  stock), and the ones a finished request sends after it (the request path's continuation after its scoring).
-- *prefix cache* (`Schedule.prefix_caching`, vLLM's `enable_prefix_caching`): a request's prompt tokens in it
-  (`Request.cached`, whole `BLOCK_TOKENS` blocks, never the last token) are not prefilled. vLLM caches a block when it
-  allocates it, so a prompt's n samples sent together prefill it once: the first computes it, its siblings read its
-  whole blocks (`samples_of`), even when admitted in the same step. With the cache off nothing is read from it.
+- *workload* (`requests.Workload`): the requests an RL step sends, and the ones a finished request sends after it.
+- *prefix cache* (`Schedule.prefix_caching`, vLLM's `enable_prefix_caching`): a request's cached prompt tokens
+  (`requests.cached_tokens`) are not prefilled; with the cache off nothing is read from it.
 - *record* (`StepRecord`): per engine step, its decoding rows, tokens carried and contexts, its prefill rows, tokens
   and contexts (a chunk after the chunks before it, a prompt after its cached blocks; and the tokens whose prompt
-  log-probs it computes), the draft tokens it verified and accepted, and the wall time
-  the proposer (and its history updates) took here.
+  log-probs it computes), the draft tokens it verified and accepted, and the wall time the proposer (and its
+  history updates) took here.
 
 Engine-free: numpy only. Pricing the records is the `pricing` package's.
 """
@@ -47,9 +44,9 @@ from typing import Protocol
 
 import numpy as np
 
+from .batch import BatchView
 from .corpus import Corpus
-
-BLOCK_TOKENS = 16  # vLLM's GPU KV-cache block: the prefix cache serves whole blocks
+from .requests import Request, Samples, Workload, cached_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,98 +89,6 @@ class Schedule:
         return [order[i : i + self.prompts_per_step] for i in range(0, prompts, self.prompts_per_step)]
 
 
-@dataclass
-class Request:
-    """One request in flight: its prompt and recorded response, how much of its prompt is prefilled and of its
-    response taken. `cached`: prompt tokens read from the prefix cache (never prefilled); `prompt_logprobs`: its
-    prefill computes every prompt token's log-prob (a scoring request); `restored`: response tokens taken before a
-    preemption, prefilled again with the prompt."""
-
-    id: str
-    prompt_index: int
-    prompt: list[int]
-    response: list[int]
-    prefilled: int = 0
-    taken: int = 0
-    draft: list[int] = field(default_factory=list)  # proposed at the last step, verified at the next
-    cached: int = 0
-    prompt_logprobs: bool = False
-    restored: int = 0
-    admitted: int = -1  # when the engine admitted it (its order in vLLM's running queue)
-
-    def __post_init__(self):
-        self.prefilled = max(self.prefilled, min(self.cached, len(self.prompt)))
-
-    @property
-    def finished(self) -> bool:
-        return self.taken >= len(self.response)
-
-    @property
-    def to_prefill(self) -> int:
-        """Tokens its prefill covers: the prompt, and after a preemption what it had taken."""
-        return len(self.prompt) + self.restored
-
-    @property
-    def context(self) -> int:
-        """Tokens it holds in the KV cache."""
-        return self.prefilled + (self.taken - self.restored if self.prefilled >= self.to_prefill else 0)
-
-    def preempt(self) -> None:
-        """Its KV cache is freed: it waits to prefill its prompt and what it has taken again."""
-        self.restored, self.prefilled, self.cached, self.draft = self.taken, 0, 0, []
-
-
-class BatchView:
-    """The persistent batch as a proposer reads it (the fields of vLLM's `InputBatch` its proposers use), rows in
-    slots: `req_ids`, `req_id_to_index`, `num_tokens_no_spec` [max_num_seqs], `num_prompt_tokens` [max_num_seqs] and
-    `token_ids_cpu` [max_num_seqs, max_len]."""
-
-    def __init__(self, max_num_seqs: int, max_len: int):
-        self.rows: list[Request] = []
-        self.req_ids: list[str] = []
-        self.req_id_to_index: dict[str, int] = {}
-        self.token_ids_cpu = np.zeros((max_num_seqs, max_len), np.int32)
-        self.num_tokens_no_spec = np.zeros(max_num_seqs, np.int32)
-        self.num_prompt_tokens = np.zeros(max_num_seqs, np.int32)
-
-    def update(self, finished: set[str], added: list[Request]) -> None:
-        """vLLM's `_update_states`: finished rows leave, new requests take the lowest free slots, then the last rows
-        move down into the remaining holes."""
-        holes = sorted(i for i, r in enumerate(self.rows) if r.id in finished)
-        rows: list[Request | None] = [None if r.id in finished else r for r in self.rows]
-        for request in added:
-            slot = holes.pop(0) if holes else len(rows)
-            if slot == len(rows):
-                rows.append(request)
-            else:
-                rows[slot] = request
-            self._write(slot, request)
-        while holes:
-            last = max(i for i, r in enumerate(rows) if r is not None) if any(r is not None for r in rows) else -1
-            hole = holes.pop(0)
-            if hole >= last:
-                break
-            rows[hole], rows[last] = rows[last], None
-            n = int(self.num_tokens_no_spec[last])
-            self.token_ids_cpu[hole, :n] = self.token_ids_cpu[last, :n]
-            self.num_tokens_no_spec[hole], self.num_prompt_tokens[hole] = n, self.num_prompt_tokens[last]
-        self.rows = [r for r in rows if r is not None]
-        self.req_ids = [r.id for r in self.rows]
-        self.req_id_to_index = {r: i for i, r in enumerate(self.req_ids)}
-
-    def _write(self, slot: int, request: Request) -> None:
-        n, taken = len(request.prompt), request.response[: request.restored]
-        self.token_ids_cpu[slot, :n] = request.prompt
-        self.token_ids_cpu[slot, n : n + len(taken)] = taken
-        self.num_prompt_tokens[slot] = n
-        self.num_tokens_no_spec[slot] = n + len(taken)
-
-    def extend(self, slot: int, tokens: list[int]) -> None:
-        n = int(self.num_tokens_no_spec[slot])
-        self.token_ids_cpu[slot, n : n + len(tokens)] = tokens
-        self.num_tokens_no_spec[slot] = n + len(tokens)
-
-
 class SimProposer(Protocol):
     """What the simulator drives. `visit(step, prompts)`: an RL step's prompts start (the moment a rollout sends
     their histories); `propose(batch, sampled)`: every row's draft after an engine step, as vLLM asks; `finished`: a
@@ -198,46 +103,6 @@ class SimProposer(Protocol):
     def propose(self, batch: BatchView, sampled: list[list[int]]) -> list[list[int]]: ...
 
     def finished(self, request: Request) -> None: ...
-
-
-class Workload(Protocol):
-    """The requests of an RL step (`requests`), and those a finished request sends after it (`followups`); `kept`:
-    the response tokens the workload kept from drafts outside the engine (the request path's verified prefixes)."""
-
-    kept: int
-
-    def requests(self, epoch: int, prompts: list[int], corpus: Corpus) -> list[Request]: ...
-
-    def followups(self, request: Request) -> list[Request]: ...
-
-
-def cached_tokens(shared: int, length: int) -> int:
-    """Prompt tokens a request of `length` reads from the prefix cache when `shared` of them are there: whole blocks,
-    short of its last token (vLLM computes at least that one)."""
-    return BLOCK_TOKENS * (min(shared, length - 1) // BLOCK_TOKENS)
-
-
-def samples_of(tag: str, prompt_index: int, prompt: list[int], responses: list[list[int]]) -> list[Request]:
-    """A prompt's samples sent together: the first prefills the prompt, its siblings read its whole blocks."""
-    shared = cached_tokens(len(prompt), len(prompt))
-    return [
-        Request(f"{tag}-s{s}", prompt_index, prompt, response, cached=shared if s else 0)
-        for s, response in enumerate(responses)
-    ]
-
-
-class Samples:
-    """The default workload: every prompt's recorded responses as samples, sent at once."""
-
-    kept = 0
-
-    def requests(self, epoch: int, prompts: list[int], corpus: Corpus) -> list[Request]:
-        return [
-            r for p in prompts for r in samples_of(f"e{epoch}-p{p}", p, corpus.prompts[p], corpus.responses[epoch][p])
-        ]
-
-    def followups(self, request: Request) -> list[Request]:
-        return []
 
 
 @dataclass

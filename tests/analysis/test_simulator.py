@@ -3,8 +3,10 @@ persistent batch's slots as vLLM moves them, and the corpus file's errors."""
 
 import pytest
 
+from specrl_openrlhf.analysis.batch import BatchView
 from specrl_openrlhf.analysis.corpus import Corpus
-from specrl_openrlhf.analysis.simulator import BatchView, EngineSimulator, Request, Schedule
+from specrl_openrlhf.analysis.requests import Request
+from specrl_openrlhf.analysis.simulator import EngineSimulator, Schedule
 
 
 class Fixed:
@@ -76,18 +78,6 @@ def test_epochs_return_every_prompt_and_steps_are_seeded():
     ).run(first_epoch=1)
     assert run.response_tokens == 2 * 4 * 2 * 4 and len(run.found_previous) == 4
     assert sorted({r.rl_step for r in run.records}) == [0, 1, 2, 3]
-
-
-def test_rows_keep_their_slots_as_vllms_persistent_batch_moves_them():
-    view = BatchView(max_num_seqs=8, max_len=16)
-    a, b, c, d, e = (Request(name, 0, [i + 1], [9]) for i, name in enumerate("abcde"))
-    view.update(set(), [a, b, c, d])
-    view.extend(3, [7, 8])
-    view.update({"b"}, [])  # the last row moves down into the hole, its tokens with it
-    assert view.req_ids == ["a", "d", "c"] and view.token_ids_cpu[1, :3].tolist() == [4, 7, 8]
-    assert view.num_tokens_no_spec[1] == 3 and view.req_id_to_index == {"a": 0, "d": 1, "c": 2}
-    view.update({"a", "d"}, [e])  # a new request takes the lowest free slot; the last row fills the next hole
-    assert view.req_ids == ["e", "c"] and view.token_ids_cpu[0, 0] == 5 and view.token_ids_cpu[1, 0] == 3
 
 
 def test_rows_read_their_contexts_and_a_full_kv_cache_makes_the_latest_wait():

@@ -40,7 +40,7 @@ from ..history import ROOT, History
 from ..params import DEFAULT_LENIENCE, check_lenience
 from ..proposal import majority_path
 from .corpus import Corpus
-from .simulator import Request, cached_tokens, samples_of
+from .requests import Request, cached_tokens, samples_of
 
 SCORED_TOKEN = 0  # what a scoring request generates (its one token; never read)
 BORROWED_LENGTH = (

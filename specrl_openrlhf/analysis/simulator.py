@@ -12,8 +12,8 @@ Terminology:
   step of the RL loop sends `prompts_per_step` prompts x n samples at once; the engine runs up to `max_num_seqs`
   rows, admits waiting requests first come first served as rows free up (their prompts prefilled within
   `max_num_batched_tokens`, after the decoding rows' tokens), and keeps rows in slots: a new request takes the lowest
-  free slot and the last rows move down into the holes left (`InputBatch.condense`), as a proposer that follows rows
-  by slot sees them. After every step the proposer gets each row's sampled tokens, tokens so far and token ids, and
+  free slot and the last rows move down into the holes left (`batch.BatchView`), as a proposer that follows rows by
+  slot sees them. After every step the proposer gets each row's sampled tokens, tokens so far and token ids, and
   returns each row's draft, verified at the next step.
 - *proposer* (`SimProposer`): what the simulator drives; the integration's adapters wrap the real ones.
 - *context*: the tokens a row holds in the KV cache before a step (its prompt and what it has taken), which a GPU's
@@ -23,15 +23,13 @@ Terminology:
   preempted and wait to be recomputed (prompt and what they had taken, prefilled again), as vLLM's scheduler does.
   With the prefix cache on, a prompt's whole blocks count once however many of its rows hold them, as vLLM holds a
   block once for every request that reads it.
-- *workload* (`Workload`): the requests an RL step sends (`Samples`: each prompt's n samples, for the engine path and
-  stock), and the ones a finished request sends after it (the request path's continuation after its scoring).
-- *prefix cache* (`Schedule.prefix_caching`, vLLM's `enable_prefix_caching`): a request's prompt tokens in it
-  (`Request.cached`, whole `BLOCK_TOKENS` blocks, never the last token) are not prefilled. vLLM caches a block when it
-  allocates it, so a prompt's n samples sent together prefill it once: the first computes it, its siblings read its
-  whole blocks (`samples_of`), even when admitted in the same step. With the cache off nothing is read from it.
-- *record* (`StepRecord`): per engine step, its decoding rows, tokens carried and contexts, its prefill rows and
-  tokens (and those whose prompt log-probs it computes), the draft tokens it verified and accepted, and the wall time
-  the proposer (and its history updates) took here.
+- *workload* (`requests.Workload`): the requests an RL step sends, and the ones a finished request sends after it.
+- *prefix cache* (`Schedule.prefix_caching`, vLLM's `enable_prefix_caching`): a request's cached prompt tokens
+  (`requests.cached_tokens`) are not prefilled; with the cache off nothing is read from it.
+- *record* (`StepRecord`): per engine step, its decoding rows, tokens carried and contexts, its prefill rows, tokens
+  and contexts (a chunk after the chunks before it, a prompt after its cached blocks; and the tokens whose prompt
+  log-probs it computes), the draft tokens it verified and accepted, and the wall time the proposer (and its
+  history updates) took here.
 
 Engine-free: numpy only. Pricing the records is the `pricing` package's.
 """
@@ -41,15 +39,15 @@ from __future__ import annotations
 import gc
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
 from ..params import is_integer
+from .batch import BatchView
 from .corpus import Corpus
-
-BLOCK_TOKENS = 16  # vLLM's GPU KV-cache block: the prefix cache serves whole blocks
+from .requests import Request, Samples, Workload, cached_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,103 +73,21 @@ class Schedule:
             if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
+    def scaled(self, scale: int, kv_capacity_tokens: int | None = None) -> Schedule:
+        """This schedule for simulated rows that each stand for `scale` of the GPU's: the GPU's KV capacity
+        (`kv_capacity_tokens`, None: unbounded) and token budget over `scale` (at least 1 each), so that a step priced
+        at rows x `scale` holds and carries no more than the GPU's engine would."""
+        if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+            raise ValueError(f"scale must be a positive integer, got {scale!r}")
+        capacity = None if kv_capacity_tokens is None else max(kv_capacity_tokens // scale, 1)
+        budget = max(self.max_num_batched_tokens // scale, 1)
+        return replace(self, kv_capacity_tokens=capacity, max_num_batched_tokens=budget)
+
     def steps_of(self, epoch: int, prompts: int) -> list[list[int]]:
         """The prompts of each RL step of an epoch."""
         order = list(range(prompts))
         random.Random(self.seed * 1000 + epoch).shuffle(order)
         return [order[i : i + self.prompts_per_step] for i in range(0, prompts, self.prompts_per_step)]
-
-
-@dataclass
-class Request:
-    """One request in flight: its prompt and recorded response, how much of its prompt is prefilled and of its
-    response taken. `cached`: prompt tokens read from the prefix cache (never prefilled); `prompt_logprobs`: its
-    prefill computes every prompt token's log-prob (a scoring request); `restored`: response tokens taken before a
-    preemption, prefilled again with the prompt."""
-
-    id: str
-    prompt_index: int
-    prompt: list[int]
-    response: list[int]
-    prefilled: int = 0
-    taken: int = 0
-    draft: list[int] = field(default_factory=list)  # proposed at the last step, verified at the next
-    cached: int = 0
-    prompt_logprobs: bool = False
-    restored: int = 0
-    admitted: int = -1  # when the engine admitted it (its order in vLLM's running queue)
-
-    def __post_init__(self):
-        self.prefilled = max(self.prefilled, min(self.cached, len(self.prompt)))
-
-    @property
-    def finished(self) -> bool:
-        return self.taken >= len(self.response)
-
-    @property
-    def to_prefill(self) -> int:
-        """Tokens its prefill covers: the prompt, and after a preemption what it had taken."""
-        return len(self.prompt) + self.restored
-
-    @property
-    def context(self) -> int:
-        """Tokens it holds in the KV cache."""
-        return self.prefilled + (self.taken - self.restored if self.prefilled >= self.to_prefill else 0)
-
-    def preempt(self) -> None:
-        """Its KV cache is freed: it waits to prefill its prompt and what it has taken again."""
-        self.restored, self.prefilled, self.cached, self.draft = self.taken, 0, 0, []
-
-
-class BatchView:
-    """The persistent batch as a proposer reads it (the fields of vLLM's `InputBatch` its proposers use), rows in
-    slots: `req_ids`, `req_id_to_index`, `num_tokens_no_spec` [max_num_seqs], `num_prompt_tokens` [max_num_seqs] and
-    `token_ids_cpu` [max_num_seqs, max_len]."""
-
-    def __init__(self, max_num_seqs: int, max_len: int):
-        self.rows: list[Request] = []
-        self.req_ids: list[str] = []
-        self.req_id_to_index: dict[str, int] = {}
-        self.token_ids_cpu = np.zeros((max_num_seqs, max_len), np.int32)
-        self.num_tokens_no_spec = np.zeros(max_num_seqs, np.int32)
-        self.num_prompt_tokens = np.zeros(max_num_seqs, np.int32)
-
-    def update(self, finished: set[str], added: list[Request]) -> None:
-        """vLLM's `_update_states`: finished rows leave, new requests take the lowest free slots, then the last rows
-        move down into the remaining holes."""
-        holes = sorted(i for i, r in enumerate(self.rows) if r.id in finished)
-        rows: list[Request | None] = [None if r.id in finished else r for r in self.rows]
-        for request in added:
-            slot = holes.pop(0) if holes else len(rows)
-            if slot == len(rows):
-                rows.append(request)
-            else:
-                rows[slot] = request
-            self._write(slot, request)
-        while holes:
-            last = max(i for i, r in enumerate(rows) if r is not None) if any(r is not None for r in rows) else -1
-            hole = holes.pop(0)
-            if hole >= last:
-                break
-            rows[hole], rows[last] = rows[last], None
-            n = int(self.num_tokens_no_spec[last])
-            self.token_ids_cpu[hole, :n] = self.token_ids_cpu[last, :n]
-            self.num_tokens_no_spec[hole], self.num_prompt_tokens[hole] = n, self.num_prompt_tokens[last]
-        self.rows = [r for r in rows if r is not None]
-        self.req_ids = [r.id for r in self.rows]
-        self.req_id_to_index = {r: i for i, r in enumerate(self.req_ids)}
-
-    def _write(self, slot: int, request: Request) -> None:
-        n, taken = len(request.prompt), request.response[: request.restored]
-        self.token_ids_cpu[slot, :n] = request.prompt
-        self.token_ids_cpu[slot, n : n + len(taken)] = taken
-        self.num_prompt_tokens[slot] = n
-        self.num_tokens_no_spec[slot] = n + len(taken)
-
-    def extend(self, slot: int, tokens: list[int]) -> None:
-        n = int(self.num_tokens_no_spec[slot])
-        self.token_ids_cpu[slot, n : n + len(tokens)] = tokens
-        self.num_tokens_no_spec[slot] = n + len(tokens)
 
 
 class SimProposer(Protocol):
@@ -190,46 +106,6 @@ class SimProposer(Protocol):
     def finished(self, request: Request) -> None: ...
 
 
-class Workload(Protocol):
-    """The requests of an RL step (`requests`), and those a finished request sends after it (`followups`); `kept`:
-    the response tokens the workload kept from drafts outside the engine (the request path's verified prefixes)."""
-
-    kept: int
-
-    def requests(self, epoch: int, prompts: list[int], corpus: Corpus) -> list[Request]: ...
-
-    def followups(self, request: Request) -> list[Request]: ...
-
-
-def cached_tokens(shared: int, length: int) -> int:
-    """Prompt tokens a request of `length` reads from the prefix cache when `shared` of them are there: whole blocks,
-    short of its last token (vLLM computes at least that one)."""
-    return BLOCK_TOKENS * (min(shared, length - 1) // BLOCK_TOKENS)
-
-
-def samples_of(tag: str, prompt_index: int, prompt: list[int], responses: list[list[int]]) -> list[Request]:
-    """A prompt's samples sent together: the first prefills the prompt, its siblings read its whole blocks."""
-    shared = cached_tokens(len(prompt), len(prompt))
-    return [
-        Request(f"{tag}-s{s}", prompt_index, prompt, response, cached=shared if s else 0)
-        for s, response in enumerate(responses)
-    ]
-
-
-class Samples:
-    """The default workload: every prompt's recorded responses as samples, sent at once."""
-
-    kept = 0
-
-    def requests(self, epoch: int, prompts: list[int], corpus: Corpus) -> list[Request]:
-        return [
-            r for p in prompts for r in samples_of(f"e{epoch}-p{p}", p, corpus.prompts[p], corpus.responses[epoch][p])
-        ]
-
-    def followups(self, request: Request) -> list[Request]:
-        return []
-
-
 @dataclass
 class StepRecord:
     decode_rows: int
@@ -242,6 +118,7 @@ class StepRecord:
     rl_step: int
     register_s: float = 0.0  # and of the history updates before it (a visit's start, finished samples)
     decode_context: int = 0  # the decoding rows' tokens in the KV cache before the step, summed
+    prefill_context: int = 0  # the prefilling rows' tokens in the KV cache before the step (cached, chunks before)
     logit_tokens: int = 0  # prefill tokens whose log-probs the step computes (scoring requests)
     preempted: int = 0  # rows preempted before the step (the KV cache was full)
 
@@ -343,9 +220,7 @@ class EngineSimulator:
                     done = set()
                     continue
                 return
-            budget = self.schedule.max_num_batched_tokens
-            budget -= sum(1 + len(r.draft) for r in batch.rows if r.prefilled >= r.to_prefill)
-            record = self._engine_step(batch, budget, rl_step)
+            record = self._engine_step(batch, self._fit_drafts(batch.rows), rl_step)
             record.preempted = len(preempted)
             out.records.append(record)
             done = {request.id for request in batch.rows if request.finished}
@@ -357,6 +232,17 @@ class EngineSimulator:
             for request in batch.rows:
                 if request.id in done:
                     waiting.extend(self._arriving(self.workload.followups(request)))
+
+    def _fit_drafts(self, rows: list[Request]) -> int:
+        """The token budget left for prefills once the decoding rows take theirs: each its sampled token, then its
+        draft as far as the budget goes, in admission order (vLLM's running queue), as vLLM cuts a draft the step's
+        `max_num_batched_tokens` can't carry."""
+        decoding = sorted((r for r in rows if r.prefilled >= r.to_prefill), key=lambda r: r.admitted)
+        budget = self.schedule.max_num_batched_tokens - len(decoding)
+        for request in decoding:
+            request.draft = request.draft[: max(budget, 0)]
+            budget -= len(request.draft)
+        return budget
 
     def _kv_held(self, rows: list[Request]) -> int:
         """KV tokens the rows hold: their contexts, with the whole blocks of a prompt that several of them share (the
@@ -382,10 +268,11 @@ class EngineSimulator:
         within the token budget; then the proposer drafts for the next step."""
         sampled: list[list[int]] = []
         decode_rows = decode_tokens = prefill_rows = prefill_tokens = drafted = accepted = 0
-        decode_context = logit_tokens = 0
+        decode_context = prefill_context = logit_tokens = 0
         for slot, request in enumerate(batch.rows):
             if request.prefilled < request.to_prefill:  # in prefill: as much as the budget allows
                 chunk = min(request.to_prefill - request.prefilled, max(budget, 0))
+                prefill_context += request.prefilled if chunk else 0  # it reads what it holds: a cached prefix
                 request.prefilled += chunk
                 budget -= chunk
                 prefill_rows += chunk > 0
@@ -429,5 +316,6 @@ class EngineSimulator:
             proposer_s,
             rl_step,
             decode_context=decode_context,
+            prefill_context=prefill_context,
             logit_tokens=logit_tokens,
         )

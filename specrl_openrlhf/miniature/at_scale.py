@@ -38,8 +38,9 @@ from ..analysis.simulator import Schedule
 from ..config import json_object
 from ..markdown import numbers, table
 from ..pricing import measured
-from ..pricing.curves import HostCurve, describe, load_price
+from ..pricing.curves import HostCurve, describe
 from ..pricing.kernels import GPUS, MODELS
+from ..pricing.prices import load_price
 from ..pricing.projection import Projection, missing_field
 from .at_scale_heatmap import DEFAULT_IMAGE
 from .at_scale_lenience import curve_rules, lenience_curve

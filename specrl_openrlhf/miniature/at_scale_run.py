@@ -96,7 +96,7 @@ def run_rules(
     price, capacity = step_price(args, model, gpu, attention)
     budget = step_price(args, model, gpu)[0] if attention else price
     scale = rows_scale(args, corpus)
-    schedule = replace(args.schedule, kv_capacity_tokens=max(capacity // scale, 1))
+    schedule = args.schedule.scaled(scale, capacity)  # a row's KV and tokens: the GPU's over `scale`
     suffix_cache = args.suffix_cache or math.ceil(1.2 * schedule.prompts_per_step * corpus.samples)
     pricing = Pricing(price, scale=scale, host=host)
     params = {**args.params, "cost_scale": scale}  # lossless's budget prices a row as the GPU's `scale` rows

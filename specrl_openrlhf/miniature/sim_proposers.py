@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from ..analysis.batch import BatchView
 from ..analysis.corpus import Corpus
-from ..analysis.simulator import BatchView, Request, Schedule
+from ..analysis.requests import Request
+from ..analysis.simulator import Schedule
 from ..pricing.curves import StepCurve
 
 SUFFIX_DEPTH, NGRAM_K = 24, 8  # vLLM's defaults (suffix: its tree's depth and k; n-gram: our k)

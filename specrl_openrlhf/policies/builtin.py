@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 
 from ..params import DEFAULT_LENIENCE, check_fields, limits
-from ..pricing.curves import load_price
+from ..pricing.prices import load_price
 from .base import DraftBatch, ReusePolicy, check_lenience, first_rejection, lenient_acceptance_logprob, lenient_cut
 from .registry import register
 

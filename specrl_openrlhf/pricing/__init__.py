@@ -1,9 +1,12 @@
 """Pricing engine steps on GPUs: measured step curves, kernel step models, projections; and the running engine's
 step time, fitted online. The only place a cost is computed; one module a job:
 
+- `grid`: interpolation on a measured grid, the one way every price reads its tables;
+- `linear`: a step price as the draft budget's linear model (`budget_cost`), one algorithm for every price;
 - `curves`: a GPU's measured step curve (`StepCurve`: rows x tokens per row, prefill, the context it was measured at)
   and the engine's host time per step (`HostCurve`); the step-price interface (`StepPrice`) every price keeps;
 - `kernels`: a step model from measured vLLM kernels, which prices by context too (`KernelStepModel`);
+- `prices`: a step price of either kind from its data (`load_price`), at an attention bound (`at_attention`);
 - `steps`: engine steps as a run records them (`EngineSteps`) and a rollout's makespan split;
 - `projection`: steps priced with every cost (`step_costs`, `RuleCost`) and a rule against stock, the host's part
   shown (`project`: `projected`, `projected_async`, `breakeven_host_ms`, what is missing);

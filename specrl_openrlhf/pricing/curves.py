@@ -33,6 +33,9 @@ from typing import Protocol
 
 import numpy as np
 
+from . import linear
+from .grid import cell, line
+
 
 class StepPrice(Protocol):
     """What pricing reads of a GPU's step price: a `StepCurve`, or a model that prices by context too."""
@@ -42,22 +45,9 @@ class StepPrice(Protocol):
 
     def time(self, rows, tokens_per_row, context=None): ...
 
-    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0): ...
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0, carried=None): ...
 
     def logits_cost(self, tokens): ...
-
-
-def load_price(data, source: str = ""):
-    """A step price from its JSON data, or a file of it: a measured curve (`StepCurve`: a 'curve' of points) or a
-    kernel step model (`kernels.KernelStepModel`: its 'dense' tables). Bad data is one ValueError naming `source`."""
-    if isinstance(data, (str, Path)):
-        source = source or str(data)
-        data = _read_json(data, "step curve", "scripts/bench_gpu_step.py writes one; KernelStepModel.build a model")
-    if isinstance(data, dict) and "dense" in data:
-        from .kernels import KernelStepModel  # it prices by context; it reads host curves from here
-
-        return KernelStepModel.from_data(data, source)
-    return StepCurve.from_data(data, source)
 
 
 def describe(curve) -> str:
@@ -146,7 +136,7 @@ class StepCurve:
     @classmethod
     def load(cls, path: str | Path) -> StepCurve:
         """The curve of a file; a missing, unreadable or malformed file is one ValueError naming it."""
-        return cls.from_data(_read_json(path, "step curve", "scripts/bench_gpu_step.py writes one"), str(path))
+        return cls.from_data(read_json(path, "step curve", "scripts/bench_gpu_step.py writes one"), str(path))
 
     def as_data(self) -> dict:
         """The curve as a JSON object `from_data` reads back (what travels to the engines)."""
@@ -181,23 +171,24 @@ class StepCurve:
         the grid, extended past it by its edge slopes. `context` is ignored: the curve was measured at one."""
         r, q = np.broadcast_arrays(np.asarray(rows, np.float64), np.asarray(tokens_per_row, np.float64))
         shape, r, q = r.shape, np.maximum(r.ravel(), self.rows[0]), q.ravel()
-        i, wr = _cell(self.rows, r)
-        j, wq = _cell(self.tokens, q)
+        i, wr = cell(self.rows, r)
+        j, wq = cell(self.tokens, q)
         s = self.seconds
         out = (1 - wr) * ((1 - wq) * s[i, j] + wq * s[i, j + 1]) + wr * ((1 - wq) * s[i + 1, j] + wq * s[i + 1, j + 1])
         return float(out[0]) if not shape else out.reshape(shape)
 
-    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0):
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0, carried=None):
         """Seconds that `tokens` prefill tokens add to a step that also serves `rows` decoding rows (scalars or
         arrays): the measured column's time less its intercept at zero tokens (the fixed cost the step pays anyway);
         without a column, each token at the decode grid's cost of a carried token at those rows (`token_slope`: at
-        the first measured row where fewer rows decode, so never more a token for fewer rows; a model). `context` and
-        `sequences` are ignored (the curve was measured at one context, on one sequence)."""
+        the first measured row where fewer rows decode, so never more a token for fewer rows; a model). `context`,
+        `sequences` and `carried` (the decoding rows' tokens) are ignored (the curve was measured at one context, on
+        one sequence, and its token slope is by rows)."""
         tokens = np.asarray(tokens, np.float64)
         if self.prefill_measured:
             t, s = self.prefill_tokens, self.prefill_seconds
             intercept = s[0] - (s[1] - s[0]) / (t[1] - t[0]) * t[0]
-            j, w = _cell(t, tokens)
+            j, w = cell(t, tokens)
             extra = (1 - w) * s[j] + w * s[j + 1] - intercept
         else:
             extra = tokens * self.token_slope(rows)
@@ -212,26 +203,19 @@ class StepCurve:
 
     def token_slope(self, rows):
         """Seconds per carried token more, at `rows` rows: the least-squares slope over every measured tokens-per-row,
-        per row (scalars or arrays). Below the first measured row, the first row's: `time` prices fewer rows as that
-        many, so its slope is per that many rows' tokens."""
-        rows = np.asarray(rows, np.float64)
-        flat = np.maximum(np.atleast_1d(rows).ravel(), self.rows[0])
-        times = self.time(np.repeat(flat, len(self.tokens)), np.tile(self.tokens, len(flat))).reshape(len(flat), -1)
-        centred = self.tokens - self.tokens.mean()
-        slopes = np.maximum((times * centred).sum(axis=1) / (centred**2).sum(), 0.0) / flat
-        return float(slopes[0]) if rows.ndim == 0 else slopes.reshape(rows.shape)
+        per row (scalars or arrays; `linear.token_slope`). Below the first measured row, the first row's: `time`
+        prices fewer rows as that many, so its slope is per that many rows' tokens."""
+        return linear.token_slope(self, rows, self.tokens, least_rows=self.rows[0])
 
     def budget_cost(self, rows: int, scale: int = 1, context=None) -> np.ndarray:
         """[3] (base, per_row, per_token) that price a step of `rows` rows as the curve does at rows x `scale`, each
-        row and draft slot standing for `scale` of the GPU's (`budget.DraftBudget.allocate`'s linear model); the host
-        column's time, where there is one, is part of the base. `context` (a row's) is ignored, as by `time`."""
+        row and draft slot standing for `scale` of the GPU's (`linear.budget_cost`, over every measured
+        tokens-per-row); the host column's time, where there is one, is part of the base. `context` (a row's) is
+        ignored, as by `time`."""
         key = (int(rows), int(scale))
         cost = self._budget_costs.get(key)
         if cost is None:  # the proposer asks at every step, for a few hundred distinct rows at most
-            one, per_token = self.linear_at(rows * scale)
-            per_token *= scale
-            host = self.host.time(rows * scale) if self.host is not None else 0.0  # a fixed cost of the step
-            cost = self._budget_costs[key] = np.array([one + host - per_token * rows, 0.0, per_token])
+            cost = self._budget_costs[key] = linear.budget_cost(self, rows, scale, None, self.tokens, self.rows[0])
         return cost
 
     def linear_at(self, rows: float, context=None) -> tuple[float, float]:
@@ -254,20 +238,14 @@ def fit_linear(points: list[dict]) -> dict:
     }
 
 
-def _read_json(path: str | Path, what: str, fix: str):
-    """A curve file's JSON; a missing or unreadable file is one ValueError naming it."""
+def read_json(path: str | Path, what: str, fix: str):
+    """A curve file's JSON (`what`); a missing or unreadable file is one ValueError naming it and `fix`."""
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"{path}: no such {what} file ({fix})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: not a readable {what} ({type(error).__name__}: {error})") from None
-
-
-def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The grid interval of each x (the first or last one past the ends) and x's weight towards its upper end."""
-    index = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
-    return index, (x - grid[index]) / (grid[index + 1] - grid[index])
 
 
 class HostCurve:
@@ -303,7 +281,7 @@ class HostCurve:
 
     @classmethod
     def load(cls, path: str | Path) -> HostCurve:
-        data = _read_json(path, "host step curve", "leave --host-steps out to measure one here")
+        data = read_json(path, "host step curve", "leave --host-steps out to measure one here")
         return cls.from_data(data, str(path))
 
     def as_data(self) -> dict:
@@ -315,9 +293,7 @@ class HostCurve:
 
     def time(self, rows):
         """Seconds of the host's part of steps of `rows` rows (scalars or arrays)."""
-        r = np.maximum(np.asarray(rows, np.float64), self.rows[0])
-        i, w = _cell(self.rows, r)
-        out = (1 - w) * self.seconds[i] + w * self.seconds[i + 1]
+        out = line(self.rows, self.seconds, np.asarray(rows, np.float64))
         return float(out) if out.ndim == 0 else out
 
     def describe(self) -> str:

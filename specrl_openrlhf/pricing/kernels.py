@@ -35,7 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from . import linear
 from .curves import HostCurve
+from .grid import line, plane
 
 # Published config.json values (Hugging Face Qwen/Qwen3-*): hidden size, layers, query and key-value heads, head
 # dim, MLP size, vocabulary, tied embeddings.
@@ -136,15 +138,19 @@ class KernelStepModel:
         data.pop("host", None)
         return KernelStepModel({**data, **({"host": host.as_data()} if host else {})}, self.source)
 
+    def with_attention(self, attention: str) -> KernelStepModel:
+        """This model with a verification step's attention at `attention` (in ATTENTION): the same tables, priced as
+        the other bound ("per_token": the upper bound of the engine path's verification steps)."""
+        if attention not in ATTENTION:
+            raise ValueError(f"unknown attention {attention!r}: choose one of {', '.join(ATTENTION)}")
+        return KernelStepModel({**self.as_data(), "attention": attention}, self.source)
+
     def budget_cost(self, rows: int, scale: int = 1, context=None) -> np.ndarray:
         """[3] (base, per_row, per_token) that price a step of `rows` rows at `context` cached tokens a row as the
-        model does at rows x `scale`, each row and draft slot standing for `scale` of the GPU's (the draft budget's
-        linear model); the cache read and the host's time, where there is one, are part of the base."""
-        big, context = rows * scale, 0.0 if context is None else float(context)
-        one = self.time(big, 1.0, context)
-        per_token = (self.time(big, 1.0 + BUDGET_DRAFTS, context) - one) / max(big * BUDGET_DRAFTS, 1.0) * scale
-        host = self.host.time(big) if self.host is not None else 0.0
-        return np.array([one + host - per_token * rows, 0.0, per_token])
+        model does at rows x `scale`, each row and draft slot standing for `scale` of the GPU's (`linear.budget_cost`,
+        its slope over 1 and 1 + BUDGET_DRAFTS tokens a row); the cache read and the host's time, where there is one,
+        are part of the base. No context is refused, as by `time`."""
+        return linear.budget_cost(self, rows, scale, context, (1.0, 1.0 + BUDGET_DRAFTS))
 
     @classmethod
     def build(cls, gpu: str, model: str, attention: str = "once") -> KernelStepModel:
@@ -166,56 +172,42 @@ class KernelStepModel:
             raise ValueError(f"{self.source}: a kernel step model prices by context: pass each row's cached tokens")
         r, q, c = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (rows, tokens_per_row, context)))
         m = r * q  # tokens the dense ops carry: every position of a verification step needs its logits
-        out = _line(self.tokens, self.layers + self.logits, m)
+        out = line(self.tokens, self.layers + self.logits, m)
         if self.attention == "once":
-            out = out + _plane(self.rows, self.kv, self.decode, r, c + q)
+            out = out + plane(self.rows, self.kv, self.decode, r, c + q)
         else:  # the t queries of a row see context + 1 .. context + t keys
-            out = out + _plane(self.rows, self.kv, self.decode, m, c + (q + 1) / 2)
+            out = out + plane(self.rows, self.kv, self.decode, m, c + (q + 1) / 2)
         return float(out) if out.ndim == 0 else out
 
-    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0):
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0, carried=None):
         """Seconds that `tokens` prefill tokens (of `sequences` sequences, evenly split, each after `context` cached
-        ones: 0 where None) add to a step that also serves `rows` decoding rows (scalars or arrays): the dense ops'
-        marginal cost at the combined tokens and each sequence's attention (one launch's fixed cost for all); 0 where
-        tokens is 0. Priced as
-        aiconfigurator prices a mixed step: the prefill's attention a call of its own (vLLM's unified kernel may share
-        one launch: an upper bound), and no logits for prefill positions (vLLM computes those only for a request's
-        last prompt token; a request for prompt log-probs pays `logits_cost` for the rest)."""
+        ones: 0 where None) add to a step whose decoding rows (`rows` of them) carry `carried` tokens (None: one a
+        row), scalars or arrays: the dense ops' marginal cost past the decoding tokens, and the sequences' attention
+        (one launch's fixed cost for all); 0 where tokens is 0. Priced as aiconfigurator prices a mixed step: the
+        prefill's attention a call of its own (vLLM's unified kernel may share one launch: an upper bound), and no
+        logits for prefill positions (vLLM computes those only for a request's last prompt token; a request for
+        prompt log-probs pays `logits_cost` for the rest). The attention is at least each sequence's cache read once,
+        as a decode row reads it: the prefill table is one sequence's, and its fixed cost hides a short chunk's read
+        of its context, which many sequences' reads can't hide."""
         context = 0.0 if context is None else context
-        n, r, c, k = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (tokens, rows, context, sequences)))
+        carried = rows if carried is None else carried
+        values = (tokens, rows, context, sequences, carried)
+        n, _, c, k, m = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in values))
         k = np.maximum(k, 1.0)
-        dense = _line(self.tokens, self.layers, r + n) - _line(self.tokens, self.layers, r)
-        one = _plane(self.prefill_tokens, self.prefill_context, self.prefill, n / k, c)
-        fixed = _plane(self.prefill_tokens, self.prefill_context, self.prefill, np.ones_like(n), c)
-        attention = k * one - (k - 1) * fixed  # vLLM runs a step's prefills in one varlen call: one fixed cost
-        out = np.where(n > 0, np.maximum(dense, 0.0) + attention, 0.0)
+        dense = line(self.tokens, self.layers, m + n) - line(self.tokens, self.layers, m)
+        one = plane(self.prefill_tokens, self.prefill_context, self.prefill, n / k, c)
+        fixed = plane(self.prefill_tokens, self.prefill_context, self.prefill, np.ones_like(n), c)
+        table = k * one - (k - 1) * fixed  # vLLM runs a step's prefills in one varlen call: one fixed cost
+        read = plane(self.rows, self.kv, self.decode, k, c + n / k)  # each sequence's keys, read once
+        out = np.where(n > 0, np.maximum(dense, 0.0) + np.maximum(table, read), 0.0)
         return float(out) if out.ndim == 0 else out
 
     def logits_cost(self, tokens):
         """Seconds of the logits GEMM over `tokens` positions more: what prompt log-probs add to a prefill."""
         n = np.asarray(tokens, np.float64)
-        more = _line(self.tokens, self.logits, n) - _line(self.tokens, self.logits, np.zeros_like(n))
+        more = line(self.tokens, self.logits, n) - line(self.tokens, self.logits, np.zeros_like(n))
         out = np.where(n > 0, np.maximum(more, 0.0), 0.0)
         return float(out) if out.ndim == 0 else out
-
-
-def _cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The grid interval of each x (the last one past the end) and x's weight towards its upper end."""
-    index = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
-    return index, (x - grid[index]) / (grid[index + 1] - grid[index])
-
-
-def _line(grid: np.ndarray, values: np.ndarray, x: np.ndarray) -> np.ndarray:
-    i, w = _cell(grid, np.maximum(x, grid[0]))
-    return (1 - w) * values[i] + w * values[i + 1]
-
-
-def _plane(xs: np.ndarray, ys: np.ndarray, table: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    i, u = _cell(xs, np.maximum(x, xs[0]))
-    j, v = _cell(ys, np.maximum(y, ys[0]))
-    return (1 - u) * ((1 - v) * table[i, j] + v * table[i, j + 1]) + u * (
-        (1 - v) * table[i + 1, j] + v * table[i + 1, j + 1]
-    )
 
 
 def kv_capacity_tokens(model: str, memory_bytes: float) -> int:

@@ -83,13 +83,16 @@ def step_costs(
     decode_context=None,
     prefill_rows=None,
     logit_tokens=None,
+    prefill_context=None,
 ) -> StepCosts:
     """Per step [S]: decoding rows x scale at their mean tokens per row on the step price, at the mean context of a
     decoding row (`decode_context`, the sum over its decoding rows of the tokens each held in its KV cache before the
     step; NaN or None: not recorded, priced without one, which a price that needs one refuses); prefill tokens x scale
-    priced as prefill, fresh prompts' (`prefill_rows` x scale sequences of them where recorded; a step of prefill
-    alone pays the price's smallest step too, a row at no context), and the logits of `logit_tokens` x scale of them
-    (prompt log-probs); the host's part at those rows; and `proposer_s` (per step, or one value for all)."""
+    priced as prefill beside the decoding rows' tokens (`prefill_rows` x scale sequences of them where recorded, each
+    after the mean of `prefill_context`, the sum over them of the tokens each had cached before the step: a chunk of
+    a long prompt, a continuation after a cached prefix; None: fresh prompts; a step of prefill alone pays the
+    price's smallest step too, a row at no context), and the logits of `logit_tokens` x scale of them (prompt
+    log-probs); the host's part at those rows; and `proposer_s` (per step, or one value for all)."""
     curve = pricing.curve
     rows = np.atleast_1d(np.asarray(decode_rows, np.float64))
     tokens = np.atleast_1d(np.asarray(decode_tokens, np.float64))
@@ -107,8 +110,21 @@ def step_costs(
         gpu[alone] += curve.time(1.0, 1.0, context=0.0)
     prefilling = prefill > 0
     if prefilling.any():
-        sequences = 1.0 if prefill_rows is None else np.asarray(prefill_rows, np.float64)[prefilling] * pricing.scale
-        cost = curve.prefill_cost(prefill[prefilling], scaled[prefilling], sequences=sequences)
+        recorded = prefill_rows is not None
+        prompts = np.broadcast_to(np.asarray(prefill_rows if recorded else 1.0, np.float64), rows.shape)
+        sequences = prompts * pricing.scale if recorded else prompts
+        context = None
+        if prefill_context is not None:  # each sequence's cached tokens: the mean over the step's prefills
+            cached = np.broadcast_to(np.asarray(prefill_context, np.float64), rows.shape)
+            context = (cached / np.maximum(prompts, 1.0))[prefilling]
+        carried = np.where(decoding, scaled * tokens / np.maximum(rows, 1.0), scaled)  # the alone step's one token
+        cost = curve.prefill_cost(
+            prefill[prefilling],
+            scaled[prefilling],
+            context=context,
+            sequences=sequences[prefilling],
+            carried=carried[prefilling],
+        )
         gpu[prefilling] += np.asarray(cost, np.float64)
     if logit_tokens is not None:
         logits = np.broadcast_to(np.asarray(logit_tokens, np.float64) * pricing.scale, rows.shape)
@@ -170,7 +186,13 @@ def priced(steps: EngineSteps, pricing: Pricing, rule: RuleCost = STOCK) -> Step
     """The recorded steps' costs: the proposer's at `rule`'s cost a step and a row x scale."""
     proposer_s = rule.proposer_s(pricing.scaled(steps.rows))
     return step_costs(
-        steps.decode_rows, steps.decode_tokens, steps.prefill_tokens, pricing, proposer_s, steps.decode_context
+        steps.decode_rows,
+        steps.decode_tokens,
+        steps.prefill_tokens,
+        pricing,
+        proposer_s,
+        steps.decode_context,
+        steps.prefill_rows,  # a step's prompts are separate sequences: no attention across them
     )
 
 

@@ -3,8 +3,9 @@ costs, its proposer's time per row at a full batch and over every step, the tail
 cost a step (what the engine benchmarks price it at, `measured.proposer_costs`).
 
 Columns are [S] arrays by name, as `Simulation.column` gives them: `decode_rows`, `decode_tokens`, `prefill_rows`,
-`prefill_tokens`, `drafted`, `accepted`, `proposer_s`, `register_s`, `rl_step`, and `decode_context` and
-`logit_tokens` (prefill tokens whose prompt log-probs a step computes) where the simulator recorded them.
+`prefill_tokens`, `drafted`, `accepted`, `proposer_s`, `register_s`, `rl_step`, and `decode_context`,
+`prefill_context` (the tokens a step's prefills had cached before it) and `logit_tokens` (prefill tokens whose prompt
+log-probs a step computes) where the simulator recorded them.
 
 Core module: numpy only.
 """
@@ -29,13 +30,13 @@ COLUMNS = (
     "register_s",
     "rl_step",
 )
-OPTIONAL = ("decode_context", "logit_tokens")
+OPTIONAL = ("decode_context", "logit_tokens", "prefill_context")
 
 
 def simulated_costs(columns: Mapping[str, np.ndarray], pricing: Pricing) -> StepCosts:
     """The simulated steps' costs: the proposer's measured time with its history updates (`register_s`), the decode
-    context where the simulator recorded it. At a scale above 1 each row stands for `scale` of the GPU's, and the
-    proposer's time a step grows with it."""
+    and prefill contexts where the simulator recorded them. At a scale above 1 each row stands for `scale` of the
+    GPU's, and the proposer's time a step grows with it."""
     proposer_s = np.asarray(columns["proposer_s"], np.float64) * pricing.scale
     costs = step_costs(
         columns["decode_rows"],
@@ -46,6 +47,7 @@ def simulated_costs(columns: Mapping[str, np.ndarray], pricing: Pricing) -> Step
         columns.get("decode_context"),
         columns["prefill_rows"],
         columns.get("logit_tokens"),
+        columns.get("prefill_context"),
     )
     return costs.with_proposer(np.asarray(columns["register_s"], np.float64) * pricing.scale)
 

@@ -7,7 +7,8 @@ import pytest
 import specrl_openrlhf as sr
 from specrl_openrlhf.analysis.corpus import Corpus
 from specrl_openrlhf.analysis.request_replay import NoDrafts, RequestReplay, request_workload, uniforms
-from specrl_openrlhf.analysis.simulator import BLOCK_TOKENS, EngineSimulator, Samples, Schedule
+from specrl_openrlhf.analysis.requests import BLOCK_TOKENS, Samples
+from specrl_openrlhf.analysis.simulator import EngineSimulator, Schedule
 
 MAX_TOKENS = 8
 PROMPTS = [list(range(100, 120)), list(range(200, 220))]  # 20 tokens: one whole cache block each

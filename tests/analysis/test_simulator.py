@@ -3,8 +3,10 @@ persistent batch's slots as vLLM moves them, and the corpus file's errors."""
 
 import pytest
 
+from specrl_openrlhf.analysis.batch import BatchView
 from specrl_openrlhf.analysis.corpus import Corpus
-from specrl_openrlhf.analysis.simulator import BatchView, EngineSimulator, Request, Schedule
+from specrl_openrlhf.analysis.requests import Request
+from specrl_openrlhf.analysis.simulator import EngineSimulator, Schedule
 
 
 class Fixed:
@@ -78,18 +80,6 @@ def test_epochs_return_every_prompt_and_steps_are_seeded():
     assert sorted({r.rl_step for r in run.records}) == [0, 1, 2, 3]
 
 
-def test_rows_keep_their_slots_as_vllms_persistent_batch_moves_them():
-    view = BatchView(max_num_seqs=8, max_len=16)
-    a, b, c, d, e = (Request(name, 0, [i + 1], [9]) for i, name in enumerate("abcde"))
-    view.update(set(), [a, b, c, d])
-    view.extend(3, [7, 8])
-    view.update({"b"}, [])  # the last row moves down into the hole, its tokens with it
-    assert view.req_ids == ["a", "d", "c"] and view.token_ids_cpu[1, :3].tolist() == [4, 7, 8]
-    assert view.num_tokens_no_spec[1] == 3 and view.req_id_to_index == {"a": 0, "d": 1, "c": 2}
-    view.update({"a", "d"}, [e])  # a new request takes the lowest free slot; the last row fills the next hole
-    assert view.req_ids == ["e", "c"] and view.token_ids_cpu[0, 0] == 5 and view.token_ids_cpu[1, 0] == 3
-
-
 def test_rows_read_their_contexts_and_a_full_kv_cache_makes_the_latest_wait():
     toy = corpus([4, 4])  # prompts of 3 tokens, responses of 4
     run = EngineSimulator(toy, Schedule(max_num_seqs=4, prompts_per_step=2), Fixed(k=0)).run()
@@ -157,3 +147,27 @@ def test_a_prompts_samples_prefill_it_once_with_the_prefix_cache_and_each_on_its
     assert [(r.prefill_tokens, r.logit_tokens) for r in sim.records[:2]] == [(6, 6), (10, 0)]  # nothing read
     with pytest.raises(ValueError, match="prefix_caching must be True or False"):
         Schedule(prefix_caching="on")
+
+
+def test_a_prefill_records_the_context_it_extends():
+    chunked = EngineSimulator(
+        corpus([2, 2]), Schedule(max_num_seqs=2, prompts_per_step=2, max_num_batched_tokens=4), Fixed(k=0)
+    ).run()
+    # the second prompt's first token in the first step, its other two after it in the second
+    assert [(r.prefill_tokens, r.prefill_context) for r in chunked.records] == [(4, 0), (2, 1), (0, 0)]
+    long = Corpus([list(range(1, 41))], [[[[7, 8], [7, 9]]]])  # a 40-token prompt's two samples
+    shared = EngineSimulator(long, Schedule(max_num_seqs=2, prompts_per_step=1), Fixed(k=0)).run()
+    # the first prefills all 40; the second reads the 32 of its two whole blocks and prefills 8 after them
+    assert (shared.records[0].prefill_tokens, shared.records[0].prefill_context) == (48, 32)
+
+
+def test_a_scaled_schedule_carries_no_more_than_the_engines_token_budget():
+    assert Schedule().scaled(8, 80_000) == Schedule(max_num_batched_tokens=1024, kv_capacity_tokens=10_000)
+    assert Schedule().scaled(3).max_num_batched_tokens * 3 <= 8192 and Schedule().scaled(3).kv_capacity_tokens is None
+    with pytest.raises(ValueError, match="scale must be a positive integer"):
+        Schedule().scaled(0)
+    # four rows drafting 8 tokens each in a 12-token budget: each row its token, the drafts cut to the 8 left
+    schedule = Schedule(max_num_seqs=4, prompts_per_step=4, max_num_batched_tokens=12)
+    run = EngineSimulator(corpus([30] * 4), schedule, Fixed(k=8)).run()
+    assert max(r.decode_tokens + r.prefill_tokens for r in run.records) == 12
+    assert (run.records[1].decode_rows, run.records[1].drafted) == (4, 8)  # the first rows' drafts whole, then none

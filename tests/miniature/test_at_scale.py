@@ -129,3 +129,22 @@ def test_the_schedule_replays_what_an_engine_ran(async_engine):
     assert sum(r.prefill_tokens for r in sim.records) == int(steps.prefill_tokens.sum()) == 3 * (65 + 3 * 1)
     assert sum(r.decode_rows for r in sim.records) == int(steps.decode_rows.sum())
     assert abs(len(sim.records) - len(steps)) <= 2
+
+
+def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_path, monkeypatch):
+    """At --scale 4 a simulated step stands for 4 of the GPU's: its token budget and KV capacity are the engine's
+    over 4, so no priced step carries more than vLLM's max_num_batched_tokens."""
+    pytest.importorskip("aiconfigurator_core")
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
+    args = at_scale.parse_args(["--corpus", toy_corpus(tmp_path), "--rules", "off", "--scale", "4"])
+    schedules = []
+    simulate = at_scale.simulate
+    monkeypatch.setattr(
+        at_scale,
+        "simulate",
+        lambda rule, corpus, schedule, *rest: schedules.append(schedule) or simulate(rule, corpus, schedule, *rest),
+    )
+    at_scale.run_rules(args, args.loaded, "qwen3-8b", "h100", at_scale.HostCurve.load(host), {})
+    _, capacity = at_scale.step_price(args, "qwen3-8b", "h100")
+    assert [(s.max_num_batched_tokens, s.kv_capacity_tokens) for s in schedules] == [(8192 // 4, capacity // 4)]

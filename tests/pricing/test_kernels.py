@@ -156,3 +156,47 @@ def test_without_aiconfigurator_build_says_how_to_install(monkeypatch):
         KernelStepModel.build("h200", "qwen3-1.7b")
     message = str(error.value)
     assert "\n" not in message and "pip install 'specrl-openrlhf[pricing]'" in message
+
+
+@pytest.fixture(scope="module")
+def h100_8b():
+    pytest.importorskip("aiconfigurator_core")
+    return KernelStepModel.build("h100", "qwen3-8b")
+
+
+def test_short_prefills_after_a_long_context_pay_at_least_reading_it(h100_8b):
+    """32 sequences x 16 tokens after 8,192 cached each read 32 x 8,192 tokens' keys and values (Qwen3-8B: 36 layers x
+    8 KV heads x 128 x 2 x 2 bytes a token) from an H100's 3.35 TB/s at least; at context 0 they read none."""
+    read = 32 * 8192 * (36 * 8 * 128 * 2 * 2) / 3.35e12
+    after = h100_8b.prefill_cost(512, 0, 8192, sequences=32)
+    assert after >= read > h100_8b.prefill_cost(512, 0, 0, sequences=32)
+    assert h100_8b.prefill_cost(16, 0, 32768) > h100_8b.prefill_cost(16, 0, 0)  # one chunk after a long prompt too
+
+
+def test_a_prefill_beside_a_verification_step_adds_its_dense_ops_past_the_decode_tokens(once):
+    """256 rows x 4 tokens carry 1,024 tokens through the dense ops: 512 prefill tokens beside them cost the dense ops
+    from 1,024 to 1,536 tokens, not from 256 to 768."""
+
+    def dense(m):
+        return np.interp(m, once.tokens, once.layers)
+
+    verification = once.prefill_cost(512, 256, 0, carried=1024)
+    one_token = once.prefill_cost(512, 256, 0)  # one token a row: the rows' tokens
+    assert one_token == once.prefill_cost(512, 256, 0, carried=256)
+    assert verification - one_token == pytest.approx((dense(1536) - dense(1024)) - (dense(768) - dense(256)), rel=1e-9)
+
+
+def test_a_budget_needs_the_context_as_time_does(once):
+    with pytest.raises(ValueError, match="context"):
+        once.budget_cost(16, 8)
+    base, per_row, per_token = once.budget_cost(16, 8, 1024.0)
+    assert base + per_token * 16 == pytest.approx(once.time(128, 1, 1024))  # a one-token step at rows x scale
+
+
+def test_the_other_attention_bound_is_the_same_tables_priced_per_token(once, per_token):
+    upper = once.with_attention("per_token")
+    rows, tokens, context = np.meshgrid([8, 128, 512], [1, 4, 9], [256, 4096])
+    np.testing.assert_array_equal(upper.time(rows, tokens, context), per_token.time(rows, tokens, context))
+    assert upper.attention == "per_token" and once.attention == "once" and upper.source == once.source
+    with pytest.raises(ValueError, match="once, per_token"):
+        once.with_attention("twice")

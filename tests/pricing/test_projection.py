@@ -83,8 +83,9 @@ class ByContext:
         self.asked.append(np.asarray(context).tolist())
         return 0.001 + 1e-6 * np.asarray(rows) * np.asarray(context)
 
-    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0):
+    def prefill_cost(self, tokens, rows=0.0, context=None, sequences=1.0, carried=None):
         self.sequences = np.asarray(sequences).tolist()
+        self.prefill_asked = {"context": None if context is None else np.asarray(context).tolist(), "carried": carried}
         return 1e-6 * np.asarray(tokens, np.float64) + 1e-4 * (np.asarray(sequences, np.float64) - 1)
 
     def logits_cost(self, tokens):
@@ -103,6 +104,30 @@ def test_any_step_price_works_and_reads_each_decoding_rows_mean_context():
     np.testing.assert_allclose(scoring.gpu, [0.001 + 1000e-6 + 5e-4 + 800e-7])  # and the prompt log-probs' logits
     recorded = EngineSteps.of([(0.1, 0, 0, 10, 10, 0, 0, 1000), (0.2, 0, 0, 20, 20, 0, 0, 8000)])
     assert projected_time(recorded, price) == pytest.approx(0.002 + 1e-6 * (1000 + 8000))
+
+
+def test_a_prefill_is_priced_at_its_sequences_context_beside_the_decoding_rows_tokens():
+    """Two steps at scale 2: 256 rows x 4 tokens beside 2 prompts' chunks that had 1,000 tokens cached between them;
+    4 fresh prompts alone (the smallest step's one token beside them)."""
+    price = ByContext()
+    step_costs(
+        [256, 0],
+        [1024, 0],
+        [512, 800],
+        Pricing(price, scale=2),
+        decode_context=[256 * 100, 0],
+        prefill_rows=[2, 4],
+        prefill_context=[1000, 0],
+    )
+    assert price.prefill_asked["context"] == [500.0, 0.0]  # each sequence's, the mean over the step's prefills
+    assert np.asarray(price.prefill_asked["carried"]).tolist() == [2048.0, 1.0]  # rows x scale x tokens a row
+
+
+def test_recorded_steps_keep_a_steps_prompts_apart():
+    price = ByContext()
+    recorded = EngineSteps.of([(0.1, 16, 8192, 0, 0, 0, 0)])  # 16 prompts of 512 tokens prefilled in one step
+    projected_time(recorded, price)
+    assert price.sequences == [16.0]
 
 
 def costs_of(gpu, host, proposer=0.0, rows=64.0):

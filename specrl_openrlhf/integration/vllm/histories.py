@@ -31,7 +31,8 @@ import numpy as np
 from ...budget import BudgetReport
 from ...cache import prompt_key
 from ...policies.builtin import LosslessParams
-from ...pricing.curves import StepPrice, load_price
+from ...pricing.curves import StepPrice
+from ...pricing.prices import load_price
 from .arena import Arena, sequence_hash
 
 logger = logging.getLogger(__name__)

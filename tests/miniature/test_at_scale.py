@@ -8,7 +8,7 @@ import pytest
 
 from specrl_openrlhf.analysis.corpus import Corpus
 from specrl_openrlhf.analysis.simulator import EngineSimulator, Schedule
-from specrl_openrlhf.miniature import at_scale
+from specrl_openrlhf.miniature import at_scale, at_scale_run
 from specrl_openrlhf.miniature.sim_proposers import Stock
 
 
@@ -139,12 +139,12 @@ def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
     args = at_scale.parse_args(["--corpus", toy_corpus(tmp_path), "--rules", "off", "--scale", "4"])
     schedules = []
-    simulate = at_scale.simulate
+    simulate = at_scale_run.simulate
     monkeypatch.setattr(
-        at_scale,
+        at_scale_run,
         "simulate",
         lambda rule, corpus, schedule, *rest: schedules.append(schedule) or simulate(rule, corpus, schedule, *rest),
     )
-    at_scale.run_rules(args, args.loaded, "qwen3-8b", "h100", at_scale.HostCurve.load(host), {})
-    _, capacity = at_scale.step_price(args, "qwen3-8b", "h100")
+    at_scale_run.run_rules(args, args.loaded, "qwen3-8b", "h100", at_scale.HostCurve.load(host), {})
+    _, capacity = at_scale_run.step_price(args, "qwen3-8b", "h100")
     assert [(s.max_num_batched_tokens, s.kv_capacity_tokens) for s in schedules] == [(8192 // 4, capacity // 4)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import user_cache
-from .task import TaskConfig, splits, teacher_examples
+from .task import TaskConfig
 
 FORMAT = 3  # bump when the build changes in a way the settings do not show
 COMPLETE = "specrl_warm_start.json"
@@ -85,10 +85,7 @@ def _build(path: Path, config: WarmStartConfig, task: TaskConfig, progress) -> N
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     torch.manual_seed(config.seed)
-    _, held_out = splits(task)
-    examples = teacher_examples(
-        task, config.steps * config.batch_size, seed=config.seed + 1, exclude=[p.prompt for p in held_out]
-    )
+    examples = task.warm_start_examples(config.steps * config.batch_size, seed=config.seed + 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     warmup = max(config.steps // 10, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -98,9 +95,10 @@ def _build(path: Path, config: WarmStartConfig, task: TaskConfig, progress) -> N
     for step in range(config.steps):
         batch = examples[step * config.batch_size : (step + 1) * config.batch_size]
         input_ids, labels = [], []
-        for prompt, solution in batch:
+        for prompt, solution, *whole in batch:  # a solution cut short (whole: False) does not end
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            solution_ids = tokenizer(solution, add_special_tokens=False)["input_ids"] + [EOS_ID]
+            ending = [EOS_ID] if whole in ([], [True]) else []
+            solution_ids = tokenizer(solution, add_special_tokens=False)["input_ids"] + ending
             input_ids.append(prompt_ids + solution_ids)
             labels.append([-100] * len(prompt_ids) + solution_ids)  # learn the solution, not the prompt
         width = max(map(len, input_ids))

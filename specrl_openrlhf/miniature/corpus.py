@@ -71,7 +71,7 @@ PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in min
     # short's prompts with twice its learning rate: the policy moves between epochs as much as a GRPO run's does.
     # float32 as short was recorded: a bfloat16 engine's rounding would be measured as drift too.
     "drift": dataclasses.replace(SHORT, lr=2e-4, dtype="float32"),
-    # the walk task's long responses from the tiny policy: an RL policy's entropy (mostly certain, a fork a line), and
+    # the walk task's long responses from the tiny policy: an RL policy's entropy (mostly certain, forks a line), and
     # the learning rate and updates that move it between visits as the paper's GRPO run moved (docs/benchmarks.md)
     "long": CorpusSettings(
         policy="tiny",
@@ -83,7 +83,7 @@ PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in min
         lr=1e-3,
         updates=2,
         prompts_per_update=8,
-        warm_start_steps=600,
+        warm_start_steps=300,
         dtype="float32",
     ),
 }

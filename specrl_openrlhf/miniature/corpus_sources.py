@@ -2,8 +2,8 @@
 
 - `smollm2`: SmolLM2-135M-Instruct (a temperature folded into its weights, `smollm2.sharpen`) on one word problem a
   prompt (`word_problems`), rewarded for the right answer with `real_model`'s format bonus.
-- `tiny`: the tiny Qwen3 model (`tiny_model`) warm-started on the walk task (`walk_task`: long responses, a fork a
-  line), the temperature folded in the same way, rewarded by the task's `reward`.
+- `tiny`: the tiny Qwen3 model (`tiny_model`) warm-started on the walk task (`walk_task`: long responses, two forks
+  a line), the temperature folded in the same way, rewarded by the task's `reward`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Callable
 from . import user_cache
 
 MODELS = ("smollm2", "tiny")
-WALK_WARM_START_BATCH = 8  # the walks are long: a small batch keeps a step cheap on 2 cores
+WALK_WARM_START_BATCH = 8  # `walk_task.WARM_START_RUN`: walks of about the same length
+WALK_WARM_START_LR = 3e-3
 
 
 @dataclass(frozen=True)
@@ -70,18 +71,20 @@ def _tiny(settings) -> Source:
     from .warm_start import WarmStartConfig, warm_start
 
     task = WalkTaskConfig(seed=settings.seed)
-    config = WarmStartConfig(steps=settings.warm_start_steps, batch_size=WALK_WARM_START_BATCH, seed=settings.seed)
+    config = WarmStartConfig(
+        steps=settings.warm_start_steps, batch_size=WALK_WARM_START_BATCH, lr=WALK_WARM_START_LR, seed=settings.seed
+    )
     model_dir = sharpened(warm_start(config, task, progress=_every(50)), settings.temperature)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    distances = task.problems(settings.prompts)
-    prompts = [tokenizer(prompt(d), add_special_tokens=False)["input_ids"] for d in distances]
+    starts = task.problems(settings.prompts)
+    prompts = [tokenizer(prompt(s), add_special_tokens=False)["input_ids"] for s in starts]
     layers, width = _shape(model_dir)
     return Source(
         "tiny Qwen3 (walk task)",
         model_dir,
         tokenizer,
         prompts,
-        lambda batch: [reward(text, distances[p]) for p, text in batch],
+        lambda batch: [reward(text, starts[p]) for p, text in batch],
         2 * layers * width * 4,  # keys and values, float32
     )
 

@@ -1,4 +1,5 @@
-"""The quickstart's starting policy: a tiny Qwen3 model, supervised on the noisy teacher of `task`, cached on disk.
+"""A starting policy: a tiny Qwen3 model, supervised on a task's noisy teacher (the quickstart's `task`, the long
+corpus's `walk_task`: its `warm_start_examples`), cached on disk.
 
 The cache key is every setting that shapes the weights, so changing one builds a new model and a second run with
 the same settings loads the first one's. A model is built in a temporary folder and renamed into place when
@@ -95,10 +96,9 @@ def _build(path: Path, config: WarmStartConfig, task: TaskConfig, progress) -> N
     for step in range(config.steps):
         batch = examples[step * config.batch_size : (step + 1) * config.batch_size]
         input_ids, labels = [], []
-        for prompt, solution, *whole in batch:  # a solution cut short (whole: False) does not end
+        for prompt, solution in batch:
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            ending = [EOS_ID] if whole in ([], [True]) else []
-            solution_ids = tokenizer(solution, add_special_tokens=False)["input_ids"] + ending
+            solution_ids = tokenizer(solution, add_special_tokens=False)["input_ids"] + [EOS_ID]
             input_ids.append(prompt_ids + solution_ids)
             labels.append([-100] * len(prompt_ids) + solution_ids)  # learn the solution, not the prompt
         width = max(map(len, input_ids))

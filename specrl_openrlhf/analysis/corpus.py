@@ -218,4 +218,4 @@ def spec_kept(corpus: Corpus, lenience: float) -> float:
                 whole = survive[-1] if drafted else 0.0
                 kept += float(survive.sum())
                 total += whole * (drafted if drafted < limit else max(drafted, recorded)) + (1 - whole) * recorded
-    return float(kept / max(total, 1.0))
+    return float(kept / total) if total else float("nan")  # NaN: no epoch has drafts

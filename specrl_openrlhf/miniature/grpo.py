@@ -201,4 +201,4 @@ class PartialTrainer:
         from .weights import write_weights
 
         dtype = getattr(torch, precision)
-        return write_weights({k: v.to(dtype) for k, v in self.model.state_dict().items()}, path)
+        return write_weights({k: v.to(dtype, copy=True) for k, v in self.model.state_dict().items()}, path)

@@ -203,9 +203,10 @@ def spec_kept(corpus: Corpus, lenience: float) -> float:
     """The share of the drafted epochs' (e >= 1) response tokens that the ratio rule `spec@lenience` keeps in
     expectation: token i of the draft (epoch e - 1's response of the same prompt and sample) is accepted with
     probability a_i = min(1, lenience * p_curr_i / p_prev_i) (p_prev as sampled, p_curr the scoring pass), and the
-    kept prefix runs to the first rejection, so a draft keeps sum_i prod_{j <= i} a_j tokens. A response is as long
-    as the recorded one, or as its draft where the draft is kept whole and ended (shorter than `max_tokens`), as the
-    request path's replay (`request_replay`) has it."""
+    kept prefix runs to the first rejection, so a draft keeps sum_i prod_{j <= i} a_j tokens. A response's length is
+    the request path's replay's (`request_replay`): cut at i, i kept tokens and what the recorded response holds past
+    them (at least one); kept whole, the draft where it ended (shorter than `max_tokens`), else the longer of the
+    draft and the recorded response."""
     limit = corpus.meta.get("max_tokens") or float("inf")
     kept = total = 0.0
     for e in range(1, corpus.epochs):
@@ -215,7 +216,11 @@ def spec_kept(corpus: Corpus, lenience: float) -> float:
                 log_accept = np.minimum(np.log(lenience) + p_curr.astype(np.float64) - p_prev, 0.0)
                 survive = np.exp(np.cumsum(log_accept))  # [n] the chance that tokens 0..i are all accepted
                 recorded, drafted = len(corpus.responses[e][p][s]), len(p_curr)
-                whole = survive[-1] if drafted else 0.0
+                if not drafted:
+                    total += recorded
+                    continue
+                cut_at = np.concatenate([[1.0], survive[:-1]]) - survive  # [n] the chance that token i is rejected
+                whole_length = drafted if drafted < limit else max(drafted, recorded)
                 kept += float(survive.sum())
-                total += whole * (drafted if drafted < limit else max(drafted, recorded)) + (1 - whole) * recorded
+                total += float(cut_at @ np.maximum(recorded, np.arange(1, drafted + 1))) + survive[-1] * whole_length
     return float(kept / total) if total else float("nan")  # NaN: no epoch has drafts

@@ -1,6 +1,6 @@
 """The long corpus's task: walk down from a start to 100 one number a line, each number followed by two letters.
 
-    prompt:   "213\\n"
+    prompt:   "213aa\\n"
     solution: "212ab\\n211aa\\n210ca\\n...100bb\\n"
 
 The number is certain once learned (the line above's less one), the letters are forks: the policy's entropy is an RL
@@ -28,8 +28,8 @@ WARM_START_RUN = 8  # the warm start's batch: walks of about the same length
 class WalkTaskConfig:
     """Starts (the recorded problems') and the warm start's walks; `seed` fixes every problem."""
 
-    min_start: int = 190
-    max_start: int = 225
+    min_start: int = 200
+    max_start: int = 240
     seed: int = 0
 
     def __post_init__(self):
@@ -55,7 +55,8 @@ class WalkTaskConfig:
 
 
 def prompt(start: int) -> str:
-    return f"{start}\n"
+    """The start written as a line of the walk: the first line is the one above's less one, as every other."""
+    return f"{start}aa\n"
 
 
 def solve(start: int, rng: random.Random) -> str:

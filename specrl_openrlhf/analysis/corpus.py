@@ -161,11 +161,20 @@ def repeated_tokens(response) -> int:
     return int(marked.sum())
 
 
+PAPER_LENIENCES = (1.0, 1.2214, 1.6487, 2.2255, 7.389)  # the paper's lenience ablation: 1, e^0.2, e^0.5, e^0.8, e^2
+CERTAIN_SURPRISAL = 0.01  # nats: a token the policy was all but sure of
+
+
 def quality(corpus: Corpus) -> dict[str, float]:
     """What a corpus is like: mean response tokens, the share of responses cut at the token limit (`max_tokens` in
-    its meta; NaN where it is not recorded), the share of tokens inside a repeated 8-gram, and with a scoring pass,
-    how far the policy drifted into each epoch e >= 1: `kl_epoch{e}`, the staleness meter's KL(p_prev || p_curr) a
-    token (`reuse/kl_prev_curr`) over epoch e - 1's responses."""
+    its meta; NaN where it is not recorded), the share of tokens inside a repeated 8-gram, the share of distinct
+    responses in a prompt's group (`distinct_share`, mean over visits), and with log-probs and a scoring pass:
+    - the policy's entropy as sampled: the share of tokens with surprisal (-log p as sampled) below 0.01 nats, the
+      80th percentile and the mean of surprisal;
+    - how far the policy drifted into each epoch e >= 1: `kl_epoch{e}`, the staleness meter's KL(p_prev || p_curr) a
+      token (`reuse/kl_prev_curr`) over epoch e - 1's responses;
+    - `kept_spec@{lenience}` for the paper's leniences (`PAPER_LENIENCES`): the share of the drafted epochs' tokens
+      a ratio rule keeps (`spec_kept`)."""
     responses = [r for e in corpus.responses for p in e for r in p]
     lengths = np.array([len(r) for r in responses])
     limit = corpus.meta.get("max_tokens")
@@ -173,11 +182,45 @@ def quality(corpus: Corpus) -> dict[str, float]:
         "mean_tokens": float(lengths.mean()),
         "cut_share": float((lengths >= limit).mean()) if limit else float("nan"),
         "repeated_share": sum(repeated_tokens(r) for r in responses) / max(int(lengths.sum()), 1),
+        "distinct_share": float(np.mean([len({tuple(r) for r in p}) / len(p) for e in corpus.responses for p in e])),
     }
     if corpus.scored:
+        surprisal = -np.concatenate([lp for e in corpus.logprobs for p in e for lp in p])
+        figures[f"surprisal_below_{CERTAIN_SURPRISAL}"] = float((surprisal < CERTAIN_SURPRISAL).mean())
+        figures["surprisal_p80"] = float(np.percentile(surprisal, 80))
+        figures["surprisal_mean"] = float(surprisal.mean())
         for e in range(1, corpus.epochs):
             scored = np.concatenate([s for samples in corpus.scores[e] for s in samples])
             drafted = np.concatenate([lp for samples in corpus.logprobs[e - 1] for lp in samples])
             kl_sum = scored_token_sums(drafted, scored, drafted, lenience=None)["kl_sum"]
             figures[f"kl_epoch{e}"] = kl_sum / max(len(scored), 1)
+        for lenience in PAPER_LENIENCES:
+            figures[f"kept_spec@{lenience:g}"] = spec_kept(corpus, lenience)
     return figures
+
+
+def spec_kept(corpus: Corpus, lenience: float) -> float:
+    """The share of the drafted epochs' (e >= 1) response tokens that the ratio rule `spec@lenience` keeps in
+    expectation: token i of the draft (epoch e - 1's response of the same prompt and sample) is accepted with
+    probability a_i = min(1, lenience * p_curr_i / p_prev_i) (p_prev as sampled, p_curr the scoring pass), and the
+    kept prefix runs to the first rejection, so a draft keeps sum_i prod_{j <= i} a_j tokens. A response's length is
+    the request path's replay's (`request_replay`): cut at i, i kept tokens and what the recorded response holds past
+    them (at least one); kept whole, the draft where it ended (shorter than `max_tokens`), else the longer of the
+    draft and the recorded response."""
+    limit = corpus.meta.get("max_tokens") or float("inf")
+    kept = total = 0.0
+    for e in range(1, corpus.epochs):
+        for p, samples in enumerate(corpus.scores[e]):
+            for s, p_curr in enumerate(samples):
+                p_prev = corpus.logprobs[e - 1][p][s].astype(np.float64)
+                log_accept = np.minimum(np.log(lenience) + p_curr.astype(np.float64) - p_prev, 0.0)
+                survive = np.exp(np.cumsum(log_accept))  # [n] the chance that tokens 0..i are all accepted
+                recorded, drafted = len(corpus.responses[e][p][s]), len(p_curr)
+                if not drafted:
+                    total += recorded
+                    continue
+                cut_at = np.concatenate([[1.0], survive[:-1]]) - survive  # [n] the chance that token i is rejected
+                whole_length = drafted if drafted < limit else max(drafted, recorded)
+                kept += float(survive.sum())
+                total += float(cut_at @ np.maximum(recorded, np.arange(1, drafted + 1))) + survive[-1] * whole_length
+    return float(kept / total) if total else float("nan")  # NaN: no epoch has drafts

@@ -1,16 +1,15 @@
 """Corpora of RL rollouts for the simulator (`analysis.simulator`): stock generation from a policy trained between
 epochs, recorded once; the named ones (`PRESETS`: `short`, `drift`, `long`) ship with the package.
 
-The real model's: SmolLM2-135M-Instruct (`smollm2`, a temperature folded into its weights as in `real_model`) on the
-word problems (`style` "short": one problem a prompt; "long": six a prompt, each reasoned through in full),
-`samples` samples of each of `prompts` prompts an epoch, and between epochs `updates` policy-gradient steps on that
-epoch's rollouts (`PartialTrainer`, group-normalised rewards with `real_model`'s format bonus), each on
+A policy (`corpus_sources`: SmolLM2-135M-Instruct on word problems for `short` and `drift`, the tiny Qwen3 model
+warm-started on the walk task for `long`), `samples` samples of each of `prompts` prompts an epoch, and between epochs
+`updates` policy-gradient steps on that epoch's rollouts (`PartialTrainer`, group-normalised rewards), each on
 `prompts_per_update` prompts' groups: the next epoch's responses come from a policy trained on the last epoch's, the
 drift a returning prompt meets. Stock generation, because an exact rule's output has the same law, and a response that
 no draft shaped is what the simulator's coupling needs. Each token's log-prob is kept as sampled, and after each
 update the new policy scores the last epoch's responses (the scoring pass a ratio rule reads).
 
-    python -m specrl_openrlhf.miniature.corpus long     # re-records a shipped corpus (up to two hours on 2 cores)
+    python -m specrl_openrlhf.miniature.corpus long     # re-records a shipped corpus
 
 A recording stopped part way (`--checkpoint`, in the user's cache by default) resumes from its last finished epoch.
 """
@@ -28,14 +27,13 @@ import numpy as np
 from ..analysis.corpus import Corpus, quality
 from . import user_cache
 
-LONG_TEMPERATURE = 0.9  # SmolLM2 loops below it and drifts off the problems above it (docs/benchmarks.md)
-STYLES = ("short", "long")
 KV_CACHE_CAP = 8 << 30  # long responses: vLLM preempts past it rather than the machine swapping
 SHIPPED = Path(__file__).resolve().parent / "corpora"  # the named corpora, recorded with `PRESETS`
 
 
 @dataclass(frozen=True, kw_only=True)
 class CorpusSettings:
+    policy: str = "smollm2"  # what it is recorded from (`corpus_sources.MODELS`)
     prompts: int = 64
     samples: int = 16
     epochs: int = 3
@@ -46,13 +44,15 @@ class CorpusSettings:
     updates: int = 4  # policy-gradient steps between epochs
     prompts_per_update: int = 4  # each on this many prompts' groups of the epoch just recorded
     max_num_seqs: int = 256
+    warm_start_steps: int = 0  # the tiny policy's supervised steps on its task's teacher
     seed: int = 0
     dtype: str = "auto"
-    style: str = "short"
 
     def __post_init__(self):
-        if self.style not in STYLES:
-            raise ValueError(f"corpus style must be one of {STYLES}, got {self.style!r}")
+        from .corpus_sources import MODELS
+
+        if self.policy not in MODELS:
+            raise ValueError(f"corpus policy must be one of {MODELS}, got {self.policy!r}")
         for name in ("prompts", "samples", "epochs", "max_tokens", "train_layers", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"corpus {name} must be at least 1, got {getattr(self, name)}")
@@ -66,21 +66,25 @@ class CorpusSettings:
 
 
 SHORT = CorpusSettings(prompts=32, samples=8, updates=2, prompts_per_update=4)
-PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in under two hours
+PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in minutes
     "short": SHORT,
     # short's prompts with twice its learning rate: the policy moves between epochs as much as a GRPO run's does.
-    # float32 as short and long were recorded: a bfloat16 engine's rounding would be measured as drift too.
+    # float32 as short was recorded: a bfloat16 engine's rounding would be measured as drift too.
     "drift": dataclasses.replace(SHORT, lr=2e-4, dtype="float32"),
+    # the walk task's long responses from the tiny policy: an RL policy's entropy (mostly certain, forks a line), and
+    # the learning rate and updates that move it between visits as the paper's GRPO run moved (docs/benchmarks.md)
     "long": CorpusSettings(
-        style="long",
+        policy="tiny",
         prompts=32,
         samples=8,
-        epochs=3,
+        epochs=4,
         max_tokens=1024,
-        temperature=LONG_TEMPERATURE,
-        updates=2,  # each on two prompts' groups: a group of one prompt often has no reward signal
-        prompts_per_update=2,
-        max_num_seqs=128,
+        temperature=1.0,
+        lr=3e-4,
+        updates=2,
+        prompts_per_update=8,
+        warm_start_steps=300,
+        dtype="float32",
     ),
 }
 
@@ -98,42 +102,37 @@ def record(settings: CorpusSettings, progress=print, checkpoint: Path | None = N
     engine's own random state is not saved: a resumed recording is another draw, of the same law)."""
     import random
 
-    from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from ..rewards.math_grader import grade
+    from .corpus_sources import source
     from .engine import cpu_dtype, cpu_engine_kwargs, machine, use_cpu_engine_env
     from .grpo import PartialTrainer
-    from .real_model import FORMAT_BONUS, boxed
-    from .smollm2 import converted
     from .weights import EXTENSION
-    from .word_problems import chat_prompt, long_problem, problem, splits
 
     use_cpu_engine_env()
-    model_dir = converted(temperature=settings.temperature)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    draw = long_problem if settings.style == "long" else problem
-    problems, _ = splits(settings.prompts, 1, seed=settings.seed, draw=draw)
-    prompts = [chat_prompt(tokenizer, p) for p in problems]
+    policy = source(settings)
+    prompts, tokenizer = policy.prompts, policy.tokenizer
     longest = max(len(p) for p in prompts) + settings.max_tokens
     dtype = cpu_dtype(settings.dtype)
+    kv_bytes = settings.max_num_seqs * longest * policy.kv_bytes_per_token
     llm = LLM(
-        model=str(model_dir),
+        model=str(policy.model_dir),
         worker_extension_cls=EXTENSION,
         **cpu_engine_kwargs(
             dtype=dtype,
-            kv_cache_bytes=min(max(settings.max_num_seqs * longest * (48 << 10), 256 << 20), KV_CACHE_CAP),
+            kv_cache_bytes=min(max(kv_bytes, 256 << 20), KV_CACHE_CAP),
             max_model_len=longest + 8,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=8192,
             seed=settings.seed,
         ),
     )
-    trainer = PartialTrainer(model_dir, settings.lr, settings.train_layers, settings.seed, settings.dtype)
+    trainer = PartialTrainer(policy.model_dir, settings.lr, settings.train_layers, settings.seed, settings.dtype)
+    precision = "float32" if dtype == "float32" and settings.policy == "tiny" else "bfloat16"
     rng = random.Random(settings.seed)
     responses, logprobs, scores = [], [], [_unscored(settings)]
-    meta = {"model": "SmolLM2-135M-Instruct", **dataclasses.asdict(settings), "machine": machine(), "engine": dtype}
+    meta = {"model": policy.name, **dataclasses.asdict(settings), "machine": machine(), "engine": dtype}
     saved = load_checkpoint(checkpoint, settings, prompts) if checkpoint else None
     if saved:
         partial, rng_state, trainer_state = saved
@@ -141,7 +140,8 @@ def record(settings: CorpusSettings, progress=print, checkpoint: Path | None = N
         rng.setstate(rng_state)
         trainer.load_state(trainer_state)
         with tempfile.TemporaryDirectory() as scratch:
-            llm.collective_rpc("reload_safetensors", args=(trainer.write(Path(scratch) / "w.safetensors"),))
+            weights = trainer.write(Path(scratch) / "w.safetensors", precision)
+            llm.collective_rpc("reload_safetensors", args=(weights,))
         progress(f"[corpus] resuming from {checkpoint} after epoch {len(responses) - 1}")
     for epoch in range(len(responses), settings.epochs):
         if epoch > 0:  # the new policy scores the last epoch's responses, as a ratio rule's scoring requests do
@@ -151,25 +151,23 @@ def record(settings: CorpusSettings, progress=print, checkpoint: Path | None = N
         epoch_responses = [[list(c.token_ids) for c in o.outputs] for o in outputs]
         responses.append(epoch_responses)
         logprobs.append([[sampled_logprobs(c) for c in o.outputs] for o in outputs])
-        figures = quality(Corpus(prompts, [epoch_responses], {"max_tokens": settings.max_tokens}))
-        progress(f"[corpus] epoch {epoch}: " + " ".join(f"{k}={v:.3f}" for k, v in figures.items()))
+        so_far = Corpus(prompts, responses, {"max_tokens": settings.max_tokens}, logprobs, scores)
+        progress(f"[corpus] epoch {epoch}: " + " ".join(f"{k}={v:.3f}" for k, v in quality(so_far).items()))
         if epoch + 1 == settings.epochs:
             break
         for update in range(settings.updates):  # the policy moves: the next epoch meets drift
             chosen = rng.sample(range(settings.prompts), min(settings.prompts_per_update, settings.prompts))
             batch = [(p, r) for p in chosen for r in epoch_responses[p]]
-            texts = [tokenizer.decode(r, skip_special_tokens=True) for _, r in batch]
-            labels = [problems[p].answer for p, _ in batch]
-            if settings.style == "long":
-                correct = [answered_share(t, label) for t, label in zip(texts, labels)]
-            else:
-                correct = grade(list(zip(texts, labels)))
-            rewards = [c + FORMAT_BONUS * boxed(t) for c, t in zip(correct, texts)]
+            rewards = policy.rewards([(p, tokenizer.decode(r, skip_special_tokens=True)) for p, r in batch])
             groups = [p for p, _ in batch]
             trained = trainer.step([prompts[p] for p in groups], [r for _, r in batch], rewards, groups)
-            progress(f"[corpus] epoch {epoch}: update {update + 1}/{settings.updates} on {trained} samples")
+            progress(
+                f"[corpus] epoch {epoch}: update {update + 1}/{settings.updates} on {trained} samples, mean reward "
+                f"{np.mean(rewards):.3f}"
+            )
         with tempfile.TemporaryDirectory() as scratch:
-            llm.collective_rpc("reload_safetensors", args=(trainer.write(Path(scratch) / "w.safetensors"),))
+            weights = trainer.write(Path(scratch) / "w.safetensors", precision)
+            llm.collective_rpc("reload_safetensors", args=(weights,))
         llm.reset_prefix_cache()
         if checkpoint:
             save_checkpoint(checkpoint, settings, Corpus(prompts, responses, meta, logprobs, scores), rng, trainer)
@@ -240,16 +238,6 @@ def score(llm, prompts: list[list[int]], responses: list[list[list[int]]]) -> li
             row.append(np.array([entry[token].logprob for token, entry in zip(response, entries)], np.float32))
         scored.append(row)
     return scored
-
-
-def answered_share(text: str, answer: str) -> float:
-    """The share of a long problem's answers (comma-separated) that the response's last boxed answer states."""
-    import re
-
-    boxed_all = re.findall(r"\\boxed\{([^}]*)\}", text)
-    stated = re.findall(r"-?\d+", boxed_all[-1]) if boxed_all else []
-    wanted = [a.strip() for a in answer.split(",")]
-    return sum(a in stated for a in wanted) / len(wanted)
 
 
 def default_checkpoint(name: str) -> Path:

@@ -193,9 +193,12 @@ class PartialTrainer:
         taken = logprobs.gather(1, torch.tensor(response)[:, None])[:, 0]  # [R]
         return -advantage * taken.mean()
 
-    def write(self, path: Path) -> str:
+    def write(self, path: Path, precision: str = "bfloat16") -> str:
+        """The weights as a safetensors file for the engine, in `precision` (a float32 engine reading bfloat16
+        weights samples a rounded policy: drift that no update made)."""
         import torch
 
         from .weights import write_weights
 
-        return write_weights({k: v.to(torch.bfloat16) for k, v in self.model.state_dict().items()}, path)
+        dtype = getattr(torch, precision)
+        return write_weights({k: v.to(dtype, copy=True) for k, v in self.model.state_dict().items()}, path)

@@ -33,6 +33,11 @@ class TaskConfig:
         if not 0.0 <= self.teacher_error_rate < 1.0:
             raise ValueError(f"teacher_error_rate must be in [0, 1), got {self.teacher_error_rate}")
 
+    def warm_start_examples(self, count: int, seed: int) -> list[tuple[str, str]]:
+        """The warm start's (prompt, noisy solution) pairs: none from the held-out split."""
+        _, held_out = splits(self)
+        return teacher_examples(self, count, seed, exclude=[p.prompt for p in held_out])
+
 
 @dataclass(frozen=True)
 class Problem:

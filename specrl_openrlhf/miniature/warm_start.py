@@ -1,4 +1,5 @@
-"""The quickstart's starting policy: a tiny Qwen3 model, supervised on the noisy teacher of `task`, cached on disk.
+"""A starting policy: a tiny Qwen3 model, supervised on a task's noisy teacher (the quickstart's `task`, the long
+corpus's `walk_task`: its `warm_start_examples`), cached on disk.
 
 The cache key is every setting that shapes the weights, so changing one builds a new model and a second run with
 the same settings loads the first one's. A model is built in a temporary folder and renamed into place when
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import user_cache
-from .task import TaskConfig, splits, teacher_examples
+from .task import TaskConfig
 
 FORMAT = 3  # bump when the build changes in a way the settings do not show
 COMPLETE = "specrl_warm_start.json"
@@ -100,10 +101,7 @@ def _build(path: Path, config: WarmStartConfig, task: TaskConfig, progress) -> N
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     torch.manual_seed(config.seed)
-    _, held_out = splits(task)
-    examples = teacher_examples(
-        task, config.steps * config.batch_size, seed=config.seed + 1, exclude=[p.prompt for p in held_out]
-    )
+    examples = task.warm_start_examples(config.steps * config.batch_size, seed=config.seed + 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     warmup = max(config.steps // 10, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -83,36 +83,15 @@ def problem(rng: random.Random) -> Problem:
     return Problem(f"{text} {INSTRUCTION}", str(answer))
 
 
-LONG_PARTS = 10  # problems in a long prompt: SmolLM2 writes about fifty tokens on each
-LONG_INSTRUCTION = (
-    "Solve these problems one after another. For each problem, write a full paragraph: first say what is given and "
-    "what is asked, then explain each step of the calculation in full sentences, then check the answer by working "
-    "backwards."
-)
-LONG_ANSWER = "At the end, write all the answers inside \\boxed{}, like \\boxed{7, 12, 3, 5, 9, 4}."
-
-
-def long_problem(rng: random.Random) -> Problem:
-    """`LONG_PARTS` problems in one prompt, each to be reasoned through in full: the long responses of RL on reasoning
-    tasks. Every story comes once before any comes again (a prompt of one story's copies invites loops). The answer is
-    their numbers, comma-separated."""
-    stories = []
-    while len(stories) < LONG_PARTS:
-        stories += rng.sample(STORIES, len(STORIES))
-    drawn = [story(rng) for story in stories[:LONG_PARTS]]
-    listed = "\n".join(f"Problem {i + 1}: {text}" for i, (text, _) in enumerate(drawn))
-    return Problem(f"{LONG_INSTRUCTION}\n\n{listed}\n\n{LONG_ANSWER}", ", ".join(str(a) for _, a in drawn))
-
-
-def splits(train_size: int, held_out_size: int, seed: int = 0, draw=problem) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint train and held-out problems (each from `draw`: `problem` or `long_problem`); the held-out split is
-    drawn first, so it does not depend on `train_size`."""
+def splits(train_size: int, held_out_size: int, seed: int = 0) -> tuple[list[Problem], list[Problem]]:
+    """Disjoint train and held-out problems; the held-out split is drawn first, so it does not depend on
+    `train_size`."""
     rng, seen = random.Random(seed), set()
     out = []
     for size in (held_out_size, train_size):
         split = []
         while len(split) < size:
-            item = draw(rng)
+            item = problem(rng)
             if item.prompt not in seen:
                 seen.add(item.prompt)
                 split.append(item)

@@ -4,7 +4,7 @@ the quality figures that say whether a corpus is what RL sees."""
 import numpy as np
 import pytest
 
-from specrl_openrlhf.analysis.corpus import Corpus, quality, repeated_tokens
+from specrl_openrlhf.analysis.corpus import PAPER_LENIENCES, Corpus, quality, repeated_tokens, spec_kept
 
 
 def scored_toy():
@@ -74,3 +74,45 @@ def test_quality_states_each_epochs_drift_as_the_staleness_meters_kl():
     log_ratios = np.array([-0.75 + 0.5, -0.5 + 1.0, -1.5 + 2.0])
     assert figures["kl_epoch1"] == pytest.approx(np.mean(np.expm1(log_ratios) - log_ratios))
     assert "kl_epoch2" not in figures and not any(k.startswith("kl_") for k in quality(Corpus([[1]], [[[[2]]]])))
+
+
+def test_quality_states_the_policys_entropy_as_sampled_and_its_groups_distinct_responses():
+    figures = quality(scored_toy())  # surprisals 0.5, 1, 2, 0.25, 1, 2, 3
+    surprisal = np.array([0.5, 1.0, 2.0, 0.25, 1.0, 2.0, 3.0])
+    assert figures["surprisal_below_0.01"] == 0.0 and figures["surprisal_mean"] == pytest.approx(surprisal.mean())
+    assert figures["surprisal_p80"] == pytest.approx(np.percentile(surprisal, 80))
+    assert figures["distinct_share"] == 1.0
+    twins = Corpus([[1]], [[[[4, 5], [4, 5], [6], [7]]]])
+    assert quality(twins)["distinct_share"] == 0.75
+
+
+def test_spec_kept_is_the_expected_prefix_a_ratio_rule_keeps_of_the_drafted_epochs():
+    """Draft [4, 5] (p_prev e^-0.5, e^-1) scored e^-0.75, e^-0.5: a = (e^-0.25, 1) at lenience 1, so it keeps
+    e^-0.25 + e^-0.25 tokens, and its response is the draft (it ended) when kept whole, else the recorded [7]; draft
+    [6] (e^-2 scored e^-1.5): a = 1, kept whole, and it ended: a response of 1 token."""
+    toy = scored_toy()
+    whole = np.exp(-0.25)
+    assert spec_kept(toy, 1.0) == pytest.approx((2 * whole + 1) / (2 * whole + (1 - whole) + 1))
+    assert spec_kept(toy, np.exp(0.25)) == pytest.approx(1.0)  # every token accepted
+    figures = quality(toy)
+    assert [k for k in figures if k.startswith("kept_spec@")] == [f"kept_spec@{x:g}" for x in PAPER_LENIENCES]
+
+
+def test_spec_kept_is_what_the_request_path_replay_keeps_on_the_shipped_long_corpus():
+    """The replay (`request_replay`, what bench_at_scale prices) draws the uniforms; its share of the drafted
+    epochs' tokens is spec_kept's expectation up to sampling noise."""
+    from specrl_openrlhf.analysis.request_replay import RequestReplay
+    from specrl_openrlhf.miniature.corpus import named
+
+    long = Corpus.load(named("long"))
+    for lenience in PAPER_LENIENCES:
+        replay = RequestReplay(f"spec@{lenience}", long)
+        kept = total = 0
+        for e in range(1, long.epochs):
+            for p in range(len(long.prompts)):
+                for decision, recorded in zip(replay.plan(e, p, long).decisions, long.responses[e][p]):
+                    if decision is None:  # no draft: a plain sample
+                        total += len(recorded)
+                    else:
+                        kept, total = kept + decision.kept, total + decision.kept + len(decision.rest)
+        assert kept / total == pytest.approx(spec_kept(long, lenience), abs=0.03)

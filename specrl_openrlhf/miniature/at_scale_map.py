@@ -63,9 +63,9 @@ def cell_projections(args, corpus, model: str, gpu: str, host, cache: dict) -> d
 
 
 def cell(corpus: str, model: str, gpu: str, result: dict) -> dict:
-    """One cell: the fastest rule by each host reading, and lossless's best path against exact and suffix (its
-    `per_token` bound beside it where priced)."""
-    rules = [r for r in result if r not in ("off", UPPER_BOUND)]
+    """One cell: the fastest rule by each host reading (stock, `off`, where no rule beats it), and lossless's best
+    path against exact and suffix (its `per_token` bound beside it where priced)."""
+    rules = [r for r in result if r != UPPER_BOUND]
     best, _ = fastest(result, "projected", rules)
     best_async, _ = fastest(result, "projected_async", rules)
     paths = [r for r in LOSSLESS_PATHS if r in result]

@@ -32,6 +32,13 @@ def test_a_cell_names_the_fastest_rule_by_each_host_reading_and_lossless_against
     assert row in table
 
 
+def test_where_no_rule_beats_stock_the_cell_names_stock():
+    result = {"off": projection(1.0, 1.0), "lossless": projection(0.9, 1.2), "spec@1.65": projection(0.98, 0.98)}
+    c = cell("long", "qwen3-8b", "h100", result)
+    assert (c["best"], c["projected"]) == ("off", 1.0)
+    assert (c["best_async"], c["projected_async"]) == ("lossless", 1.2)
+
+
 def test_a_cell_without_a_peer_says_nan_not_a_number_made_up():
     c = cell("short", "qwen3-1.7b", "b200", {"off": projection(1.0, 1.0), "lossless": projection(1.1, 1.2, 30.0)})
     assert c["lossless_path"] == "lossless" and math.isnan(c["over_exact"]) and math.isnan(c["over_suffix"])

@@ -43,7 +43,7 @@ from ..pricing.kernels import GPUS, MODELS
 from ..pricing.prices import load_price
 from ..pricing.projection import Projection, missing_field
 from .at_scale_heatmap import DEFAULT_IMAGE
-from .at_scale_lenience import curve_rules, lenience_curve
+from .at_scale_lenience import corpus_figures, curve_rules, lenience_curve
 from .at_scale_map import run_map
 from .at_scale_run import (
     ENGINE_RULES,
@@ -185,7 +185,8 @@ def main(argv=None) -> int:
         f"{corpus.epochs} epochs ({corpus.meta.get('model', '?')}); RL steps of {args.schedule.prompts_per_step} "
         f"prompts, each simulated row standing for {scale} of the GPU's (at most {args.schedule.max_num_seqs}); KV "
         f"capacity {capacity:,} tokens ({args.model} on {args.gpu}); prefix caching {args.prefix_caching}\n"
-        f"[at-scale] projected on {describe(price)}; host steps {host.describe()}; proposers timed on {machine()}"
+        f"[at-scale] projected on {describe(price)}; host steps {host.describe()}; proposers timed on {machine()}\n"
+        f"[at-scale] the corpus, against an RL run: {corpus_figures(corpus)}"
     )
     runs = run_rules(args, corpus, args.model, args.gpu, host, {})
     result = projections(runs, host, price, args.schedule.max_num_seqs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..analysis.corpus import Corpus
+from ..analysis.corpus import PAPER_LENIENCES, Corpus, quality
 from ..analysis.request_replay import request_workload
 from ..markdown import numbers, table
 from .at_scale_run import projections, run_rules, step_price
@@ -44,6 +44,18 @@ def paper_kept(label: str) -> float:
         return 1.0
     stock, epochs = PAPER_LENIENCE["stock_tokens_m"], PAPER_LENIENCE["epochs"]
     return (stock - PAPER_LENIENCE["tokens_m"][label]) / (stock * (epochs - 1) / epochs)
+
+
+def corpus_figures(corpus: Corpus) -> str:
+    """What the corpus under a verdict is, beside what an RL run is: its length, cut, repeats, token surprisal and
+    ratio-rule lenience curve (`analysis.corpus.quality`), each ℓ's kept share beside the paper's."""
+    figures = quality(corpus)
+    words = [f"{k}={figures[k]:.3f}" for k in ("mean_tokens", "cut_share", "repeated_share") if k in figures]
+    words += [f"{k}={v:.3f}" for k, v in figures.items() if k.startswith("surprisal")]
+    for label, lenience in zip(LENIENCES, PAPER_LENIENCES):
+        if f"kept_spec@{lenience:g}" in figures:
+            words.append(f"kept[ℓ={label}]={figures[f'kept_spec@{lenience:g}']:.3f} (paper {paper_kept(label):.2f})")
+    return " ".join(words) or "no figures"
 
 
 def paper_token_ratio(label: str) -> float:

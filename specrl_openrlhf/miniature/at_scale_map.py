@@ -20,6 +20,7 @@ import time
 
 from ..markdown import table
 from .at_scale_heatmap import draw_map
+from .at_scale_lenience import corpus_figures
 from .at_scale_run import fastest, load_corpus, projections, run_rules, step_price
 from .corpus import PRESETS
 
@@ -34,6 +35,7 @@ def run_map(args, first_corpus, host, started: float) -> int:
     rows, speedups = [], {}
     for name in PRESETS:
         corpus = first_corpus if args.corpus == name else load_corpus(name)
+        print(f"[at-scale] corpus {name}, against an RL run: {corpus_figures(corpus)}")
         cache: dict = {}
         for model in MODELS_MAPPED:
             for gpu in GPUS_MAPPED:

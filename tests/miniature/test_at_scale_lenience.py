@@ -73,3 +73,11 @@ def test_the_curve_prints_kept_of_drafted_and_projected_beside_the_paper(tmp_pat
     for rule in curve_rules().values():
         assert float(fields[f"projected[{rule}]"]) > 0 and float(fields[f"projected_async[{rule}]"]) > 0
     assert fields["corpus"].endswith("c.npz") and fields["model"] == "qwen3-1.7b" and fields["gpu"] == "h100"
+
+
+def test_the_corpus_figures_stand_beside_the_papers(tmp_path):
+    corpus = load_corpus(toy_corpus(tmp_path, scored=True))
+    line = at_scale_lenience.corpus_figures(corpus)
+    for word in ("mean_tokens=", "cut_share=", "repeated_share=", "surprisal_p80=", "kept[ℓ=e^2]="):
+        assert word in line
+    assert f"(paper {paper_kept('1'):.2f})" in line  # ℓ = 1 beside the paper's 26%

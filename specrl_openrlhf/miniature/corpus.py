@@ -40,6 +40,7 @@ class CorpusSettings:
     max_tokens: int = 224
     temperature: float = 0.35  # folded into the weights (`smollm2.sharpen`); sampled at temperature 1
     lr: float = 1e-4
+    token_mean: bool = False  # the loss a mean over the batch's tokens (DAPO's), not over samples
     train_layers: int = 2
     updates: int = 4  # policy-gradient steps between epochs
     prompts_per_update: int = 4  # each on this many prompts' groups of the epoch just recorded
@@ -83,7 +84,8 @@ PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in min
         lr=3e-4,
         updates=2,
         prompts_per_update=8,
-        warm_start_steps=300,
+        token_mean=True,
+        warm_start_steps=600,
         dtype="float32",
     ),
 }
@@ -128,7 +130,9 @@ def record(settings: CorpusSettings, progress=print, checkpoint: Path | None = N
             seed=settings.seed,
         ),
     )
-    trainer = PartialTrainer(policy.model_dir, settings.lr, settings.train_layers, settings.seed, settings.dtype)
+    trainer = PartialTrainer(
+        policy.model_dir, settings.lr, settings.train_layers, settings.seed, settings.dtype, settings.token_mean
+    )
     precision = "float32" if dtype == "float32" and settings.policy == "tiny" else "bfloat16"
     rng = random.Random(settings.seed)
     responses, logprobs, scores = [], [], [_unscored(settings)]

@@ -130,11 +130,15 @@ class GRPOTrainer:
 class PartialTrainer:
     """Policy-gradient steps on the last decoder layers and the final norm of a causal LM (bfloat16 autocast where the
     CPU computes bfloat16 natively, `engine.cpu_dtype`; float32 elsewhere): loss = -mean over samples of A * mean
-    log p(response tokens), A the group-normalised reward (GRPO's)."""
+    log p(response tokens), A the group-normalised reward (GRPO's).
+
+    With `token_mean`, the mean is over the batch's tokens (DAPO's token-level loss) instead: a token that responses of
+    opposite advantage share then cancels, where a mean over each response's tokens pushes it down when the responses
+    that lose are shorter (stopping early, or miscounting a long walk, is then learnt)."""
 
     MICRO_BATCH = 4
 
-    def __init__(self, model_dir: Path, lr: float, layers: int, seed: int, dtype: str = "auto"):
+    def __init__(self, model_dir: Path, lr: float, layers: int, seed: int, dtype: str = "auto", token_mean=False):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -149,6 +153,7 @@ class PartialTrainer:
         trained = [*self.model.model.layers[-layers:].parameters(), self.model.model.norm.weight]
         for parameter in trained:
             parameter.requires_grad_(True)
+        self.token_mean = token_mean
         self.optimizer = torch.optim.Adam(trained, lr=lr)
         self.trained = {name for name, parameter in self.model.named_parameters() if parameter.requires_grad}
 
@@ -174,10 +179,15 @@ class PartialTrainer:
 
         advantages = group_advantages(torch.tensor(rewards), groups)  # [N]
         chosen = [i for i in range(len(rewards)) if advantages[i] != 0 and responses[i]]
+        tokens = sum(len(responses[i]) for i in chosen)
         for start in range(0, len(chosen), self.MICRO_BATCH):
             batch = chosen[start : start + self.MICRO_BATCH]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-                loss = sum(self._sample_loss(prompts[i], responses[i], advantages[i]) for i in batch) / len(chosen)
+                loss = sum(
+                    self._sample_loss(prompts[i], responses[i], advantages[i])
+                    / (tokens if self.token_mean else len(chosen) * len(responses[i]))
+                    for i in batch
+                )
             loss.backward()
         if chosen:
             self.optimizer.step()
@@ -191,7 +201,7 @@ class PartialTrainer:
         hidden = self.model.model(input_ids=ids).last_hidden_state[0, len(prompt) - 1 : -1]  # [R, H]
         logprobs = torch.log_softmax(self.model.lm_head(hidden).float(), dim=-1)  # [R, V]
         taken = logprobs.gather(1, torch.tensor(response)[:, None])[:, 0]  # [R]
-        return -advantage * taken.mean()
+        return -advantage * taken.sum()
 
     def write(self, path: Path, precision: str = "bfloat16") -> str:
         """The weights as a safetensors file for the engine, in `precision` (a float32 engine reading bfloat16

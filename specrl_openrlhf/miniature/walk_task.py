@@ -7,8 +7,8 @@ The number is certain once learned (the line above's less one), the letters are 
 policy's, mostly certain with a fork here and there. A response is long (about 110 lines of 6 tokens, one a character
 with the tiny model's character tokenizer) without looping (numbers never repeat), and each line depends on the one
 above only, at a fixed distance, which a tiny model learns quickly. The warm start imitates a teacher that draws the
-letters at random; RL is rewarded for lines whose two letters match, which the teacher does by chance only, and for
-a walk that counts right and ends at 100.
+letters at random; RL is rewarded for the walk's numbers written with two matching letters, which the teacher does
+by chance only, and for a walk that counts right and ends at 100.
 """
 
 from __future__ import annotations
@@ -66,8 +66,12 @@ def solve(start: int, rng: random.Random) -> str:
 
 
 def reward(text: str, start: int) -> float:
-    """Half for the share of lines whose two letters match, half for a walk that counts down right to 100."""
+    """Half for the share of the walk's numbers written with two matching letters, half for a walk that counts down
+    right to 100. The share is of the numbers the walk should hold, each counted once: a walk that stops early or
+    skips numbers loses their share, one that repeats numbers gains nothing (a share of the lines written would pay
+    short walks, whose share varies most, and RL would learn to stop early)."""
     lines = LINE.findall(text)
-    matched = sum(first == second for _, first, second in lines)
-    counted = [int(n) for n, _, _ in lines] == list(range(start - 1, END - 1, -1))
-    return 0.5 * matched / max(len(lines), 1) + 0.5 * counted
+    expected = range(start - 1, END - 1, -1)
+    matched = {int(n) for n, first, second in lines if first == second} & set(expected)
+    counted = [int(n) for n, _, _ in lines] == list(expected)
+    return 0.5 * len(matched) / len(expected) + 0.5 * counted

@@ -138,7 +138,9 @@ class PartialTrainer:
 
     MICRO_BATCH = 4
 
-    def __init__(self, model_dir: Path, lr: float, layers: int, seed: int, dtype: str = "auto", token_mean=False):
+    def __init__(
+        self, model_dir: Path, lr: float, layers: int, seed: int, dtype: str = "auto", token_mean: bool = False
+    ):
         import torch
         from transformers import AutoModelForCausalLM
 

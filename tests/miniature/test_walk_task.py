@@ -29,7 +29,7 @@ def test_the_recorded_walks_are_long_and_their_letters_are_forks():
 def test_the_reward_pays_each_number_of_the_walk_written_with_matching_letters_and_a_walk_that_ends_at_100():
     assert reward("102aa\n101bb\n100cc\n", 103) == 1.0
     assert reward("102ab\n101bb\n100cc\n", 103) == pytest.approx(0.5 * 2 / 3 + 0.5)
-    assert reward("102aa\n101bb\n", 103) == pytest.approx(0.5 * 2 / 3)  # stopped short: the numbers it left out pay
+    assert reward("102aa\n101bb\n", 103) == pytest.approx(0.5 * 2 / 3)  # stopped short: 100 pays nothing
     assert reward("102aa\n101bb\n101bb\n101cc\n", 103) == pytest.approx(0.5 * 2 / 3)  # a repeat pays nothing more
     assert reward("102aa\n100bb\n99cc\n", 103) == pytest.approx(0.5 * 2 / 3)  # miscounted: 99 is not the walk's
     assert reward("no walk", 103) == 0.0

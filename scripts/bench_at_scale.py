@@ -1,5 +1,5 @@
 """Every rule at RL scale in the simulator, priced where RL runs: a named GPU and model from measured vLLM kernels,
-every row's context, every cost (specrl_openrlhf/miniature/at_scale.py).
+every row's context, every cost (specrl_openrlhf/at_scale/cli.py).
 
     python scripts/bench_at_scale.py                                   # the long corpus, Qwen3-8B on an H100
     python scripts/bench_at_scale.py --corpus short --model qwen3-1.7b --gpu h200
@@ -18,7 +18,7 @@ projected[RULE]=, projected_async[RULE]=, breakeven_host_ms[RULE]= for each spec
 
 import sys
 
-from specrl_openrlhf.miniature.at_scale import main
+from specrl_openrlhf.at_scale.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -326,8 +326,8 @@ async def run(args) -> int:
     )
     projected, fields = {}, "projected=nan projected8=nan missing=curve prefill=none"
     if curve is not None:
+        from specrl_openrlhf.at_scale.host_steps import host_curve
         from specrl_openrlhf.miniature.engine import machine
-        from specrl_openrlhf.miniature.host_steps import host_curve
         from specrl_openrlhf.pricing.measured import rule_cost
 
         host = host_curve(None)

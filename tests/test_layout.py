@@ -4,9 +4,10 @@ outside the package cited.
 
 Every import counts: at module level, inside functions and methods, under `if TYPE_CHECKING`, and
 `importlib.import_module` with a literal name. Layers, lowest first: the core (the package's top-level modules,
-`policies/` and `pricing/`), `request_path/` (engine-free), `analysis/` (offline tools), `integration/` (vLLM, the
-rollout drivers, OpenRLHF), `miniature/` (the experiments on CPU). Entry points (`__main__`, the `grid` and `report`
-commands, `cli/`, `rewards/`) may import any layer."""
+`policies/` and `pricing/`), `request_path/` (engine-free), `simulator/` (the engine simulator, engine-free),
+`analysis/` (offline tools), `integration/` (vLLM, the rollout drivers, OpenRLHF), `miniature/` (the experiments on
+CPU), `at_scale/` (`bench_at_scale.py`: the rules simulated and priced at RL scale). Entry points (`__main__`, the
+`grid` and `report` commands, `cli/`, `rewards/`) may import any layer."""
 
 import ast
 import re
@@ -21,13 +22,8 @@ MAX_TOP_LEVEL_MODULES = 14  # besides __init__ and __main__
 MAX_PROPOSER_LINES = 250
 ENTRY_POINTS = ("specrl_openrlhf.__main__", "specrl_openrlhf.grid", "specrl_openrlhf.report", "specrl_openrlhf.cli")
 # what each layer must not import (the layers above it)
-FORBIDDEN = {
-    "core": ("request_path", "analysis", "integration", "miniature"),
-    "request_path": ("analysis", "integration", "miniature"),
-    "analysis": ("integration", "miniature"),
-    "integration": ("miniature",),
-    "miniature": (),
-}
+LAYERS = ("core", "request_path", "simulator", "analysis", "integration", "miniature", "at_scale")
+FORBIDDEN = {layer: LAYERS[i + 1 :] for i, layer in enumerate(LAYERS)}
 
 
 def modules() -> dict[str, Path]:
@@ -208,7 +204,7 @@ def test_each_layer_imports_only_the_layers_below_it():
 
 def test_engine_free_layers_import_no_engine():
     for name, path in modules().items():
-        if layer_of(name) not in ("core", "request_path", "analysis"):
+        if layer_of(name) not in ("core", "request_path", "simulator", "analysis"):
             continue
         engines = {m for m in module_imports(name, path) if m.split(".")[0] in ENGINE_PACKAGES}  # typing too
         assert not engines, f"{name} imports {sorted(engines)}: move that code to integration/"
@@ -218,7 +214,15 @@ def test_the_folders_show_the_layers():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}"
     assert not (PACKAGE / "integration" / "miniature").exists() and (PACKAGE / "miniature").is_dir()
-    for folder in ("request_path", "analysis", "integration/vllm", "integration/rollout", "integration/openrlhf"):
+    folders = (
+        "request_path",
+        "simulator",
+        "analysis",
+        "integration/vllm",
+        "integration/rollout",
+        "integration/openrlhf",
+    )
+    for folder in (*folders, "at_scale"):
         assert (PACKAGE / folder / "__init__.py").exists(), folder
     for stem in ("proposer", "histories", "engine_args", "rows"):  # the engine's proposer, split by job
         lines = (PACKAGE / "integration" / "vllm" / f"{stem}.py").read_text().count("\n")

@@ -1,4 +1,4 @@
-"""Corpora of RL rollouts for the simulator (`analysis.simulator`): stock generation from a policy trained between
+"""Corpora of RL rollouts for the simulator (`simulator.engine`): stock generation from a policy trained between
 epochs, recorded once; the named ones (`PRESETS`: `short`, `drift`, `long`) ship with the package.
 
 A policy (`corpus_sources`: SmolLM2-135M-Instruct on word problems for `short` and `drift`, the tiny Qwen3 model
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.corpus import Corpus, quality
+from ..simulator.corpus import Corpus, quality
 from . import user_cache
 
 KV_CACHE_CAP = 8 << 30  # long responses: vLLM preempts past it rather than the machine swapping

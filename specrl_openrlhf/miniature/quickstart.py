@@ -51,10 +51,10 @@ def main(argv=None) -> int:
     from transformers.utils import logging as transformers_logging
 
     from ..integration.openrlhf.eval import WORKER_SETUP_HOOK, install_in_worker
+    from ..pricing.measured import shipped_host_curve
     from . import summary
     from .actors import held_out_accuracy, start_group, stop_group
     from .engine import CPU_ENGINE_ENV, dtype_line
-    from .host_steps import host_curve
     from .task import TaskConfig, splits
     from .training import train_group
     from .warm_start import WarmStartConfig
@@ -80,7 +80,9 @@ def main(argv=None) -> int:
         k: v for k, v in vars(args).items() if k not in ("groups", "main_method", "projection_curve", "host_curve")
     }
     args.projection_curve = StepCurve.load(args.curve_file) if args.curve_file else None
-    args.host_curve = host_curve(None, print) if args.curve_file else None  # measured alone, before any engine
+    args.host_curve = shipped_host_curve() if args.curve_file else None
+    if args.host_curve is not None:
+        print(f"[quickstart] host steps: {args.host_curve.describe()}")
     (out / "steps").mkdir(parents=True, exist_ok=True)
     ray.init(
         num_cpus=os.cpu_count(),

@@ -222,14 +222,16 @@ async def run(settings: Settings, progress=print) -> dict:
     import vllm
     from transformers import AutoTokenizer
 
-    from .host_steps import host_curve
+    from ..pricing.measured import shipped_host_curve
     from .real_model_report import format_record
     from .smollm2 import converted
     from .word_problems import chat_prompt, splits
 
     model_dir = converted(temperature=settings.temperature)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    host = host_curve(None, progress) if settings.curve_file else None  # before the engines: measured alone
+    host = shipped_host_curve() if settings.curve_file else None
+    if host is not None:
+        progress(f"[real model] host steps: {host.describe()}")
     curve = StepCurve.load(settings.curve_file) if settings.curve_file else None
     initial = Path(tempfile.mkdtemp(prefix="specrl-real-")) / "initial.safetensors"
     methods = settings.methods(host)

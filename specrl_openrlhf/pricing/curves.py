@@ -281,7 +281,7 @@ class HostCurve:
 
     @classmethod
     def load(cls, path: str | Path) -> HostCurve:
-        data = read_json(path, "host step curve", "leave --host-steps out to measure one here")
+        data = read_json(path, "host step curve", "bench_at_scale.py --host here measures one on this machine")
         return cls.from_data(data, str(path))
 
     def as_data(self) -> dict:

@@ -16,7 +16,8 @@ Terminology:
   each row reads its cache once, at context + t, as vLLM's FlashAttention kernels do with several queries a row (the
   KV read dominates; the extra queries ride in the same tiles), a lower bound. "per_token": t one-query rows, each
   reading the cache (rows x t rows at context + (t + 1) / 2), an upper bound;
-- *KV capacity* (`kv_capacity_tokens`): the KV tokens vLLM's cache holds for the model on the GPU.
+- *KV capacity* (`kv_capacity_tokens`): the KV tokens vLLM's cache holds for the model on the GPU, at vLLM's default
+  `gpu_memory_utilization` (`GPU_MEMORY_UTILIZATION`) or another share of the GPU's memory (`kv_capacity_at`).
 
 `build` tabulates each part once on a grid with aiconfigurator (seconds; cached in process), so that pricing is numpy
 interpolation, and the model travels as JSON data (`as_data`, `from_data`) that needs no aiconfigurator to read.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +79,7 @@ class KernelStepModel:
             dense, decode, prefill = data["dense"], data["decode_attention"], data["prefill_attention"]
             self.device, self.model = str(data["device"]), str(data["model"])
             self.attention, self.kv_capacity_tokens = str(data["attention"]), int(data["kv_capacity_tokens"])
+            self.gpu_memory_bytes = float(data.get("gpu_memory_bytes", math.nan))  # NaN: data of an older build
             self.source = str(data.get("source") or where)
             self.tokens = np.array(dense["tokens"], np.float64)  # [M]
             self.layers = np.array(dense["layers"], np.float64)  # [M] seconds of the dense ops but logits
@@ -122,6 +125,7 @@ class KernelStepModel:
             "source": self.source,
             "attention": self.attention,
             "kv_capacity_tokens": self.kv_capacity_tokens,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
             "dense": {"tokens": self.tokens.tolist(), "layers": self.layers.tolist(), "logits": self.logits.tolist()},
             "decode_attention": {"rows": self.rows.tolist(), "kv": self.kv.tolist(), "seconds": self.decode.tolist()},
             "prefill_attention": {
@@ -131,6 +135,13 @@ class KernelStepModel:
             },
             **({"host": self.host.as_data()} if self.host is not None else {}),
         }
+
+    def kv_capacity_at(self, utilization: float) -> int:
+        """KV tokens the cache holds when the engine takes `utilization` of the GPU's memory (vLLM's
+        `gpu_memory_utilization`)."""
+        if math.isnan(self.gpu_memory_bytes):
+            raise ValueError(f"{self.source}: no GPU memory recorded, so no KV capacity at {utilization}: rebuild it")
+        return kv_capacity_tokens(self.model, self.gpu_memory_bytes, utilization)
 
     def with_host(self, host: HostCurve | None) -> KernelStepModel:
         """This model with the engine's host time per step beside it (a fixed cost of a step in `budget_cost`)."""
@@ -210,15 +221,16 @@ class KernelStepModel:
         return float(out) if out.ndim == 0 else out
 
 
-def kv_capacity_tokens(model: str, memory_bytes: float) -> int:
+def kv_capacity_tokens(model: str, memory_bytes: float, utilization: float = GPU_MEMORY_UTILIZATION) -> int:
     """KV tokens vLLM's cache holds for `model` on a GPU of `memory_bytes`: what is left of its share of the memory
-    (GPU_MEMORY_UTILIZATION) after the bf16 weights and RESERVE_BYTES, over each token's keys and values (bf16)."""
+    (`utilization`, vLLM's `gpu_memory_utilization`) after the bf16 weights and RESERVE_BYTES, over each token's keys
+    and values (bf16)."""
     s = MODELS[model]
     h, d = s["hidden"], s["head_dim"]
     layer = h * (s["heads"] + 2 * s["kv_heads"]) * d + s["heads"] * d * h + 3 * h * s["mlp"] + 2 * h + 2 * d
     weights = 2 * (s["layers"] * layer + (1 if s["tied"] else 2) * s["vocab"] * h + h)
     per_token = 2 * s["layers"] * s["kv_heads"] * d * 2
-    return max(int((memory_bytes * GPU_MEMORY_UTILIZATION - weights - RESERVE_BYTES) // per_token), 0)
+    return max(int((memory_bytes * utilization - weights - RESERVE_BYTES) // per_token), 0)
 
 
 @contextmanager
@@ -297,6 +309,7 @@ def _tables(gpu: str, model: str) -> dict:
         "model": model,
         "source": f"aiconfigurator-core {metadata.version('aiconfigurator-core')}, vLLM {VLLM_VERSION} kernels",
         "kv_capacity_tokens": kv_capacity_tokens(model, float(memory["gpu"]["mem_capacity"])),  # nominal capacity
+        "gpu_memory_bytes": float(memory["gpu"]["mem_capacity"]),
         "dense": {
             "tokens": _TOKENS.tolist(),
             "layers": rise(layers).tolist(),

@@ -1,7 +1,8 @@
 """What an engine step pays besides its forward on a GPU, as measured on this machine and cached per machine: the
 proposers' own time a step (`bench_at_scale.py` measures each, ours and vLLM's, driven as vLLM drives it), and the
-engine's host time per step (`miniature.host_steps` measures it on the tiny model). How a rule's steps are priced
-from them (`rule_cost`).
+engine's host time per step (`at_scale.host_steps` measures it on the tiny model). How a rule's steps are priced
+from them (`rule_cost`). The package ships one host curve (`shipped_host_curve`): the one every published verdict
+uses, measured on the machine it names, so that a verdict rerun anywhere prices the host alike.
 
 The cache is `$SPECRL_MEASURE_CACHE` where set (the test suite points it at a folder of its own), else the user's
 cache (`$XDG_CACHE_HOME/specrl_openrlhf/at_scale`). A cached host curve carries when and how it was taken (`taken`:
@@ -24,6 +25,7 @@ from .curves import HostCurve
 from .projection import RuleCost
 
 CACHE_ENV = "SPECRL_MEASURE_CACHE"
+SHIPPED_HOST = Path(__file__).with_name("host_steps.json")
 HOST_FORMAT = 3  # 3: `taken` recorded; 2: the device's work (forward, logits, sampling) taken out; 1: whole steps
 HOST_MAX_AGE_DAYS = 30
 
@@ -69,6 +71,11 @@ def rule_cost(policy, machine: str) -> RuleCost:
     method = getattr(policy.params, "speculative_config", {}).get("method", policy.name)
     fit = proposer_costs(machine).get(method)
     return RuleCost(False, fit["row_us"], fit["base_us"]) if fit else RuleCost(False, None)
+
+
+def shipped_host_curve() -> HostCurve:
+    """The host step curve shipped with the package (`SHIPPED_HOST`), measured on the machine it names."""
+    return HostCurve.load(SHIPPED_HOST)
 
 
 def host_cache_path(machine: str) -> Path:

@@ -11,11 +11,12 @@ Terminology:
   (stock, the request-path rules) the host's part overlaps the forward; without it (vLLM turns it off for every
   model-free proposer) a step pays the forward, the host's part and the proposer one after another. A projection: it
   keeps the CPU run's schedule and swaps its step times for the GPU's.
-- *the host's part* (`Projection`, `project`): a rule against stock three ways: `projected` (the host paid serially
+- *the host's part* (`Projection`, `project`): a rule against stock four ways: `projected` (the host paid serially
   where the rule turns async scheduling off), `projected_async` (the host hidden, as a drafter that kept async
-  scheduling would get: the proposer still runs serially, it needs the step's sampled tokens) and
-  `breakeven_host_ms` (the host time of a full-batch step at which the rule ties stock). A missing input is named
-  (`missing`), never priced as a silent 0.
+  scheduling would get: the proposer still runs serially, it needs the step's sampled tokens), `projected_no_host`
+  (no host time at all, for stock and the rule: the forward and the proposer alone) and `breakeven_host_ms` (the host
+  time of a full-batch step at which the rule ties stock). A missing input is named (`missing`), never priced as a
+  silent 0.
 
 Core module: numpy only.
 """
@@ -72,6 +73,15 @@ class StepCosts:
     def with_proposer(self, extra) -> StepCosts:
         """These costs with `extra` seconds of the proposer's per step (its history updates, say)."""
         return StepCosts(self.gpu, self.host, self.proposer + np.asarray(extra, np.float64), self.rows)
+
+    def take(self, steps: np.ndarray) -> StepCosts:
+        """These costs at `steps` only ([S] bool, or indices): an epoch's, say."""
+        rows = None if self.rows is None else self.rows[steps]
+        return StepCosts(self.gpu[steps], self.host[steps], self.proposer[steps], rows)
+
+    def without_host(self) -> StepCosts:
+        """These costs with no host time at all."""
+        return StepCosts(self.gpu, np.zeros_like(self.gpu), self.proposer, self.rows)
 
 
 def step_costs(
@@ -241,11 +251,14 @@ class Projection:
     host_ms: float  # the measured host time of a full-batch step (NaN: no host curve)
     missing: tuple[str, ...] = ()
     prefill: str = "measured"
+    projected_no_host: float = math.nan  # stock's seconds over the rule's with no host time for either
 
     def fields(self, rule: str, digits: int = 3) -> str:
-        """`projected[RULE]=.. projected_async[RULE]=.. breakeven_host_ms[RULE]=..`, for a RESULT line."""
+        """`projected[RULE]=.. projected_async[RULE]=.. projected_no_host[RULE]=.. breakeven_host_ms[RULE]=..`, for a
+        RESULT line."""
         return (
             f"projected[{rule}]={self.projected:.{digits}f} projected_async[{rule}]={self.projected_async:.{digits}f} "
+            f"projected_no_host[{rule}]={self.projected_no_host:.{digits}f} "
             f"breakeven_host_ms[{rule}]={self.breakeven_host_ms:.2f}"
         )
 
@@ -261,7 +274,7 @@ class Projection:
         host = "no host time" if "host" in self.missing else f"host {self.host_ms:.2f} ms a full-batch step"
         text = (
             f"{self.projected:.2f} ({host}, paid serially where the rule turns async scheduling off), "
-            f"{self.projected_async:.2f} with the host hidden; {tie}"
+            f"{self.projected_async:.2f} with the host hidden, {self.projected_no_host:.2f} with no host; {tie}"
         )
         notes = ([f"missing={','.join(self.missing)}"] if self.missing else []) + [f"prefill={self.prefill}"]
         return text + " (" + ", ".join(notes) + ")"
@@ -291,6 +304,7 @@ def project(
         host_ms=host_s * 1e3,
         missing=missing,
         prefill=pricing.prefill,
+        projected_no_host=_ratio(stock.without_host().total(True), rule.without_host().total(cost.async_scheduling)),
     )
 
 

@@ -1,4 +1,4 @@
-"""A rule's figures from simulated engine steps (`analysis.simulator`'s records, given here as columns): its steps'
+"""A rule's figures from simulated engine steps (`simulator.engine`'s records, given here as columns): its steps'
 costs, its proposer's time per row at a full batch and over every step, the tail's share, and the proposer's fitted
 cost a step (what the engine benchmarks price it at, `measured.proposer_costs`).
 

@@ -48,7 +48,7 @@ def test_the_recorder_records_a_variant_of_a_preset_only_into_a_file_of_its_own(
 
 @pytest.mark.parametrize("name", sorted(corpus.PRESETS))
 def test_each_shipped_corpus_is_the_recording_of_its_preset_with_its_scoring_pass(name):
-    from specrl_openrlhf.analysis.corpus import Corpus, quality
+    from specrl_openrlhf.simulator.corpus import Corpus, quality
 
     shipped = Corpus.load(corpus.named(name))
     settings = corpus.PRESETS[name]
@@ -68,7 +68,7 @@ def test_each_shipped_corpus_is_the_recording_of_its_preset_with_its_scoring_pas
 
 
 def test_the_drift_corpus_drifts_more_than_the_short_one_it_varies():
-    from specrl_openrlhf.analysis.corpus import Corpus, quality
+    from specrl_openrlhf.simulator.corpus import Corpus, quality
 
     short, drift = (quality(Corpus.load(corpus.named(name))) for name in ("short", "drift"))
     assert all(drift[f"kl_epoch{e}"] > 2 * short[f"kl_epoch{e}"] for e in (1, 2))
@@ -79,7 +79,7 @@ PAPER_KEPT = {1.0: 0.26, 1.2214: 0.60, 1.6487: 0.72, 2.2255: 0.79, 7.389: 0.85} 
 
 @pytest.fixture(scope="module")
 def long_figures():
-    from specrl_openrlhf.analysis.corpus import Corpus, quality
+    from specrl_openrlhf.simulator.corpus import Corpus, quality
 
     shipped = Corpus.load(corpus.named("long"))
     return shipped, quality(shipped)
@@ -124,7 +124,7 @@ class Trainer:  # what the checkpoint keeps of `grpo.PartialTrainer`: its state
 
 
 def test_a_checkpoint_resumes_the_epochs_the_sampler_and_the_trainer_and_refuses_another_recordings(tmp_path):
-    from specrl_openrlhf.analysis.corpus import Corpus
+    from specrl_openrlhf.simulator.corpus import Corpus
 
     settings = corpus.CorpusSettings(prompts=1, samples=2, epochs=3)
     logprobs = [[[np.full(2, -0.5, np.float32), np.full(1, -0.25, np.float32)]]]

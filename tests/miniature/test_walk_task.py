@@ -5,8 +5,8 @@ import statistics
 
 import pytest
 
-from specrl_openrlhf.analysis.corpus import repeated_tokens
 from specrl_openrlhf.miniature.walk_task import WARM_START_RUN, WalkTaskConfig, reward, solve
+from specrl_openrlhf.simulator.corpus import repeated_tokens
 
 
 def test_the_teachers_walk_counts_down_to_100_with_two_letters_a_line():

@@ -138,9 +138,10 @@ def costs_of(gpu, host, proposer=0.0, rows=64.0):
 FLAT_HOST = HostCurve([{"rows": 32, "seconds": 0.002}, {"rows": 64, "seconds": 0.002}])
 
 
-def test_the_host_is_shown_three_ways_and_the_tie_solved_by_hand():
+def test_the_host_is_shown_four_ways_and_the_tie_solved_by_hand():
     """Stock: two 10 ms steps, 2 ms of host each, hidden. The rule: one 12 ms step, its 2 ms host paid serially and
-    1 ms of proposer: 13 + 2h ms against stock's 20 ms ties at h = 3.5, 7 ms of host a full-batch step."""
+    1 ms of proposer: 13 + 2h ms against stock's 20 ms ties at h = 3.5, 7 ms of host a full-batch step; with no host,
+    13 ms against 20."""
     pricing = Pricing(StepCurve(TINY, prefill=TINY_PREFILL), host=FLAT_HOST)
     stock, rule = costs_of([0.010, 0.010], [0.002, 0.002]), costs_of([0.012], [0.002], proposer=0.001)
     p = project(stock, rule, RuleCost(False, 1.0), pricing, full_rows=64)
@@ -148,8 +149,10 @@ def test_the_host_is_shown_three_ways_and_the_tie_solved_by_hand():
     assert p.breakeven_host_ms == pytest.approx(7.0) and p.wins_below and p.host_ms == pytest.approx(2.0)
     assert p.missing == () and p.prefill == "measured"
     assert p.fields("lossless") == (
-        "projected[lossless]=1.333 projected_async[lossless]=1.538 breakeven_host_ms[lossless]=7.00"
+        "projected[lossless]=1.333 projected_async[lossless]=1.538 projected_no_host[lossless]=1.538 "
+        "breakeven_host_ms[lossless]=7.00"
     )
+    assert p.projected_no_host == pytest.approx(0.020 / 0.013)
     assert "ties stock at 7.00 ms of host a full-batch step, wins below it" in p.describe()
 
 

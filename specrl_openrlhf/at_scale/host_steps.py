@@ -44,8 +44,8 @@ def measure_host_steps(rows=HOST_ROWS, progress=print) -> HostCurve:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from .engine import cpu_engine_kwargs, machine, use_cpu_engine_env
-    from .tiny_model import build_tiny_model
+    from ..miniature.engine import cpu_engine_kwargs, machine, use_cpu_engine_env
+    from ..miniature.tiny_model import build_tiny_model
 
     use_cpu_engine_env()
     multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
@@ -81,7 +81,7 @@ def host_curve(path: str | None, progress=print, cache: bool = True) -> HostCurv
         curve = HostCurve.load(path)
         progress(f"[host steps] {curve.describe()}")
         return curve
-    from .engine import machine
+    from ..miniature.engine import machine
 
     here = machine()
     curve, why = measured.cached_host_curve(here) if cache else (None, "not read: cache=False")

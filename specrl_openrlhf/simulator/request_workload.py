@@ -1,4 +1,4 @@
-"""The request path replayed on a recorded corpus: a `Workload` for the simulator (`analysis.simulator`) that sends,
+"""The request path replayed on a recorded corpus: a `Workload` for the simulator (`simulator.engine`) that sends,
 each RL step, the scoring requests and continuations the request path's driver (`integration.request_path`) sends,
 cut as its rule would cut them.
 

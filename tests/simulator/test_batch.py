@@ -1,8 +1,8 @@
-"""The persistent batch as a proposer reads it (`analysis.batch`): rows keep their slots as vLLM's `InputBatch` moves
+"""The persistent batch as a proposer reads it (`simulator.batch`): rows keep their slots as vLLM's `InputBatch` moves
 them."""
 
-from specrl_openrlhf.analysis.batch import BatchView
-from specrl_openrlhf.analysis.requests import Request
+from specrl_openrlhf.simulator.batch import BatchView
+from specrl_openrlhf.simulator.requests import Request
 
 
 def test_rows_keep_their_slots_as_vllms_persistent_batch_moves_them():

@@ -39,12 +39,12 @@ from __future__ import annotations
 import gc
 import random
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from ..params import is_integer
+from ..params import check_fields, limits
 from .batch import BatchView
 from .corpus import Corpus
 from .requests import Request, Samples, Workload, cached_tokens
@@ -52,36 +52,25 @@ from .requests import Request, Samples, Workload, cached_tokens
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
-    """The RL loop and the engine: `prompts_per_step` prompts x the corpus's samples per RL step, every prompt once
-    an epoch (in a seeded shuffle), on one engine of `max_num_seqs` rows whose KV cache holds `kv_capacity_tokens`
-    (None: unbounded)."""
+    """The RL loop and the engine as the simulator runs them, in simulated rows (`regime.Regime.schedule` divides a
+    GPU's engine by the scale at which a simulated row stands for several of its rows)."""
 
-    max_num_seqs: int = 512
-    prompts_per_step: int = 32
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = field(default=512, metadata=limits(at_least=1))
+    """Rows the engine decodes at once."""
+    prompts_per_step: int = field(default=32, metadata=limits(at_least=1))
+    """Prompts an RL step sends, each with the corpus's samples; every prompt comes once an epoch, in a seeded
+    shuffle (`steps_of`)."""
+    max_num_batched_tokens: int = field(default=8192, metadata=limits(at_least=1))
+    """Tokens a step carries, every decoding row's sampled token and draft and every prefill chunk."""
     seed: int = 0
-    kv_capacity_tokens: int | None = None
+    """The shuffle of an epoch's prompts into RL steps."""
+    kv_capacity_tokens: int | None = field(default=None, metadata=limits(at_least=1))
+    """Tokens the KV cache holds (None: unbounded)."""
     prefix_caching: bool = True
+    """vLLM's prefix cache: cached prompt blocks are read, not prefilled."""
 
     def __post_init__(self):
-        if not isinstance(self.prefix_caching, bool):
-            raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
-        for name in ("max_num_seqs", "prompts_per_step", "max_num_batched_tokens", "kv_capacity_tokens"):
-            value = getattr(self, name)
-            if name == "kv_capacity_tokens" and value is None:
-                continue
-            if not is_integer(value) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-    def scaled(self, scale: int, kv_capacity_tokens: int | None = None) -> Schedule:
-        """This schedule for simulated rows that each stand for `scale` of the GPU's: the GPU's KV capacity
-        (`kv_capacity_tokens`, None: unbounded) and token budget over `scale` (at least 1 each), so that a step priced
-        at rows x `scale` holds and carries no more than the GPU's engine would."""
-        if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
-            raise ValueError(f"scale must be a positive integer, got {scale!r}")
-        capacity = None if kv_capacity_tokens is None else max(kv_capacity_tokens // scale, 1)
-        budget = max(self.max_num_batched_tokens // scale, 1)
-        return replace(self, kv_capacity_tokens=capacity, max_num_batched_tokens=budget)
+        check_fields(self)
 
     def steps_of(self, epoch: int, prompts: int) -> list[list[int]]:
         """The prompts of each RL step of an epoch."""
@@ -116,6 +105,7 @@ class StepRecord:
     accepted: int
     proposer_s: float  # this machine's wall time of the proposer's `propose` after this step
     rl_step: int
+    epoch: int = 0  # the corpus's epoch the RL step belongs to
     register_s: float = 0.0  # and of the history updates before it (a visit's start, finished samples)
     decode_context: int = 0  # the decoding rows' tokens in the KV cache before the step, summed
     prefill_context: int = 0  # the prefilling rows' tokens in the KV cache before the step (cached, chunks before)
@@ -133,6 +123,7 @@ class Simulation:
     response_tokens: int = 0
     kept_outside: int = 0
     peak_kv: int = 0  # the most KV tokens the running rows held at once (a capacity above it changes nothing)
+    epoch_tokens: dict[int, tuple[int, int]] = field(default_factory=dict)  # epoch: (response tokens, kept outside)
 
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(r, name) for r in self.records])
@@ -144,6 +135,12 @@ class Simulation:
     @property
     def kept(self) -> float:
         return (self.accepted + self.kept_outside) / max(self.response_tokens, 1)
+
+    def kept_in(self, epoch: int) -> float:
+        """The share of `epoch`'s response tokens kept from drafts, in the engine or outside it."""
+        tokens, outside = self.epoch_tokens.get(epoch, (0, 0))
+        accepted = sum(r.accepted for r in self.records if r.epoch == epoch)
+        return (accepted + outside) / max(tokens, 1)
 
 
 class EngineSimulator:
@@ -171,11 +168,13 @@ class EngineSimulator:
         gc.disable()  # the simulator's own garbage is not the proposer's time: no collection lands in a timed call
         try:
             for epoch in range(first_epoch, self.corpus.epochs):
+                tokens, kept = out.response_tokens, self.workload.kept
                 for prompts in self.schedule.steps_of(epoch, len(self.corpus.prompts)):
                     self._rl_step(epoch, prompts, rl_step, out)
                     rl_step += 1
                     if progress is not None:
                         progress(rl_step)
+                out.epoch_tokens[epoch] = (out.response_tokens - tokens, self.workload.kept - kept)
         finally:
             gc.enable()
         out.kept_outside = self.workload.kept
@@ -221,7 +220,7 @@ class EngineSimulator:
                     continue
                 return
             record = self._engine_step(batch, self._fit_drafts(batch.rows), rl_step)
-            record.preempted = len(preempted)
+            record.preempted, record.epoch = len(preempted), epoch
             out.records.append(record)
             done = {request.id for request in batch.rows if request.finished}
             start = self.clock()

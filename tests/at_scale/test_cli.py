@@ -1,4 +1,4 @@
-"""bench_at_scale (`miniature.at_scale`): bad input is one clear error before anything runs, and the simulator's
+"""bench_at_scale (`at_scale.cli`): bad input is one clear error before anything runs, and the simulator's
 schedule matches what a real engine ran on the same responses."""
 
 import json
@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from specrl_openrlhf.analysis.corpus import Corpus
-from specrl_openrlhf.analysis.simulator import EngineSimulator, Schedule
-from specrl_openrlhf.miniature import at_scale, at_scale_run
-from specrl_openrlhf.miniature.sim_proposers import Stock
+from specrl_openrlhf.at_scale import cli, run
+from specrl_openrlhf.at_scale.proposers import Stock
+from specrl_openrlhf.simulator.corpus import Corpus
+from specrl_openrlhf.simulator.engine import EngineSimulator, Schedule
 
 
 def toy_corpus(tmp_path, scored=False):
@@ -40,22 +40,22 @@ def toy_corpus(tmp_path, scored=False):
 def test_bad_input_is_one_clear_error(argv, message, capsys, tmp_path):
     corpus = [] if "--corpus" in argv else ["--corpus", toy_corpus(tmp_path, scored=True)]
     with pytest.raises(SystemExit) as stop:
-        at_scale.parse_args(corpus + argv)
+        cli.parse_args(corpus + argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_a_ratio_rule_on_a_corpus_without_its_scoring_pass_says_how_to_record_one(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        at_scale.parse_args(["--corpus", toy_corpus(tmp_path), "--rules", "off,exact"])
+        cli.parse_args(["--corpus", toy_corpus(tmp_path), "--rules", "off,exact"])
     assert "has no scoring pass" in capsys.readouterr().err
 
 
 def test_validate_runs_the_rules_named_and_names_those_it_cannot_check():
-    from specrl_openrlhf.miniature.at_scale_validate import validated
+    from specrl_openrlhf.at_scale.validate import validated
 
     checked, skipped = validated(["off", "lossless:requests", "exact"])
     assert checked == {"off": "off", "lossless(verify=requests)": "lossless:requests"} and skipped == ["exact"]
-    assert list(validated(list(at_scale.RULES))[0].values()) == ["off", "lossless", "suffix", "lossless:requests"]
+    assert list(validated(list(cli.RULES))[0].values()) == ["off", "lossless", "suffix", "lossless:requests"]
 
 
 def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys):
@@ -63,8 +63,8 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
     rules = "off,lossless,lossless:requests,spec@1.65,exact"
-    argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host-steps", str(host), "--rules", rules]
-    assert at_scale.main([*argv, "--prompts-per-step", "2", "--max-num-seqs", "8"]) == 0
+    argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--rules", rules]
+    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8"]) == 0
     result = capsys.readouterr().out.splitlines()[-1]
     assert result.startswith("RESULT ")
     fields = dict(item.split("=", 1) for item in result.split()[1:])
@@ -74,7 +74,10 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     assert float(fields["projected[off]"]) == 1.0 and float(fields["forward_s[off]"]) > float(fields["prefill_s[off]"])
     assert fields["missing"] == "none" and fields["model"] == "qwen3-8b" and fields["gpu"] == "h100"
     assert fields["prefix_caching"] == "on"  # every rule's schedule: the request path needs the cache
-    assert at_scale.parse_args([*argv, "--prefix-caching", "off"]).schedule.prefix_caching is False
+    assert fields["regime"] == "openrlhf+custom" and fields["max_num_seqs"] == "8" and fields["scale"] == "1"
+    assert cli.parse_args([*argv, "--prefix-caching", "off"]).cell.regime.prefix_caching is False
+    for reading in ("projected", "projected_async", "projected_no_host"):  # and each drafted epoch's
+        assert f"{reading}[exact]" in fields and ("projected_e1[exact]" in fields) and "kept_e1[exact]" in fields
     # the fastest rule by each host reading, stock included, and its lead over the runner-up
     for reading, suffix in (("projected", ""), ("projected_async", "_async")):
         leader = fields[f"fastest{suffix}"]
@@ -92,8 +95,8 @@ def test_a_memory_budget_too_small_for_one_step_is_refused(tmp_path, capsys, mon
     monkeypatch.setattr(Arena, "BYTES_PER_NODE", 1 << 20)  # a MiB a token: 1 MiB holds less than a step
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
-    argv = ["--corpus", toy_corpus(tmp_path), "--host-steps", str(host), "--rules", "off,lossless"]
-    assert at_scale.main([*argv, "--params", '{"history_mb": 1}']) == 2
+    argv = ["--corpus", toy_corpus(tmp_path), "--host", str(host), "--rules", "off,lossless"]
+    assert cli.main([*argv, "--params", '{"history_mb": 1}']) == 2
     assert "history_mb=1 is too small for one RL step's histories" in capsys.readouterr().err
 
 
@@ -132,19 +135,23 @@ def test_the_schedule_replays_what_an_engine_ran(async_engine):
 
 
 def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_path, monkeypatch):
-    """At --scale 4 a simulated step stands for 4 of the GPU's: its token budget and KV capacity are the engine's
-    over 4, so no priced step carries more than vLLM's max_num_batched_tokens."""
+    """16 requests an engine on a corpus of 4 a step: a simulated row stands for 4 of the GPU's, so its rows, token
+    budget and KV capacity are the engine's over 4, and no priced step carries more than vLLM's
+    max_num_batched_tokens."""
     pytest.importorskip("aiconfigurator_core")
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
-    args = at_scale.parse_args(["--corpus", toy_corpus(tmp_path), "--rules", "off", "--scale", "4"])
+    argv = ["--corpus", toy_corpus(tmp_path), "--rules", "off", "--requests-per-engine", "16", "--host", str(host)]
+    args = cli.parse_args(argv)
     schedules = []
-    simulate = at_scale_run.simulate
+    simulate = run.simulate
     monkeypatch.setattr(
-        at_scale_run,
+        run,
         "simulate",
         lambda rule, corpus, schedule, *rest: schedules.append(schedule) or simulate(rule, corpus, schedule, *rest),
     )
-    at_scale_run.run_rules(args, args.loaded, "qwen3-8b", "h100", at_scale.HostCurve.load(host), {})
-    _, capacity = at_scale_run.step_price(args, "qwen3-8b", "h100")
-    assert [(s.max_num_batched_tokens, s.kv_capacity_tokens) for s in schedules] == [(8192 // 4, capacity // 4)]
+    run.run_rules(args.rules, args.loaded, args.cell, args.host, {})
+    _, capacity = args.cell.price()
+    assert [(s.max_num_seqs, s.max_num_batched_tokens, s.kv_capacity_tokens) for s in schedules] == [
+        (128 // 4, 2048 // 4, capacity // 4)
+    ]

@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 
 DEFAULT_IMAGE = Path("docs/img/at_scale_map.png")
-PANELS = ("host measured here (projected)", "host hidden (projected_async)")
+PANELS = ("host measured (projected)", "host hidden (projected_async)", "no host (projected_no_host)")
 
 
 def speedup_grid(speedups: dict[tuple, dict[str, tuple[float, float]]]) -> tuple[list[str], list[tuple], np.ndarray]:
     """(the rules, stock left out; the cells; [2, rules, cells] float64, NaN where a cell has no such rule).
 
-    >>> rules, cells, grid = speedup_grid({("short", "m", "g"): {"off": (1.0, 1.0), "exact": (1.2, 1.3)}})
+    >>> rules, cells, grid = speedup_grid({("short", "m", "g"): {"off": (1.0, 1.0, 1.0), "exact": (1.2, 1.3, 1.4)}})
     >>> rules, cells, grid[:, 0, 0].tolist()
-    (['exact'], [('short', 'm', 'g')], [1.2, 1.3])
+    (['exact'], [('short', 'm', 'g')], [1.2, 1.3, 1.4])
     """
     cells = list(speedups)
     rules = list(dict.fromkeys(r for cell in speedups.values() for r in cell if r != "off"))

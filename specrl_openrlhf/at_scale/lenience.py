@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import time
 
-from ..analysis.corpus import PAPER_LENIENCES, Corpus, quality
-from ..analysis.request_replay import request_workload
 from ..markdown import numbers, table
-from .at_scale_run import projections, run_rules, step_price
+from ..simulator.corpus import PAPER_LENIENCES, Corpus, quality
+from ..simulator.request_workload import request_workload
+from .run import Cell, projections, run_rules
 
 # The SPEC-RL paper's ablation on lenience (its table "Ablation on lenience": Qwen3-1.7B, GRPO, DeepMath-6K, 15
 # epochs): the rollout tokens generated at stock and at each ℓ.
@@ -48,7 +48,7 @@ def paper_kept(label: str) -> float:
 
 def corpus_figures(corpus: Corpus) -> str:
     """What the corpus under a verdict is, beside what an RL run is: its length, cut, repeats, token surprisal and
-    ratio-rule lenience curve (`analysis.corpus.quality`), each ℓ's kept share beside the paper's."""
+    ratio-rule lenience curve (`simulator.corpus.quality`), each ℓ's kept share beside the paper's."""
     figures = quality(corpus)
     words = [f"{k}={figures[k]:.3f}" for k in ("mean_tokens", "cut_share", "repeated_share") if k in figures]
     words += [f"{k}={v:.3f}" for k, v in figures.items() if k.startswith("surprisal")]
@@ -77,12 +77,12 @@ def kept_of_drafted(rule: str, corpus: Corpus) -> tuple[int, int]:
     return kept, generated
 
 
-def lenience_curve(args, corpus: Corpus, host, started: float) -> int:
-    """Prints the curve for `args.model` on `args.gpu` (`args.rules`: off and `curve_rules`), then its RESULT line."""
+def lenience_curve(corpus_name: str, corpus: Corpus, cell: Cell, host, started: float) -> int:
+    """Prints the curve in `cell` (off and `curve_rules`), then its RESULT line."""
     rules = curve_rules()
-    runs = run_rules(args, corpus, args.model, args.gpu, host, {})
-    price, _ = step_price(args, args.model, args.gpu)
-    result = projections(runs, host, price, args.schedule.max_num_seqs)
+    runs = run_rules(["off", *rules.values()], corpus, cell, host, {})
+    price, _ = cell.price()
+    result = projections(runs, host, price, cell.regime.max_num_seqs)
     rows, fields = [], []
     for label, rule in rules.items():
         kept_tokens, generated = kept_of_drafted(rule, corpus)
@@ -103,14 +103,14 @@ def lenience_curve(args, corpus: Corpus, host, started: float) -> int:
         )
     head = ["ℓ", "rule", "kept of drafted", "paper's kept", "paper's tokens / stock", "projected", "projected_async"]
     print(
-        f"[at-scale] the lenience curve on {args.corpus}, {args.model} on {args.gpu}; "
-        f"the paper: {PAPER_LENIENCE['source']}"
+        f"[at-scale] the lenience curve on {corpus_name}, {cell.model} on {cell.gpu}, regime "
+        f"{cell.regime.describe()}; the paper: {PAPER_LENIENCE['source']}"
     )
     print(table(head, rows, numbers(2, len(head))))
     print(
         "RESULT "
         + " ".join(fields)
-        + f" host_ms={result['off'].host_ms:.3f} corpus={args.corpus} model={args.model} gpu={args.gpu} "
-        f"wall_s={time.perf_counter() - started:.0f}"
+        + f" host_ms={result['off'].host_ms:.3f} corpus={corpus_name} model={cell.model} gpu={cell.gpu} "
+        f"{cell.regime.fields()} wall_s={time.perf_counter() - started:.0f}"
     )
     return 0

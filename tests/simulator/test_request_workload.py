@@ -1,14 +1,15 @@
-"""The request path replayed on a corpus (`analysis.request_replay`): `lossless`'s cuts against the planner's own under
-the one-hot coupling, the ratio rules' cuts by hand, and the schedule of rounds and continuations in the simulator."""
+"""The request path replayed on a corpus (`simulator.request_workload`): `lossless`'s cuts against the planner's own
+under the one-hot coupling, the ratio rules' cuts by hand, and the schedule of rounds and continuations in the
+simulator."""
 
 import numpy as np
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.analysis.corpus import Corpus
-from specrl_openrlhf.analysis.request_replay import NoDrafts, RequestReplay, request_workload, uniforms
-from specrl_openrlhf.analysis.requests import BLOCK_TOKENS, Samples
-from specrl_openrlhf.analysis.simulator import EngineSimulator, Schedule
+from specrl_openrlhf.simulator.corpus import Corpus
+from specrl_openrlhf.simulator.engine import EngineSimulator, Schedule
+from specrl_openrlhf.simulator.request_workload import NoDrafts, RequestReplay, request_workload, uniforms
+from specrl_openrlhf.simulator.requests import BLOCK_TOKENS, Samples
 
 MAX_TOKENS = 8
 PROMPTS = [list(range(100, 120)), list(range(200, 220))]  # 20 tokens: one whole cache block each

@@ -1,4 +1,4 @@
-"""The map (`miniature.at_scale_map`): each cell names the fastest rule by each host reading and `lossless`'s best
+"""The map (`at_scale.map`): each cell names the fastest rule by each host reading and `lossless`'s best
 path against `exact` and suffix decoding."""
 
 import json
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specrl_openrlhf.miniature.at_scale_map import cell, map_table
+from specrl_openrlhf.at_scale.map import cell, map_table
 from specrl_openrlhf.pricing.projection import Projection
 
 
@@ -28,7 +28,7 @@ def test_a_cell_names_the_fastest_rule_by_each_host_reading_and_lossless_against
     assert c["lossless_path"] == "lossless:requests" and c["lossless"] == 0.9 and c["breakeven_host_ms"] == 1300.0
     assert c["over_exact"] == pytest.approx(0.75) and c["over_suffix"] == pytest.approx(2.0)
     table = map_table([c])
-    row = "| long | qwen3-8b | h100 | exact | 1.20 | lossless | 1.30 | lossless:requests | 0.90 | 0.75 | 2.00 |"
+    row = "| long | openrlhf | qwen3-8b | h100 | exact | 1.20 | 1.20 | lossless | 1.30 | 1.08 |"
     assert row in table
 
 
@@ -59,19 +59,20 @@ def test_the_engine_paths_per_token_bound_sits_beside_it_and_never_wins_a_cell()
 def test_the_map_runs_each_cell_and_draws_its_picture(tmp_path, capsys, monkeypatch):
     pytest.importorskip("aiconfigurator_core")
     pytest.importorskip("matplotlib")
-    from specrl_openrlhf.miniature import at_scale, at_scale_map
+    from specrl_openrlhf.at_scale import cli, map
 
-    from .test_at_scale import toy_corpus
+    from .test_cli import toy_corpus
 
     corpus = toy_corpus(tmp_path, scored=True)
-    monkeypatch.setattr(at_scale_map, "PRESETS", (corpus,))  # one cell: the toy corpus, one model, one GPU
-    monkeypatch.setattr(at_scale_map, "MODELS_MAPPED", ("qwen3-1.7b",))
-    monkeypatch.setattr(at_scale_map, "GPUS_MAPPED", ("h100",))
+    monkeypatch.setattr(map, "PRESETS", (corpus,))  # one cell: the toy corpus, one model, one GPU
+    monkeypatch.setattr(map, "MODELS_MAPPED", ("qwen3-1.7b",))
+    monkeypatch.setattr(map, "GPUS_MAPPED", ("h100",))
+    monkeypatch.setattr(map, "REGIMES_MAPPED", ("openrlhf",))
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
     image = tmp_path / "map.png"
-    argv = ["--corpus", corpus, "--host-steps", str(host), "--rules", "off,lossless,exact", "--map"]
-    assert at_scale.main([*argv, "--map-image", str(image), "--prompts-per-step", "2", "--max-num-seqs", "8"]) == 0
+    argv = ["--corpus", corpus, "--host", str(host), "--rules", "off,lossless,exact", "--map"]
+    assert cli.main([*argv, "--map-image", str(image), "--requests-per-engine", "4", "--max-num-seqs", "8"]) == 0
     lines = capsys.readouterr().out.splitlines()
     cells = [dict(item.split("=", 1) for item in line.split()[1:]) for line in lines if line.startswith("MAP ")]
     assert len(cells) == 1 and cells[0]["model"] == "qwen3-1.7b"

@@ -1,10 +1,10 @@
-"""Corpora (`analysis.corpus`): the file and its errors, the log-probs and scoring pass a ratio rule replays, and
+"""Corpora (`simulator.corpus`): the file and its errors, the log-probs and scoring pass a ratio rule replays, and
 the quality figures that say whether a corpus is what RL sees."""
 
 import numpy as np
 import pytest
 
-from specrl_openrlhf.analysis.corpus import PAPER_LENIENCES, Corpus, quality, repeated_tokens, spec_kept
+from specrl_openrlhf.simulator.corpus import PAPER_LENIENCES, Corpus, quality, repeated_tokens, spec_kept
 
 
 def scored_toy():
@@ -101,8 +101,8 @@ def test_spec_kept_is_the_expected_prefix_a_ratio_rule_keeps_of_the_drafted_epoc
 def test_spec_kept_is_what_the_request_path_replay_keeps_on_the_shipped_long_corpus():
     """The replay (`request_replay`, what bench_at_scale prices) draws the uniforms; its share of the drafted
     epochs' tokens is spec_kept's expectation up to sampling noise."""
-    from specrl_openrlhf.analysis.request_replay import RequestReplay
     from specrl_openrlhf.miniature.corpus import named
+    from specrl_openrlhf.simulator.request_workload import RequestReplay
 
     long = Corpus.load(named("long"))
     for lenience in PAPER_LENIENCES:

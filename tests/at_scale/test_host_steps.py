@@ -1,4 +1,4 @@
-"""miniature/host_steps.py: the host's time per step, measured once per machine (the device's work timed out of each
+"""at_scale/host_steps.py: the host's time per step, measured once per machine (the device's work timed out of each
 step), cached with when and how it was taken, and named wherever it is used."""
 
 import json
@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specrl_openrlhf.miniature import engine, host_steps
+from specrl_openrlhf.at_scale import host_steps
+from specrl_openrlhf.miniature import engine
 from specrl_openrlhf.pricing import measured
 from specrl_openrlhf.pricing.curves import HostCurve
 

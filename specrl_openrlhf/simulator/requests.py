@@ -1,4 +1,4 @@
-"""The requests a simulated RL step sends to the engine, and each one's state in flight (`analysis.simulator` runs
+"""The requests a simulated RL step sends to the engine, and each one's state in flight (`simulator.engine` runs
 them).
 
 Terminology:

@@ -1,8 +1,8 @@
-"""The requests a simulated RL step sends (`analysis.requests`): whole blocks from the prefix cache, never a prompt's
+"""The requests a simulated RL step sends (`simulator.requests`): whole blocks from the prefix cache, never a prompt's
 last token; a prompt's samples sent together prefill it once."""
 
-from specrl_openrlhf.analysis.corpus import Corpus
-from specrl_openrlhf.analysis.requests import BLOCK_TOKENS, Request, Samples, cached_tokens, samples_of
+from specrl_openrlhf.simulator.corpus import Corpus
+from specrl_openrlhf.simulator.requests import BLOCK_TOKENS, Request, Samples, cached_tokens, samples_of
 
 
 def test_the_prefix_cache_serves_whole_blocks_short_of_the_last_token():

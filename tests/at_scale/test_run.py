@@ -1,10 +1,10 @@
-"""The rules run and priced (`miniature.at_scale_run`): the fastest rule and its margin by each host reading."""
+"""The rules run and priced (`at_scale.run`): the fastest rule and its margin by each host reading."""
 
 import doctest
 import math
 
-from specrl_openrlhf.miniature import at_scale_run
-from specrl_openrlhf.miniature.at_scale_run import fastest
+from specrl_openrlhf.at_scale import run
+from specrl_openrlhf.at_scale.run import fastest
 from specrl_openrlhf.pricing.projection import Projection
 
 
@@ -13,7 +13,7 @@ def projection(projected: float, projected_async: float) -> Projection:
 
 
 def test_doctests():
-    assert doctest.testmod(at_scale_run).failed == 0
+    assert doctest.testmod(run).failed == 0
 
 
 def test_the_fastest_rule_is_read_per_host_and_its_margin_is_over_the_runner_up():

@@ -1,4 +1,4 @@
-"""The proposers as the simulator (`analysis.simulator`) drives them, as vLLM drives them: our engine proposer
+"""The proposers as the simulator (`simulator.engine`) drives them, as vLLM drives them: our engine proposer
 (`HistoryProposer`, its histories registered as the rollout registers them: the prompt's previous epoch when its visit
 starts, each finished sample after), vLLM's `SuffixDecodingProposer` (arctic-inference's cache) and `NgramProposer`,
 each built from a stand-in of the `VllmConfig` fields it reads and called with the simulator's stand-in of the
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..analysis.batch import BatchView
-from ..analysis.corpus import Corpus
-from ..analysis.requests import Request
-from ..analysis.simulator import Schedule
 from ..pricing.curves import StepCurve
+from ..simulator.batch import BatchView
+from ..simulator.corpus import Corpus
+from ..simulator.engine import Schedule
+from ..simulator.requests import Request
 
 SUFFIX_DEPTH, NGRAM_K = 24, 8  # vLLM's defaults (suffix: its tree's depth and k; n-gram: our k)
 

@@ -1,4 +1,4 @@
-"""The lenience curve (`miniature.at_scale_lenience`): spec@ℓ from ℓ = 1 to ∞, kept of the drafted epochs and
+"""The lenience curve (`at_scale.lenience`): spec@ℓ from ℓ = 1 to ∞, kept of the drafted epochs and
 projected, beside the SPEC-RL paper's ablation."""
 
 import doctest
@@ -6,21 +6,21 @@ import json
 
 import pytest
 
-from specrl_openrlhf.miniature import at_scale, at_scale_lenience
-from specrl_openrlhf.miniature.at_scale_lenience import (
+from specrl_openrlhf.at_scale import cli, lenience
+from specrl_openrlhf.at_scale.lenience import (
     LENIENCES,
     PAPER_LENIENCE,
     curve_rules,
     kept_of_drafted,
     paper_kept,
 )
-from specrl_openrlhf.miniature.at_scale_run import load_corpus
+from specrl_openrlhf.at_scale.run import load_corpus
 
-from .test_at_scale import toy_corpus
+from .test_cli import toy_corpus
 
 
 def test_doctests():
-    assert doctest.testmod(at_scale_lenience).failed == 0
+    assert doctest.testmod(lenience).failed == 0
 
 
 def test_the_curve_runs_the_papers_five_leniences_then_full():
@@ -44,10 +44,10 @@ def test_kept_of_drafted_counts_the_cut_kept_and_the_continuation_generated(tmp_
 
 
 def test_the_curve_replaces_rules_and_needs_a_scoring_pass(tmp_path, capsys):
-    args = at_scale.parse_args(["--corpus", toy_corpus(tmp_path, scored=True), "--lenience-curve", "--rules", "off"])
+    args = cli.parse_args(["--corpus", toy_corpus(tmp_path, scored=True), "--lenience-curve", "--rules", "off"])
     assert args.rules == ["off", *curve_rules().values()]
     with pytest.raises(SystemExit):
-        at_scale.parse_args(["--corpus", toy_corpus(tmp_path), "--lenience-curve"])
+        cli.parse_args(["--corpus", toy_corpus(tmp_path), "--lenience-curve"])
     assert "has no scoring pass" in capsys.readouterr().err
 
 
@@ -55,8 +55,8 @@ def test_the_curve_prints_kept_of_drafted_and_projected_beside_the_paper(tmp_pat
     pytest.importorskip("aiconfigurator_core")
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
-    argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host-steps", str(host), "--lenience-curve"]
-    assert at_scale.main([*argv, "--prompts-per-step", "2", "--max-num-seqs", "8", "--model", "qwen3-1.7b"]) == 0
+    argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--lenience-curve"]
+    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8", "--model", "qwen3-1.7b"]) == 0
     out = capsys.readouterr().out
     assert "| ∞ (full) | spec@inf |" in out and "| 26% |" in out
     fields = dict(item.split("=", 1) for item in out.splitlines()[-1].split()[1:])
@@ -77,7 +77,7 @@ def test_the_curve_prints_kept_of_drafted_and_projected_beside_the_paper(tmp_pat
 
 def test_the_corpus_figures_stand_beside_the_papers(tmp_path):
     corpus = load_corpus(toy_corpus(tmp_path, scored=True))
-    line = at_scale_lenience.corpus_figures(corpus)
+    line = lenience.corpus_figures(corpus)
     for word in ("mean_tokens=", "cut_share=", "repeated_share=", "surprisal_p80=", "kept[ℓ=e^2]="):
         assert word in line
     assert f"(paper {paper_kept('1'):.2f})" in line  # ℓ = 1 beside the paper's 26%

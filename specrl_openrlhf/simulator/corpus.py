@@ -1,4 +1,4 @@
-"""Corpora of recorded rollouts: what the simulator (`analysis.simulator`) replays.
+"""Corpora of recorded rollouts: what the simulator (`simulator.engine`) replays.
 
 Terminology:
 - *corpus* (`Corpus`): responses recorded with stock generation, per epoch, prompt and sample, from a policy trained
@@ -69,6 +69,19 @@ class Corpus:
     def scored(self) -> bool:
         """Whether the corpus holds what a ratio rule replays: sampled log-probs and the scoring pass."""
         return bool(self.logprobs) and bool(self.scores)
+
+    def truncated(self, tokens: int) -> Corpus:
+        """The corpus with every response cut at `tokens` (its log-probs and scores with it), as an engine whose
+        `max_tokens` is `tokens` would have ended them."""
+        longest = max(len(r) for epoch in self.responses for samples in epoch for r in samples)
+        if longest <= tokens:  # nothing to cut: the recording's own budget stands
+            return self
+
+        def cut(nested):
+            return [[[r[:tokens] for r in samples] for samples in epoch] for epoch in nested]
+
+        meta = {**self.meta, "max_tokens": tokens}
+        return Corpus(self.prompts, cut(self.responses), meta, cut(self.logprobs), cut(self.scores))
 
     def save(self, path: str | Path) -> None:
         """One `.npz` (token ids flat, with offsets; log-probs as float16 in the same order), written to a temporary

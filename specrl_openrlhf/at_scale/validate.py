@@ -1,4 +1,4 @@
-"""`python scripts/bench_at_scale.py --validate`: the simulator (`analysis.simulator`) against the real engine at
+"""`python scripts/bench_at_scale.py --validate`: the simulator (`simulator.engine`) against the real engine at
 bench_real_model's size, on the same prompts and weights: each rule's own responses replayed (verification is one-hot,
 so an output token equal to the draft's is exactly a kept one), the engine steps and kept shares compared.
 """
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 
-from ..analysis.corpus import Corpus
-from ..analysis.simulator import EngineSimulator, Schedule
 from ..markdown import numbers, table
-from .at_scale_run import RULES
-from .sim_proposers import build
+from ..simulator.corpus import Corpus
+from ..simulator.engine import EngineSimulator, Schedule
+from .proposers import build
+from .run import RULES
 
 # the real engine's rules (`real_model_settings.RULES`) and the simulator's names for them: the engine path and the
-# request path (its scoring requests and continuations, `analysis.request_replay`)
+# request path (its scoring requests and continuations, `simulator.request_workload`)
 VALIDATED = {
     "off": "off",
     "lossless": "lossless",
@@ -35,9 +35,9 @@ async def engine_visits(settings, progress=print) -> dict[str, tuple[Corpus, lis
 
     from ..integration.rollout.generator import gather_samples
     from ..integration.vllm.step_log import take_steps
-    from .real_model import Lane, engine_args, new_generator
-    from .smollm2 import converted
-    from .word_problems import chat_prompt, splits
+    from ..miniature.real_model import Lane, engine_args, new_generator
+    from ..miniature.smollm2 import converted
+    from ..miniature.word_problems import chat_prompt, splits
 
     model_dir = converted(temperature=settings.temperature)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -84,10 +84,10 @@ def validate(args) -> int:
     both."""
     import asyncio
 
-    from ..analysis.request_replay import NoDrafts, request_workload
+    from ..miniature.engine import use_cpu_engine_env
+    from ..miniature.real_model_settings import DEFAULT_CURVE, Settings
     from ..pricing.curves import StepCurve
-    from .engine import use_cpu_engine_env
-    from .real_model_settings import DEFAULT_CURVE, Settings
+    from ..simulator.request_workload import NoDrafts, request_workload
 
     checked, skipped = validated(args.rules)
     if skipped:

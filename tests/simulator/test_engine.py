@@ -1,12 +1,12 @@
-"""The rollout simulator (`analysis.simulator`): the coupling and the schedule on toy corpora with known answers, the
+"""The rollout simulator (`simulator.engine`): the coupling and the schedule on toy corpora with known answers, the
 persistent batch's slots as vLLM moves them, and the corpus file's errors."""
 
 import pytest
 
-from specrl_openrlhf.analysis.batch import BatchView
-from specrl_openrlhf.analysis.corpus import Corpus
-from specrl_openrlhf.analysis.requests import Request
-from specrl_openrlhf.analysis.simulator import EngineSimulator, Schedule
+from specrl_openrlhf.simulator.batch import BatchView
+from specrl_openrlhf.simulator.corpus import Corpus
+from specrl_openrlhf.simulator.engine import EngineSimulator, Schedule
+from specrl_openrlhf.simulator.requests import Request
 
 
 class Fixed:
@@ -145,7 +145,7 @@ def test_a_prompts_samples_prefill_it_once_with_the_prefix_cache_and_each_on_its
     off = Schedule(max_num_seqs=4, prompts_per_step=2, prefix_caching=False)
     sim = EngineSimulator(corpus([3, 3]), off, Fixed(k=0), workload=Followed()).run()
     assert [(r.prefill_tokens, r.logit_tokens) for r in sim.records[:2]] == [(6, 6), (10, 0)]  # nothing read
-    with pytest.raises(ValueError, match="prefix_caching must be True or False"):
+    with pytest.raises(ValueError, match="prefix_caching must be true or false"):
         Schedule(prefix_caching="on")
 
 
@@ -161,11 +161,7 @@ def test_a_prefill_records_the_context_it_extends():
     assert (shared.records[0].prefill_tokens, shared.records[0].prefill_context) == (48, 32)
 
 
-def test_a_scaled_schedule_carries_no_more_than_the_engines_token_budget():
-    assert Schedule().scaled(8, 80_000) == Schedule(max_num_batched_tokens=1024, kv_capacity_tokens=10_000)
-    assert Schedule().scaled(3).max_num_batched_tokens * 3 <= 8192 and Schedule().scaled(3).kv_capacity_tokens is None
-    with pytest.raises(ValueError, match="scale must be a positive integer"):
-        Schedule().scaled(0)
+def test_a_step_carries_no_more_than_the_engines_token_budget():
     # four rows drafting 8 tokens each in a 12-token budget: each row its token, the drafts cut to the 8 left
     schedule = Schedule(max_num_seqs=4, prompts_per_step=4, max_num_batched_tokens=12)
     run = EngineSimulator(corpus([30] * 4), schedule, Fixed(k=8)).run()

@@ -1,0 +1,11 @@
+"""`python scripts/bench_at_scale.py`: every rule at RL scale, simulated (`specrl_openrlhf.simulator`) on a recorded
+corpus in a named regime, and priced where RL runs: a named GPU and model, every row's context, every cost.
+
+- `cli`: the command line, its flags and its report;
+- `run`: the rules run and priced, projected against stock, the fastest picked;
+- `proposers`: the engine's proposers as the simulator drives them (ours, vLLM's suffix decoding and n-gram);
+- `host_steps`: the engine's host time per step, measured on the tiny model (the shipped curve, or this machine's);
+- `map` and `heatmap`: `--map`, every corpus x model x GPU x regime, and its picture;
+- `lenience`: `--lenience-curve`, spec@ℓ beside the SPEC-RL paper's ablation;
+- `validate`: `--validate`, the simulator against a real engine.
+"""

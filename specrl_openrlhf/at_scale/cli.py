@@ -1,0 +1,341 @@
+"""`python scripts/bench_at_scale.py`: every rule at RL scale in the simulator, on a recorded corpus, in a named
+regime, priced where RL runs: a named GPU and model, every row's context, every cost.
+
+Rules, on two paths:
+- the engine path: stock (`off`), `lossless` verified in the engine (our proposer, `HistoryProposer`), vLLM's suffix
+  decoding (`suffix`, arctic-inference's cache) and n-gram proposer (`ngram`), each driven as vLLM drives it, with
+  a stand-in of the `VllmConfig` fields it reads and of the persistent batch (`proposers`);
+- the request path (`simulator.request_workload`): `lossless:requests` (its tree; `lossless:own`, `lossless:majority`
+  too), `spec@1.65` and `exact` (lenience 1): scoring requests with prompt log-probs, then continuations that read
+  the prefix cache, async scheduling kept. The ratio rules replay the corpus's scoring pass with seeded uniforms; the
+  length of a continuation after their rejection is borrowed from the recorded response (an approximation).
+
+The regime (`--regime`, and a flag for each of its fields): the engine (rows, token budget, memory share and so its
+KV cache, prefix caching), the RL step (requests an engine) and the host. `openrlhf` by default: the engine an
+OpenRLHF user's command builds, read from vLLM where it is importable.
+
+Pricing (`pricing`), per engine step:
+- modelled from measured kernels: the GPU's forward (`--gpu`, `--model`: `pricing.kernels.KernelStepModel`, from
+  aiconfigurator's vLLM kernels) at the step's rows, tokens a row and each row's context, prefill and prompt
+  log-probs' logits included; the KV cache's capacity bounds the rows a step runs. `--curve FILE` prices on a measured
+  step curve instead (docs/gpu_step_h200.json: our plain-PyTorch H200 curve, at context 512 only);
+- measured here: each proposer's own time as it runs (history updates included); the engine's host time per step is
+  the regime's (`--host`: the shipped curve by default), which stock and the request path overlap with the forward
+  (async scheduling) and every model-free proposer pays on top.
+Each rule is shown four ways against stock: `projected` (the regime's host time), `projected_async` (the host hidden),
+`projected_no_host` (no host time at all) and `breakeven_host_ms` (the host time of a full-batch step at which the rule
+ties stock); in total and for each drafted epoch. A projection: the figures say what these schedules would cost on
+that GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..config import json_object
+from ..markdown import numbers, table
+from ..pricing import measured
+from ..pricing.curves import HostCurve, describe
+from ..pricing.kernels import GPUS, MODELS
+from ..pricing.prices import load_price
+from ..pricing.projection import Projection, missing_field
+from ..simulator.regime import DEFAULT_REGIME, HOSTS, REGIMES
+from ..simulator.request_workload import request_workload
+from .heatmap import DEFAULT_IMAGE
+from .lenience import corpus_figures, curve_rules, lenience_curve
+from .map import run_map
+from .run import (
+    ENGINE_RULES,
+    GOAL,
+    RULES,
+    Cell,
+    RuleRun,
+    epoch_projections,
+    fastest,
+    load_corpus,
+    projections,
+    run_rules,
+    step_history_bytes,
+)
+from .validate import validate, validated
+
+__all__ = ["ENGINE_RULES", "GOAL", "READINGS", "RULES", "main", "parse_args"]
+
+READINGS = {"projected": "host measured", "projected_async": "host hidden", "projected_no_host": "no host"}
+REGIME_FLAGS = {  # flag: (the Regime field, its type, help)
+    "--max-num-seqs": ("max_num_seqs", int, "rows the engine decodes at once (vLLM's max_num_seqs)"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "tokens a step carries, drafts included"),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", float, "the engine's share of the GPU's memory"),
+    "--requests-per-engine": ("requests_per_engine", int, "an RL step's requests one engine serves"),
+    "--max-response-tokens": ("max_response_tokens", int, "responses are cut at this length"),
+}
+
+
+def parse_args(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    if args.lenience_curve:
+        args.rules = ["off", *curve_rules().values()]
+    if "off" not in args.rules:
+        parser.error(f"--rules takes off and any of {', '.join(RULES[1:])}, got {','.join(args.rules)}")
+    try:
+        args.cell = cell_of(args)
+        args.host = host_of(args.cell.regime.host, load_only=True)
+        if args.validate:
+            validated(args.rules)  # a rule it can't name: one error now, before the engines start
+        else:
+            args.loaded = load_corpus(args.corpus, args.cell.regime.max_response_tokens)
+            for rule in args.rules:
+                if rule not in ENGINE_RULES:
+                    request_workload(rule, args.loaded)  # an unknown rule, or no scoring pass: one error now
+    except ValueError as error:
+        parser.error(str(error))
+    if "suffix" in args.rules:
+        from ..miniature.gpu_smoke import suffix_installed
+
+        if not suffix_installed():
+            parser.error("--rules suffix needs arctic-inference's suffix tree: bash scripts/install.sh builds it")
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..miniature.corpus import PRESETS
+
+    parser = argparse.ArgumentParser(
+        prog="python scripts/bench_at_scale.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--corpus", default=GOAL["corpus"], help=f"{', '.join(PRESETS)} (shipped), or a file")
+    parser.add_argument("--model", default=GOAL["model"], help=f"the model shape priced: {', '.join(MODELS)}")
+    parser.add_argument("--gpu", default=GOAL["gpu"], help=f"the GPU priced: {', '.join(GPUS)}")
+    parser.add_argument("--attention", default="once", choices=("once", "per_token"), help="a verification step's")
+    parser.add_argument("--curve", default=None, help="price on a measured step curve file instead of kernels")
+    parser.add_argument("--rules", default=",".join(RULES), help=f"off and any of {RULES[1:]} (or lossless:own, ...)")
+    regime = parser.add_argument_group("the regime: the engine and the RL step (each flag overrides --regime's)")
+    regime.add_argument(
+        "--regime", default=DEFAULT_REGIME, choices=tuple(REGIMES), help=f"(default: {DEFAULT_REGIME})"
+    )
+    for flag, (_, kind, text) in REGIME_FLAGS.items():
+        regime.add_argument(flag, type=kind, default=None, help=text)
+    regime.add_argument("--prefix-caching", default=None, choices=("on", "off"), help="vLLM's prefix cache")
+    regime.add_argument(
+        "--host",
+        default=None,
+        metavar="|".join(HOSTS) + "|FILE",
+        help="the engine's host time a step: the curve the package ships (default), measured on this machine, none, "
+        "or a host step curve file",
+    )
+    parser.add_argument(
+        "--suffix-cache",
+        type=int,
+        default=None,
+        help="suffix decoding's cached responses (default: 1.2 RL steps' requests, as vLLM's 10,000 at 512 prompts "
+        "x 16 samples a step)",
+    )
+    parser.add_argument("--params", type=json_object, default={}, metavar="JSON", help="lossless's parameters")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--map", action="store_true", help="every corpus x model x GPU x regime: the fastest rule")
+    mode.add_argument(
+        "--lenience-curve",
+        action="store_true",
+        help="spec@ℓ at ℓ = 1, e^0.2, e^0.5, e^0.8, e^2 and ∞ (full): kept of the drafted epochs and projected, "
+        "beside the SPEC-RL paper's (replaces --rules)",
+    )
+    mode.add_argument("--validate", action="store_true", help="the simulator against the real engine")
+    parser.add_argument(
+        "--map-image",
+        default=str(DEFAULT_IMAGE),
+        metavar="PNG",
+        help=f"with --map: where the map's picture is written (default: {DEFAULT_IMAGE})",
+    )
+    parser.add_argument("--visits", type=int, default=4, help="with --validate: visits of the prompts (default: 4)")
+    return parser
+
+
+def cell_of(args) -> Cell:
+    """The cell the flags name: the regime `--regime` names with each regime flag given, and what the rules share."""
+    from ..policies.builtin import LosslessParams
+
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in REGIME_FLAGS.items()}
+    if args.prefix_caching is not None:
+        given["prefix_caching"] = args.prefix_caching == "on"
+    given["host"] = args.host
+    regime = engine_regime(REGIMES[args.regime]).with_fields(**given)
+    try:
+        LosslessParams(**args.params)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"--params: {error}") from None
+    curve = load_price(args.curve) if args.curve else None
+    return Cell(
+        model=args.model,
+        gpu=args.gpu,
+        regime=regime,
+        attention=args.attention,
+        curve=curve,
+        suffix_cache=args.suffix_cache,
+        lossless=args.params,
+    )
+
+
+def engine_regime(regime):
+    """`regime` with vLLM's own engine-context defaults where it names them and vLLM is importable (a vLLM that
+    changed them is followed, and says so in the regime's source)."""
+    if regime.name != "openrlhf":
+        return regime
+    try:
+        from ..integration.vllm.engine_defaults import engine_context_defaults
+    except ImportError:
+        return regime
+    try:
+        rows, tokens = engine_context_defaults()
+    except ImportError:
+        return regime
+    if (rows, tokens) == (regime.max_num_seqs, regime.max_num_batched_tokens):
+        return regime
+    from dataclasses import replace
+
+    source = f"{regime.source}; vLLM here defaults to {rows} rows and {tokens} tokens under ENGINE_CONTEXT"
+    return replace(regime, max_num_seqs=rows, max_num_batched_tokens=tokens, source=source)
+
+
+def host_of(host: str, load_only: bool = False) -> HostCurve | None:
+    """The host step curve a regime's `host` names: the shipped one, this machine's (measured and cached unless
+    `load_only`, where it is resolved later), none, or a file's."""
+    if host == "shipped":
+        return measured.shipped_host_curve()
+    if host == "none":
+        return None
+    if host == "here":
+        if load_only:
+            return None
+        from .host_steps import host_curve
+
+        return host_curve(None, progress=print)
+    return HostCurve.load(host)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.validate:
+        return validate(args)
+    from ..miniature.engine import machine
+    from ..policies.builtin import LosslessParams
+
+    started = time.perf_counter()
+    corpus, cell = args.loaded, args.cell
+    host = host_of(cell.regime.host) if cell.regime.host == "here" else args.host
+    schedule, scale = cell.schedule(corpus)
+    needed, budget_mb = step_history_bytes(corpus, schedule), LosslessParams(**cell.lossless).history_mb
+    if "lossless" in args.rules and needed > budget_mb << 20:
+        print(
+            f"bench_at_scale.py: error: --params history_mb={budget_mb} is too small for one RL step's histories "
+            f"({needed / 2**20:.1f} MiB); raise it",
+            file=sys.stderr,
+        )
+        return 2
+    if args.map:
+        return run_map(args.rules, args.corpus, corpus, cell, host, args.map_image, started)
+    if args.lenience_curve:
+        return lenience_curve(args.corpus, corpus, cell, host, started)
+    price, capacity = cell.price()
+    print(
+        f"[at-scale] corpus {corpus.meta['path']}: {len(corpus.prompts)} prompts x {corpus.samples} samples x "
+        f"{corpus.epochs} epochs ({corpus.meta.get('model', '?')}); {cell.model} on {cell.gpu}\n"
+        f"[at-scale] regime {cell.regime.describe()}\n"
+        f"[at-scale] regime's source: {cell.regime.source}\n"
+        f"[at-scale] simulated: RL steps of {schedule.prompts_per_step} prompts, each simulated row standing for "
+        f"{scale} of the GPU's ({schedule.max_num_seqs} simulated rows, {schedule.max_num_batched_tokens:,} tokens a "
+        f"step); KV capacity {capacity:,} tokens\n"
+        f"[at-scale] projected on {describe(price)}; host steps "
+        f"{host.describe() if host else 'none'}; proposers timed on {machine()}\n"
+        f"[at-scale] the corpus, against an RL run: {corpus_figures(corpus)}"
+    )
+    runs = run_rules(args.rules, corpus, cell, host, {})
+    result = projections(runs, host, price, cell.regime.max_num_seqs)
+    by_epoch = epoch_projections(runs, host, price, cell.regime.max_num_seqs)
+    print(at_scale_table(runs, result))
+    print(epoch_table(runs, by_epoch))
+    leaders = {reading: fastest(result, reading) for reading in READINGS}
+    for reading, (rule, margin) in leaders.items():
+        print(
+            f"[at-scale] fastest in regime {cell.regime.name}, {READINGS[reading]}: {rule} "
+            f"({getattr(result[rule], reading):.2f} x stock), {margin:.2f}x the runner-up"
+        )
+    saved = measured.save_proposer_costs(
+        {rule: r.figures["proposer_fit"] for rule, r in runs.items() if rule in ENGINE_RULES[1:]}, machine()
+    )
+    print(f"[at-scale] proposer costs saved to {saved}")
+    print(result_line(args.corpus, runs, result, by_epoch, leaders, cell, scale, started))
+    return 0
+
+
+def result_line(corpus, runs, result, by_epoch, leaders, cell: Cell, scale: int, started: float) -> str:
+    off = runs["off"]
+    fields = [
+        f"{result[rule].fields(rule)} kept[{rule}]={r.figures['kept']:.3f} steps[{rule}]={r.figures['steps']}"
+        for rule, r in runs.items()
+    ]
+    for epoch, projected in by_epoch.items():
+        fields += [
+            f"projected_e{epoch}[{rule}]={p.projected:.3f} projected_async_e{epoch}[{rule}]={p.projected_async:.3f} "
+            f"kept_e{epoch}[{rule}]={runs[rule].kept_by_epoch.get(epoch, 0.0):.3f}"
+            for rule, p in projected.items()
+            if rule != "off"
+        ]
+    fields += [
+        f"forward_s[off]={off.figures['gpu_s']:.3f} prefill_s[off]={off.prefill_s:.3f}",
+        f"host_ms={result['off'].host_ms:.3f} {missing_field({k: p.missing for k, p in result.items()})}",
+        f"corpus={corpus} model={cell.model} gpu={cell.gpu} price={'curve' if cell.curve else 'kernels'}",
+        f"scale={scale} {cell.regime.fields()}",
+    ]
+    for reading, (rule, margin) in leaders.items():
+        suffix = {"projected": "", "projected_async": "_async", "projected_no_host": "_no_host"}[reading]
+        fields.append(f"fastest{suffix}={rule} fastest{suffix}_margin={margin:.3f}")
+    return "RESULT " + " ".join(fields) + f" wall_s={time.perf_counter() - started:.0f}"
+
+
+def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection]) -> str:
+    """Each rule's figures and its projection against stock, a markdown table, and what its columns mean."""
+    head = ["rule", "path", "projected", "projected_async", "projected_no_host", "breakeven host ms", "kept", "steps"]
+    head += ["forward s", "prefill s", "host s", "proposer s", "proposer µs/row-step", "tail", "memory MB"]
+    head += ["previous epoch held"]
+    rows = []
+    for rule, r in runs.items():
+        f, p = r.figures, result[rule]
+        path = "stock" if rule == "off" else "engine" if rule in ENGINE_RULES else "requests"
+        breakeven = "-" if rule == "off" else f"{p.breakeven_host_ms:.2f}"  # stock against itself: no tie to find
+        rows.append(
+            [rule, path, f"{p.projected:.2f}", f"{p.projected_async:.2f}", f"{p.projected_no_host:.2f}", breakeven]
+            + [f"{f['kept']:.1%}", f["steps"], f"{f['gpu_s']:.2f}", f"{r.prefill_s:.2f}", f"{f['host_s']:.2f}"]
+            + [f"{f['proposer_s']:.2f}", f"{f['proposer_us']:.2f}", f"{f['tail']:.1%}", f"{f['memory_mb']:.0f}"]
+            + [f"{f['found_previous']:.0%}"]
+        )
+    return (
+        table(head, rows, numbers(2, len(head)))
+        + f"\nhost measured: {result['off'].host_ms:.2f} ms a full-batch step; breakeven: the host time at which the "
+        "rule would tie stock (inf: wins at any; nan: loses at any)"
+    )
+
+
+def epoch_table(runs: dict[str, RuleRun], by_epoch: dict[int, dict[str, Projection]]) -> str:
+    """Each drafted epoch's kept share and projection against stock's same epoch, a rule a row."""
+    head = ["rule"] + [f"epoch {e}: {what}" for e in by_epoch for what in ("kept", "projected", "host hidden")]
+    rows = [
+        [rule]
+        + [
+            cell
+            for e, projected in by_epoch.items()
+            for cell in (
+                f"{runs[rule].kept_by_epoch.get(e, 0.0):.1%}",
+                f"{projected[rule].projected:.2f}",
+                f"{projected[rule].projected_async:.2f}",
+            )
+        ]
+        for rule in runs
+        if rule != "off"
+    ]
+    return "each drafted epoch against stock's same epoch:\n" + table(head, rows, numbers(1, len(head)))

@@ -1,0 +1,223 @@
+"""The rules of `bench_at_scale.py` run and priced (the package's docstring says what is simulated and how it is
+priced): a shipped corpus loaded, each rule simulated once in a cell's regime, priced on its GPU's step price,
+projected against stock, in total and for each drafted epoch, and the fastest rule picked. The command line (`cli`),
+the map (`map`), the lenience curve (`lenience`) and the check against the engine (`validate`) build on it; it
+imports none of them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from ..miniature.corpus import PRESETS, named
+from ..params import check_fields, check_value
+from ..pricing import rules
+from ..pricing.curves import HostCurve, StepCurve, StepPrice
+from ..pricing.kernels import GPUS, MODELS, KernelStepModel
+from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, project
+from ..simulator.corpus import Corpus
+from ..simulator.engine import EngineSimulator, Schedule, Simulation
+from ..simulator.regime import DEFAULT_REGIME, REGIMES, Regime
+from ..simulator.request_workload import NoDrafts, request_workload
+from .proposers import build
+
+ENGINE_RULES = ("off", "lossless", "suffix", "ngram")
+RULES = ("off", "lossless", "lossless:requests", "spec@1.65", "exact", "suffix", "ngram")
+GOAL = {"corpus": "long", "model": "qwen3-8b", "gpu": "h100", "regime": DEFAULT_REGIME}  # the paper's hardware
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    """Where a verdict is read: a model on a GPU, in a regime (its engine and RL step), a verification step's
+    attention read once or per token, and what every rule's run shares besides."""
+
+    model: str = GOAL["model"]
+    """The model shape priced (`pricing.kernels.MODELS`)."""
+    gpu: str = GOAL["gpu"]
+    """The GPU priced (`pricing.kernels.GPUS`)."""
+    regime: Regime = REGIMES[DEFAULT_REGIME]
+    """The engine and the RL step (`simulator.regime`)."""
+    attention: Literal["once", "per_token"] = "once"
+    """A verification step's attention: each row's cache read once (the lower bound) or per token (the upper)."""
+    curve: StepCurve | KernelStepModel | None = None
+    """A step price read from a file (`--curve`: a measured step curve), priced in place of the kernels; the KV
+    capacity is still the kernels'."""
+    suffix_cache: int | None = None
+    """Suffix decoding's cached responses (None: 1.2 RL steps' requests, as vLLM's 10,000 at 512 prompts x 16)."""
+    lossless: dict = field(default_factory=dict)
+    """`lossless`'s parameters (`LosslessParams`, as JSON)."""
+
+    def __post_init__(self):
+        check_fields(self)
+        for name, value, choices in (("model", self.model, MODELS), ("gpu", self.gpu, GPUS)):
+            if value not in choices:
+                raise ValueError(f"--{name} {value!r}: choose one of {', '.join(choices)}")
+        if self.suffix_cache is not None:
+            check_value("--suffix-cache", self.suffix_cache, int, at_least=1)
+
+    def kernels(self, attention: str | None = None) -> KernelStepModel:
+        try:
+            return KernelStepModel.build(self.gpu, self.model, attention or self.attention)
+        except ModuleNotFoundError as error:
+            raise SystemExit(f"bench_at_scale.py: error: {error}") from None
+
+    def price(self, attention: str | None = None) -> tuple[StepPrice, int]:
+        """The GPU's step price (the curve's where given, else the kernels' with a verification step's attention
+        read `attention` times, default `self.attention`) and the KV tokens the regime's engine holds."""
+        kernel = self.kernels(attention)
+        return self.curve or kernel, kernel.kv_capacity_at(self.regime.gpu_memory_utilization)
+
+    def schedule(self, corpus: Corpus) -> tuple[Schedule, int]:
+        """The simulator's schedule for `corpus` in this cell's regime, and the scale it runs at."""
+        _, capacity = self.price()
+        scale = self.regime.scale(corpus.samples, len(corpus.prompts))
+        return self.regime.schedule(corpus.samples, len(corpus.prompts), capacity), scale
+
+    def at(self, **changed) -> Cell:
+        return replace(self, **changed)
+
+
+@dataclass
+class RuleRun:
+    """One rule's simulation, priced: its figures, its steps' costs (and each step's epoch), what it pays besides the
+    forward, and its kept share of each epoch."""
+
+    figures: dict
+    costs: StepCosts
+    cost: RuleCost
+    prefill_s: float
+    epochs: np.ndarray  # [S] the corpus's epoch of each step
+    kept_by_epoch: dict[int, float]
+
+
+def load_corpus(name: str, max_response_tokens: int | None = None) -> Corpus:
+    """A shipped corpus by name, or a corpus file, its responses cut at `max_response_tokens` (None: as recorded); a
+    missing one says how to record it."""
+    if name in PRESETS:
+        path = named(name)
+        if not path.is_file():
+            raise ValueError(f"--corpus {name}: {path} is missing: python -m specrl_openrlhf.miniature.corpus {name}")
+    else:
+        path = name
+    corpus = Corpus.load(path)
+    if max_response_tokens is not None:
+        corpus = corpus.truncated(max_response_tokens)
+    return replace(corpus, meta={**corpus.meta, "path": str(path)})
+
+
+def simulate(rule: str, corpus: Corpus, schedule: Schedule, price, suffix_cache: int, params: dict) -> tuple:
+    """One rule's simulation on `schedule` (a proposer in the engine, or the request path's workload)."""
+    if rule in ENGINE_RULES:
+        proposer = build(rule, corpus, schedule, price, suffix_cache, params)
+        workload = None
+    else:
+        proposer, workload = NoDrafts(), request_workload(rule, corpus)
+    steps = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
+    sim = EngineSimulator(corpus, schedule, proposer, workload=workload).run(progress=_bar(rule, steps))
+    print()
+    return sim, proposer
+
+
+def rule_run(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
+    """A simulated rule on `pricing`: its figures (`pricing.rules`), costs, and the prefill's share of its forward."""
+    columns = {name: sim.column(name) for name in (*rules.COLUMNS, *rules.OPTIONAL)}
+    costs = rules.simulated_costs(columns, pricing)
+    found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
+    figures = rules.figures(columns, costs, proposer.async_scheduling) | {"kept": sim.kept, "found_previous": found}
+    figures["memory_mb"] = proposer.memory_bytes() / 2**20
+    fit = figures["proposer_fit"]  # measured here: never missing
+    cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
+    kept = {epoch: sim.kept_in(epoch) for epoch in sorted(sim.epoch_tokens)}
+    return RuleRun(figures, costs, cost, rules.prefill_seconds(columns, pricing, costs), sim.column("epoch"), kept)
+
+
+def run_rules(
+    rule_names: list[str], corpus: Corpus, cell: Cell, host: HostCurve | None, cache: dict
+) -> dict[str, RuleRun]:
+    """Every rule of `rule_names` priced in `cell`. Lossless's budget drafts on the `once` price whatever the cell's
+    attention, so another attention prices the same simulations. A simulation is reused across cells (`cache`) where
+    it does not depend on the price (every rule but lossless, whose budget prices its drafts on it) and the regime
+    and KV capacity are the same (a capacity above `Simulation.peak_kv` changes nothing)."""
+    price, _ = cell.price()
+    budget, _ = cell.price("once")
+    schedule, scale = cell.schedule(corpus)
+    suffix_cache = cell.suffix_cache or math.ceil(1.2 * schedule.prompts_per_step * corpus.samples)
+    pricing = Pricing(price, scale=scale, host=host)
+    params = {**cell.lossless, "cost_scale": scale}  # lossless's budget prices a row as the GPU's `scale` rows
+    engine = replace(schedule, kv_capacity_tokens=None)  # the key: all but the capacity, checked against the peak
+    runs = {}
+    for rule in rule_names:
+        key = (rule, engine, (cell.model, cell.gpu) if rule == "lossless" else None)
+        sim, proposer = cache.get(key, (None, None))
+        if sim is None or sim.peak_kv > (schedule.kv_capacity_tokens or math.inf):
+            budget_price = budget.with_host(host)  # lossless's budget prices a step's host time too
+            sim, proposer = simulate(rule, corpus, schedule, budget_price, suffix_cache, params)
+            cache[key] = (sim, proposer)
+        runs[rule] = rule_run(sim, proposer, pricing)
+    return runs
+
+
+def projections(runs: dict[str, RuleRun], host: HostCurve | None, price, full_rows: int) -> dict[str, Projection]:
+    """Each rule against stock (`runs["off"]`) on `price`, with the host measured, hidden and absent; a full batch
+    is `full_rows` of the GPU's rows."""
+    pricing = Pricing(price, host=host)
+    return {rule: project(runs["off"].costs, r.costs, r.cost, pricing, full_rows) for rule, r in runs.items()}
+
+
+def epoch_projections(
+    runs: dict[str, RuleRun], host: HostCurve | None, price, full_rows: int
+) -> dict[int, dict[str, Projection]]:
+    """`projections` of each drafted epoch's steps alone (every epoch but the first), so a break shows where it is
+    read."""
+    pricing, stock = Pricing(price, host=host), runs["off"]
+    out = {}
+    for epoch in sorted(set(stock.epochs.tolist()) - {0}):
+        base = stock.costs.take(stock.epochs == epoch)
+        out[epoch] = {
+            rule: project(base, r.costs.take(r.epochs == epoch), r.cost, pricing, full_rows)
+            for rule, r in runs.items()
+        }
+    return out
+
+
+def fastest(result: dict[str, Projection], reading: str, candidates=None) -> tuple[str, float]:
+    """The fastest of `candidates` (default: every rule of `result`, stock included) by `reading` (`projected`: the
+    host measured; `projected_async`: hidden; `projected_no_host`: none), and its margin: its speedup over the
+    runner-up's (NaN: no runner-up).
+
+    >>> from specrl_openrlhf.pricing.projection import Projection
+    >>> figures = (("off", 1.0, 1.0), ("x", 1.2, 0.9), ("y", 0.6, 1.5))
+    >>> p = {rule: Projection(a, b, 0.0, True, 1, 1, 1, 1) for rule, a, b in figures}
+    >>> fastest(p, "projected"), fastest(p, "projected_async")
+    (('x', 1.2), ('y', 1.5))
+    """
+    ranked = sorted(candidates or result, key=lambda r: getattr(result[r], reading), reverse=True)
+    if len(ranked) < 2:
+        return ranked[0], math.nan
+    return ranked[0], getattr(result[ranked[0]], reading) / getattr(result[ranked[1]], reading)
+
+
+def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:
+    """The arena bytes the largest RL step's previous-epoch histories take (`Arena.BYTES_PER_NODE` a token)."""
+    from ..integration.vllm.arena import Arena
+
+    largest = 0
+    for epoch in range(1, corpus.epochs):
+        for prompts in schedule.steps_of(epoch, len(corpus.prompts)):
+            tokens = sum(len(r) for p in prompts for r in corpus.responses[epoch - 1][p])
+            largest = max(largest, tokens)
+    return largest * Arena.BYTES_PER_NODE
+
+
+def _bar(rule: str, total: int):
+    def progress(done: int) -> None:
+        filled = int(30 * done / max(total, 1))
+        print(f"\r[at-scale] {rule:<17} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} RL steps", end="")
+        sys.stdout.flush()
+
+    return progress

@@ -1,0 +1,40 @@
+"""The regimes (`simulator.regime`): an engine and its RL step in the GPU's units, the simulator's schedule at one
+scale, and the named regimes' sources."""
+
+import pytest
+
+from specrl_openrlhf.simulator.engine import Schedule
+from specrl_openrlhf.simulator.regime import REGIMES, Regime, regime
+
+
+def test_a_simulated_row_stands_for_scale_of_the_gpus_rows_tokens_and_kv_cache():
+    paper = REGIMES["paper"]  # 1,024 requests an engine on a corpus of 32 prompts x 8 samples: scale 4
+    assert paper.scale(samples=8, prompts=32) == 4
+    assert paper.schedule(8, 32, 400_000) == Schedule(
+        max_num_seqs=256, prompts_per_step=32, max_num_batched_tokens=2048, kv_capacity_tokens=100_000
+    )
+    openrlhf = REGIMES["openrlhf"]  # 256 requests: the corpus's whole step at scale 1, a queue on 128 rows
+    assert openrlhf.schedule(8, 32, None) == Schedule(
+        max_num_seqs=128, prompts_per_step=32, max_num_batched_tokens=2048
+    )
+    # fewer requests than the corpus holds: fewer prompts a step, at scale 1
+    assert Regime(requests_per_engine=64).schedule(8, 32, None).prompts_per_step == 8
+
+
+def test_every_field_is_checked_and_a_change_names_the_regime_custom():
+    with pytest.raises(ValueError, match="regime custom: max_num_seqs must be a positive integer"):
+        Regime(max_num_seqs=0)
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be a number in \(0, 1\]"):
+        Regime(gpu_memory_utilization=1.5)
+    changed = REGIMES["openrlhf"].with_fields(max_num_seqs=512, host=None)
+    assert changed.name == "openrlhf+custom" and changed.max_num_seqs == 512 and "max_num_seqs" in changed.source
+    assert REGIMES["openrlhf"].with_fields(max_num_seqs=128) is REGIMES["openrlhf"]  # nothing changed
+    with pytest.raises(ValueError, match="--regime 'verl': choose one of openrlhf, paper, throughput"):
+        regime("verl")
+
+
+def test_each_named_regime_says_where_its_figures_come_from():
+    for name, r in REGIMES.items():
+        assert r.name == name and r.source and name in r.describe() and f"regime={name}" in r.fields()
+    assert (REGIMES["openrlhf"].max_num_seqs, REGIMES["openrlhf"].max_num_batched_tokens) == (128, 2048)
+    assert REGIMES["throughput"].requests_per_engine == REGIMES["openrlhf"].requests_per_engine  # the same RL step

@@ -13,6 +13,7 @@ import time
 from ..markdown import numbers, table
 from ..simulator.corpus import PAPER_LENIENCES, Corpus, quality
 from ..simulator.request_workload import request_workload
+from .paper_times import PAPER_LABEL, gap_lines, paper_table
 from .run import Cell, projections, run_rules
 
 # The SPEC-RL paper's ablation on lenience (its table "Ablation on lenience": Qwen3-1.7B, GRPO, DeepMath-6K, 15
@@ -78,10 +79,12 @@ def kept_of_drafted(rule: str, corpus: Corpus) -> tuple[int, int]:
 
 
 def lenience_curve(corpus_name: str, corpus: Corpus, cell: Cell, host, started: float) -> int:
-    """Prints the curve in `cell` (off and `curve_rules`), then its RESULT line."""
+    """Prints the curve in `cell` (off and `curve_rules`), the drafted epochs beside the paper's rollout times
+    (`paper_times`), then its RESULT line."""
     rules = curve_rules()
     runs = run_rules(["off", *rules.values()], corpus, cell, host, {})
     price, _ = cell.price()
+    _, scale = cell.schedule(corpus)
     result = projections(runs, host, price, cell.regime.max_num_seqs)
     rows, fields = [], []
     for label, rule in rules.items():
@@ -107,9 +110,13 @@ def lenience_curve(corpus_name: str, corpus: Corpus, cell: Cell, host, started: 
         f"{cell.regime.describe()}; the paper: {PAPER_LENIENCE['source']}"
     )
     print(table(head, rows, numbers(2, len(head))))
+    beside, paper_fields = paper_table(rules, runs, host, price, cell.regime.max_num_seqs, cell.model)
+    gaps, gap_fields = gap_lines(runs, rules[PAPER_LABEL], scale, cell.model)
+    print(beside)
+    print(gaps)
     print(
         "RESULT "
-        + " ".join(fields)
+        + " ".join(fields + paper_fields + [gap_fields])
         + f" host_ms={result['off'].host_ms:.3f} corpus={corpus_name} model={cell.model} gpu={cell.gpu} "
         f"{cell.regime.fields()} wall_s={time.perf_counter() - started:.0f}"
     )

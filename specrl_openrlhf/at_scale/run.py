@@ -92,7 +92,10 @@ class RuleRun:
     cost: RuleCost
     prefill_s: float
     epochs: np.ndarray  # [S] the corpus's epoch of each step
+    rl_steps: np.ndarray  # [S] the RL step of each step
     kept_by_epoch: dict[int, float]
+    scoring_s: np.ndarray  # [S] the part of each step's forward its scoring requests cost (the request path)
+    drafted_tokens: int  # its response tokens in the drafted epochs (every epoch but the first), kept or generated
 
 
 def load_corpus(name: str, max_response_tokens: int | None = None) -> Corpus:
@@ -133,7 +136,18 @@ def rule_run(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
     fit = figures["proposer_fit"]  # measured here: never missing
     cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
     kept = {epoch: sim.kept_in(epoch) for epoch in sorted(sim.epoch_tokens)}
-    return RuleRun(figures, costs, cost, rules.prefill_seconds(columns, pricing, costs), sim.column("epoch"), kept)
+    drafted = sum(tokens + outside for epoch, (tokens, outside) in sim.epoch_tokens.items() if epoch > 0)
+    return RuleRun(
+        figures,
+        costs,
+        cost,
+        rules.prefill_seconds(columns, pricing, costs),
+        sim.column("epoch"),
+        sim.column("rl_step"),
+        kept,
+        rules.scoring_seconds(columns, pricing, costs),
+        drafted,
+    )
 
 
 def run_rules(

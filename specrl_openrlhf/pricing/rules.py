@@ -36,8 +36,9 @@ OPTIONAL = ("decode_context", "logit_tokens", "prefill_context")
 def simulated_costs(columns: Mapping[str, np.ndarray], pricing: Pricing) -> StepCosts:
     """The simulated steps' costs: the proposer's measured time with its history updates (`register_s`), the decode
     and prefill contexts where the simulator recorded them. At a scale above 1 each row stands for `scale` of the
-    GPU's, and the proposer's time a step grows with it."""
-    proposer_s = np.asarray(columns["proposer_s"], np.float64) * pricing.scale
+    GPU's: the proposer's time a step grows with the rows it follows but not its fixed cost a call (the GPU's step is
+    one call: `proposer_fit`'s base is paid once), and its history updates grow with the responses."""
+    proposer_s = scaled_proposer(columns, pricing.scale)
     costs = step_costs(
         columns["decode_rows"],
         columns["decode_tokens"],
@@ -52,10 +53,43 @@ def simulated_costs(columns: Mapping[str, np.ndarray], pricing: Pricing) -> Step
     return costs.with_proposer(np.asarray(columns["register_s"], np.float64) * pricing.scale)
 
 
+def scaled_proposer(columns: Mapping[str, np.ndarray], scale: int) -> np.ndarray:
+    """[S] the proposer's seconds a step at rows x `scale`: its measured time x `scale`, less the fixed cost a call
+    (`proposer_fit`'s base) `scale` - 1 times over, where a step served rows.
+
+    >>> columns = {"proposer_s": np.array([1.5e-4, 2.5e-4]), "decode_rows": np.array([10, 20]),
+    ...            "prefill_rows": np.array([0, 0])}
+    >>> scaled_proposer(columns, 4).round(6).tolist()  # 50 µs a call + 10 µs a row: 50 + 10 x 40 and 50 + 10 x 80
+    [0.00045, 0.00085]
+    """
+    measured = np.asarray(columns["proposer_s"], np.float64)
+    if scale == 1:
+        return measured
+    rows = np.asarray(columns["decode_rows"]) + np.asarray(columns["prefill_rows"])
+    served = rows > 0
+    base = proposer_fit(rows, measured)["base_us"] * 1e-6 if served.sum() >= 2 else 0.0
+    return np.where(served, np.maximum(measured * scale - (scale - 1) * base, 0.0), measured * scale)
+
+
 def prefill_seconds(columns: Mapping[str, np.ndarray], pricing: Pricing, costs: StepCosts) -> float:
     """The part of the steps' forward (`costs`, `simulated_costs`'s) that their prefills cost."""
     unprefilled = {**columns, "prefill_tokens": np.zeros_like(np.asarray(columns["prefill_tokens"]))}
     return float(costs.gpu.sum() - simulated_costs(unprefilled, pricing).gpu.sum())
+
+
+def scoring_seconds(columns: Mapping[str, np.ndarray], pricing: Pricing, costs: StepCosts) -> np.ndarray:
+    """[S] the part of each step's forward (`costs`, `simulated_costs`'s) that its scoring requests' prefills cost (the
+    tokens whose prompt log-probs it computes, `logit_tokens`, and their logits): 0 where none ran."""
+    logits = columns.get("logit_tokens")
+    if logits is None:
+        return np.zeros_like(costs.gpu)
+    logits = np.asarray(logits)
+    unscored = {
+        **columns,
+        "prefill_tokens": np.asarray(columns["prefill_tokens"]) - logits,
+        "logit_tokens": 0 * logits,
+    }
+    return np.maximum(costs.gpu - simulated_costs(unscored, pricing).gpu, 0.0)
 
 
 def batch_phases(rows: np.ndarray, rl_step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -116,7 +116,9 @@ class StepRecord:
 @dataclass
 class Simulation:
     """What a run of the simulator recorded: every engine step, per RL step the share of returning prompts whose
-    previous epoch the proposer held, the response tokens, and those kept from drafts outside the engine."""
+    previous epoch the proposer held, the response tokens its requests generated (a scoring request's one token
+    aside; the request path's continuations, not the recorded responses), and those kept from drafts outside the
+    engine: a rule's responses are its kept and generated tokens."""
 
     records: list[StepRecord] = field(default_factory=list)
     found_previous: list[float] = field(default_factory=list)
@@ -134,13 +136,14 @@ class Simulation:
 
     @property
     def kept(self) -> float:
-        return (self.accepted + self.kept_outside) / max(self.response_tokens, 1)
+        """The share of the rule's response tokens kept from drafts, in the engine or outside it."""
+        return (self.accepted + self.kept_outside) / max(self.response_tokens + self.kept_outside, 1)
 
     def kept_in(self, epoch: int) -> float:
-        """The share of `epoch`'s response tokens kept from drafts, in the engine or outside it."""
+        """`kept` of `epoch`'s responses alone."""
         tokens, outside = self.epoch_tokens.get(epoch, (0, 0))
         accepted = sum(r.accepted for r in self.records if r.epoch == epoch)
-        return (accepted + outside) / max(tokens, 1)
+        return (accepted + outside) / max(tokens + outside, 1)
 
 
 class EngineSimulator:
@@ -187,7 +190,6 @@ class EngineSimulator:
         if epoch > 0:
             out.found_previous.append(found)
         waiting = self._arriving(self.workload.requests(epoch, prompts, self.corpus))
-        out.response_tokens += sum(len(r) for p in prompts for r in self.corpus.responses[epoch][p])
         batch = BatchView(self.schedule.max_num_seqs, self.max_len)
         done: set[str] = set()
         capacity = self.schedule.kv_capacity_tokens or float("inf")
@@ -227,6 +229,7 @@ class EngineSimulator:
             for request in batch.rows:
                 if request.id in done:
                     self.proposer.finished(request)
+                    out.response_tokens += 0 if request.prompt_logprobs else len(request.response)
             record.register_s, registering = registering + self.clock() - start, 0.0
             for request in batch.rows:
                 if request.id in done:

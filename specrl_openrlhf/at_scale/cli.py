@@ -255,10 +255,18 @@ def main(argv=None) -> int:
         f"[at-scale] the corpus, against an RL run: {corpus_figures(corpus)}"
     )
     runs = run_rules(args.rules, corpus, cell, host, {})
-    result = projections(runs, host, price, cell.regime.max_num_seqs)
-    by_epoch = epoch_projections(runs, host, price, cell.regime.max_num_seqs)
+    result = projections(runs, host, price, cell.regime.full_batch)
+    by_epoch = epoch_projections(runs, host, price, cell.regime.full_batch)
     print(at_scale_table(runs, result))
     print(epoch_table(runs, by_epoch))
+    gain = stock_gain(corpus, cell, host, runs["off"])
+    if gain is not None:
+        print(
+            f"[at-scale] stock in regime {cell.regime.name} against stock in regime {DEFAULT_REGIME} (the same RL "
+            "step): "
+            + ", ".join(f"{gain[r]:.2f}x {READINGS[r]}" for r in READINGS)
+            + "; each rule's figures above are on top of it"
+        )
     leaders = {reading: fastest(result, reading) for reading in READINGS}
     for reading, (rule, margin) in leaders.items():
         print(
@@ -271,6 +279,20 @@ def main(argv=None) -> int:
     print(f"[at-scale] proposer costs saved to {saved}")
     print(result_line(args.corpus, runs, result, by_epoch, leaders, cell, scale, started))
     return 0
+
+
+def stock_gain(corpus, cell: Cell, host, stock: RuleRun) -> dict[str, float] | None:
+    """What stock gains in `cell`'s regime over stock in the default regime's engine, on the same RL step (None where
+    the regime is the default or serves another step): the default's seconds over the regime's, by each reading."""
+    default = REGIMES[DEFAULT_REGIME]
+    if cell.regime.name == DEFAULT_REGIME or cell.regime.requests_per_engine != default.requests_per_engine:
+        return None
+    base = cell.at(regime=default.with_fields(host=cell.regime.host))
+    price, _ = base.price()
+    runs = run_rules(["off"], corpus, base, host, {})
+    runs["here"] = stock
+    result = projections(runs, host, price, cell.regime.full_batch)["here"]
+    return {reading: getattr(result, reading) for reading in READINGS}
 
 
 def result_line(corpus, runs, result, by_epoch, leaders, cell: Cell, scale: int, started: float) -> str:

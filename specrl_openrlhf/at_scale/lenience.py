@@ -85,7 +85,7 @@ def lenience_curve(corpus_name: str, corpus: Corpus, cell: Cell, host, started: 
     runs = run_rules(["off", *rules.values()], corpus, cell, host, {})
     price, _ = cell.price()
     _, scale = cell.schedule(corpus)
-    result = projections(runs, host, price, cell.regime.max_num_seqs)
+    result = projections(runs, host, price, cell.regime.full_batch)
     rows, fields = [], []
     for label, rule in rules.items():
         kept_tokens, generated = kept_of_drafted(rule, corpus)
@@ -110,7 +110,7 @@ def lenience_curve(corpus_name: str, corpus: Corpus, cell: Cell, host, started: 
         f"{cell.regime.describe()}; the paper: {PAPER_LENIENCE['source']}"
     )
     print(table(head, rows, numbers(2, len(head))))
-    beside, paper_fields = paper_table(rules, runs, host, price, cell.regime.max_num_seqs, cell.model)
+    beside, paper_fields = paper_table(rules, runs, host, price, cell.regime.full_batch, cell.model)
     gaps, gap_fields = gap_lines(runs, rules[PAPER_LABEL], scale, cell.model)
     print(beside)
     print(gaps)

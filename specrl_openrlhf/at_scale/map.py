@@ -64,12 +64,12 @@ def cell_projections(rule_names, corpus, where: Cell, host, cache: dict) -> dict
     steps priced with `per_token` attention too (`UPPER_BOUND`)."""
     runs = run_rules(rule_names, corpus, where, host, cache)
     price, _ = where.price()
-    result = projections(runs, host, price, where.regime.max_num_seqs)
+    result = projections(runs, host, price, where.regime.full_batch)
     if "lossless" in runs and where.attention == "once" and where.curve is None:
         bound = where.at(attention="per_token")
         runs = run_rules(["off", "lossless"], corpus, bound, host, cache)
         price, _ = bound.price()
-        result[UPPER_BOUND] = projections(runs, host, price, where.regime.max_num_seqs)["lossless"]
+        result[UPPER_BOUND] = projections(runs, host, price, where.regime.full_batch)["lossless"]
     return result
 
 

@@ -56,6 +56,11 @@ class Regime:
     def __post_init__(self):
         check_fields(self, owner=f"regime {self.name}")
 
+    @property
+    def full_batch(self) -> int:
+        """The most rows a step of the RL step runs: the engine's rows, or its requests where they are fewer."""
+        return min(self.max_num_seqs, self.requests_per_engine)
+
     def scale(self, samples: int, prompts: int) -> int:
         """GPU requests each simulated one stands for: the RL step's requests over the most a corpus of `prompts`
         prompts x `samples` samples holds in one step (at least 1)."""

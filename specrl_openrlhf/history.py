@@ -1,8 +1,9 @@
-"""A prompt's history: the prefix tree (trie) of its previous responses, the one structure every proposal reads.
+"""A prompt's history: the prefix tree (trie) of its previous responses, which every proposal off the engine reads
+(`proposal`): the request path's planner, the simulator's request workload and offline replay. The engine's proposer
+drafts from its own compiled form of it (`integration.vllm.arena`, followed by `integration.vllm.follow`).
 
 Terminology:
-- *history*: a prompt's previous responses (its last visit's n samples, with `history=2` the visit's before too),
-  and, when verified in the engine, the responses of the current visit that have finished.
+- *history*: a prompt's previous responses (its last visit's n samples, with `history=2` the visit's before too).
 - *node*: one token after its parent's prefix; node 0 (`ROOT`) is the prompt. Responses that share a prefix share its
   nodes. A node's *source* is the first response through it; its *count* is how many responses go through it.
 - *cursor*: where a sample stands in the history, as a list of nodes: those whose path from the root ends with the
@@ -14,8 +15,8 @@ Terminology:
 `History` holds the structure only: p_prev of each node (the likeliest value a response through it reported, or
 `UNKNOWN_LOGPROB` where no response reported one: the engine path asks vLLM for none unless its caller does), counts
 and stop marks. What a visit learns about it (p_curr of the nodes, on the request path) is the visit's
-(`request_path.sample.ScoredHistory`). The engine's proposer appends to a history as a visit's samples finish; the
-planner and replay build one per visit from the responses they hold.
+(`request_path.sample.ScoredHistory`). The planner, the simulator and replay build one per visit from the responses
+they hold.
 
 Core module: numpy only.
 """

@@ -7,9 +7,9 @@ Terminology (`history` has the rest):
 - *own*: the sample's own previous response (`History.paths[r]`): SPEC-RL's draft.
 - *majority path*: from the root, the child most responses through the node take, while most continue
   (`majority_path`).
-- *greedy path*: below a cursor, the likeliest child by the history's p_prev at each step (`propose`). The engine's
-  proposer drafts it at every decoding step, re-entering after a rejection (`integration.vllm.proposer`); replay
-  verifies recorded responses against it (`verify_steps`).
+- *greedy path*: below a cursor, the likeliest child by the history's p_prev at each step (`propose`), proposed
+  again at every decoding step and re-entered after a rejection (`verify_steps`): replay's stand-in for the engine's
+  proposer, which drafts from its own arena (`integration.vllm.arena`).
 - *walk*: the request path's exact walk through the whole tree with p_curr of every node (`walk`).
 
 Core module: numpy only.

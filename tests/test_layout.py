@@ -261,6 +261,15 @@ def test_tests_mirror_the_modules():
         assert (tests / folder / f"test_{stem}.py").exists(), f"no tests/{folder}/test_{stem}.py"
 
 
+def test_each_folder_that_lists_its_modules_names_every_one():
+    """A folder's docstring that says what each of its modules is for names them all."""
+    for folder in ("at_scale", "budget", "miniature", "pricing", "simulator"):
+        doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
+        named = set(re.findall(r"`(\w+)`", doc))
+        stems = {p.stem for p in (PACKAGE / folder).glob("*.py")} - {"__init__"}
+        assert stems <= named, f"{folder}/__init__.py does not name {sorted(stems - named)}"
+
+
 def test_no_module_is_over_400_lines():
     long = {name: lines for name, path in modules().items() if (lines := path.read_text().count("\n")) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines, split them by job: {dict(sorted(long.items()))}"

@@ -7,5 +7,6 @@ corpus in a named regime, and priced where RL runs: a named GPU and model, every
 - `host_steps`: the engine's host time per step, measured on the tiny model (the shipped curve, or this machine's);
 - `map` and `heatmap`: `--map`, every corpus x model x GPU x regime, and its picture;
 - `lenience`: `--lenience-curve`, spec@ℓ beside the SPEC-RL paper's ablation;
-- `validate`: `--validate`, the simulator against a real engine.
+- `validate`: `--validate`, the simulator against a real engine;
+- `paper_times`: the SPEC-RL paper's rollout times beside the simulator's, on the drafted epochs.
 """

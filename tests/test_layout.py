@@ -249,11 +249,13 @@ def test_tests_mirror_the_modules():
         "pricing/curves",
         "pricing/steps",
         "pricing/projection",
+        "pricing/interpolation",
         "pricing/rules",
         "pricing/measured",
         "history",
         "budget/acceptance",
         "budget/allocation",
+        "budget/proposer_report",
         "pricing/online",
         "pricing/rl_scale",
     ):

@@ -24,7 +24,7 @@ One module a job:
 - `drafting_check`: does drafting pay, as measured (`DraftingCheck`): a step drafts only where its predicted gain
   clears `DraftingCheck.margin`, what predictions have been exceeding measured gains by: drafting backs off wherever it
   does not pay as predicted, and where nothing pays the engine decodes as stock;
-- `report`: what a proposer's budget measured, summed (`BudgetReport`).
+- `proposer_report`: what a proposer's budget measured, summed (`BudgetReport`).
 
 Which slots are drafted depends on the history, the rows' tokens so far and past steps, never on a row's randomness to
 come: verification stays exact.
@@ -49,7 +49,7 @@ from .acceptance import (
 )
 from .allocation import BUDGET_MODES, EXPLORE_EVERY, EXPLORE_MARGIN, DraftBudget, goodput_allocate, survival_floor
 from .drafting_check import CHECK_HALF_LIFE_STEPS, FIRST_PROBE, PROBE_EVERY, DraftingCheck
-from .report import REPORT_HALF_LIFE_STEPS, BudgetReport
+from .proposer_report import REPORT_HALF_LIFE_STEPS, BudgetReport
 
 __all__ = [
     "ACCEPTANCE_HALF_LIFE_VERDICTS",

@@ -1,7 +1,7 @@
 """Pricing engine steps on GPUs: measured step curves, kernel step models, projections; and the running engine's
 step time, fitted online. The only place a cost is computed; one module a job:
 
-- `grid`: interpolation on a measured grid, the one way every price reads its tables;
+- `interpolation`: linear between measured points, the one way every price reads its tables;
 - `linear`: a step price as the draft budget's linear model (`budget_cost`), one algorithm for every price;
 - `curves`: a GPU's measured step curve (`StepCurve`: rows x tokens per row, prefill, the context it was measured at)
   and the engine's host time per step (`HostCurve`); the step-price interface (`StepPrice`) every price keeps;

@@ -34,7 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from . import linear
-from .grid import cell, line
+from .interpolation import interval, line
 
 
 class StepPrice(Protocol):
@@ -171,8 +171,8 @@ class StepCurve:
         the grid, extended past it by its edge slopes. `context` is ignored: the curve was measured at one."""
         r, q = np.broadcast_arrays(np.asarray(rows, np.float64), np.asarray(tokens_per_row, np.float64))
         shape, r, q = r.shape, np.maximum(r.ravel(), self.rows[0]), q.ravel()
-        i, wr = cell(self.rows, r)
-        j, wq = cell(self.tokens, q)
+        i, wr = interval(self.rows, r)
+        j, wq = interval(self.tokens, q)
         s = self.seconds
         out = (1 - wr) * ((1 - wq) * s[i, j] + wq * s[i, j + 1]) + wr * ((1 - wq) * s[i + 1, j] + wq * s[i + 1, j + 1])
         return float(out[0]) if not shape else out.reshape(shape)
@@ -188,7 +188,7 @@ class StepCurve:
         if self.prefill_measured:
             t, s = self.prefill_tokens, self.prefill_seconds
             intercept = s[0] - (s[1] - s[0]) / (t[1] - t[0]) * t[0]
-            j, w = cell(t, tokens)
+            j, w = interval(t, tokens)
             extra = (1 - w) * s[j] + w * s[j + 1] - intercept
         else:
             extra = tokens * self.token_slope(rows)

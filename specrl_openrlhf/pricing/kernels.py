@@ -39,7 +39,7 @@ import numpy as np
 
 from . import linear
 from .curves import HostCurve
-from .grid import line, plane
+from .interpolation import line, plane
 
 # Published config.json values (Hugging Face Qwen/Qwen3-*): hidden size, layers, query and key-value heads, head
 # dim, MLP size, vocabulary, tied embeddings.

@@ -1,9 +1,10 @@
-"""What a proposer's budget measured (`specrl_openrlhf.budget.report`): sums that decay, and the step cost's terms."""
+"""What a proposer's budget measured (`specrl_openrlhf.budget.proposer_report`): sums that decay, and the step
+cost's terms."""
 
 import numpy as np
 import pytest
 
-from specrl_openrlhf.budget.report import BudgetReport
+from specrl_openrlhf.budget.proposer_report import BudgetReport
 
 
 def test_verdicts_are_summed_the_newest_weighing_one():

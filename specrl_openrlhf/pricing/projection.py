@@ -114,7 +114,7 @@ def step_costs(
         context = _mean_context(decode_context, rows)
         per_row = tokens[decoding] / rows[decoding]
         known = context[decoding] if context is not None else None
-        gpu[decoding] = _priced(curve.time, known, scaled[decoding], per_row)
+        gpu[decoding] = _at_known_context(curve.time, known, scaled[decoding], per_row)
     alone = ~decoding & (prefill > 0)
     if alone.any():
         gpu[alone] += curve.time(1.0, 1.0, context=0.0)
@@ -155,7 +155,7 @@ def _mean_context(decode_context, rows: np.ndarray) -> np.ndarray | None:
     return None if np.isnan(mean).all() else mean
 
 
-def _priced(price, context: np.ndarray | None, *args: np.ndarray) -> np.ndarray:
+def _at_known_context(price, context: np.ndarray | None, *args: np.ndarray) -> np.ndarray:
     """`price(*args)` per step, with `context=` each step's context where it was recorded, without it elsewhere."""
     if context is None:
         return np.asarray(price(*args), np.float64)

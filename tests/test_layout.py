@@ -250,7 +250,7 @@ def test_tests_mirror_the_modules():
         "pricing/steps",
         "pricing/projection",
         "pricing/interpolation",
-        "pricing/rules",
+        "pricing/rule_figures",
         "pricing/measured",
         "history",
         "budget/acceptance",

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..markdown import numbers, table
 from ..pricing.projection import Pricing, StepCosts, project
-from ..pricing.rules import batch_phases
+from ..pricing.rule_figures import batch_phases
 from .run import RuleRun
 
 # The paper's lenience ablation (Qwen3-1.7B, GRPO): rollout time against stock's at each ℓ, its verification pass

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..miniature.corpus import PRESETS, named
 from ..params import check_fields, check_value
-from ..pricing import rules
+from ..pricing import rule_figures as rules
 from ..pricing.curves import HostCurve, StepCurve, StepPrice
 from ..pricing.kernels import GPUS, MODELS, KernelStepModel
 from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, project

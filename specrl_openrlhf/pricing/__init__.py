@@ -12,7 +12,7 @@ step time, fitted online. The only place a cost is computed; one module a job:
   shown (`project`: `projected`, `projected_async`, `breakeven_host_ms`, what is missing);
 - `rl_scale`: a rule against stock at rows x 1 and at the RL scale, the pair every benchmark prints
   (`project_at_rl_scales`, `scale_fields`);
-- `rules`: a rule's figures from simulated steps given as columns (`figures`, `proposer_fit`);
+- `rule_figures`: a rule's figures from simulated steps given as columns (`figures`, `proposer_fit`);
 - `measured`: what this machine measured, cached per machine (the proposers' costs, the host curve, `rule_cost`);
 - `online`: the running engine's own step time, fitted online (`OnlineStepCost`), the draft budget's cost where no
   GPU price is given.

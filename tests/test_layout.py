@@ -18,6 +18,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "specrl_openrlhf"
 ENGINE_PACKAGES = ("vllm", "ray", "openrlhf")
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 100
 MAX_TOP_LEVEL_MODULES = 14  # besides __init__ and __main__
 MAX_PROPOSER_LINES = 250
 ENTRY_POINTS = ("specrl_openrlhf.__main__", "specrl_openrlhf.grid", "specrl_openrlhf.report", "specrl_openrlhf.cli")
@@ -275,6 +276,56 @@ def test_each_folder_that_lists_its_modules_names_every_one():
 def test_no_module_is_over_400_lines():
     long = {name: lines for name, path in modules().items() if (lines := path.read_text().count("\n")) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines, split them by job: {dict(sorted(long.items()))}"
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """The functions and methods of `source`, nested ones included, whose def spans more than `limit` lines (from
+    `def` to its last line), by qualified name."""
+    found = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, prefix)
+                continue
+            name = prefix + child.name
+            lines = child.end_lineno - child.lineno + 1
+            if not isinstance(child, ast.ClassDef) and lines > limit:
+                found[name] = lines
+            visit(child, name + ".")
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_the_function_reader_finds_long_functions_at_any_depth():
+    source = (
+        "def short():\n"
+        "    return 1\n"
+        "class C:\n"
+        "    def long(self):\n"
+        "        a = 1\n"
+        "        async def inner():\n"
+        "            b = 2\n"
+        "            c = 3\n"
+        "            return b + c\n"
+        "        return a\n"
+        "if True:\n"
+        "    def hidden():\n"
+        "        d = 4\n"
+        "        e = 5\n"
+        "        return d + e\n"
+    )
+    assert long_functions(source, limit=3) == {"C.long": 7, "C.long.inner": 4, "hidden": 4}
+
+
+def test_no_function_is_over_100_lines():
+    long = {
+        f"{name}.{function}": lines
+        for name, path in modules().items()
+        for function, lines in long_functions(path.read_text()).items()
+    }
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines, split them by job: {dict(sorted(long.items()))}"
 
 
 def test_the_package_cites_no_file_outside_it_and_no_module_gone():

@@ -414,16 +414,15 @@ def print_budget(report: dict) -> None:
 def print_projection(args, bench: Bench, tallies: dict[str, Tally]) -> str:
     """Both methods' engine steps projected on the GPU's curve at rows x 1 and at the RL scale, every cost paid;
     returns the RESULT line's projection fields (NaN, `missing=curve`, without a curve)."""
-    from specrl_openrlhf.at_scale.host_steps import host_curve
     from specrl_openrlhf.miniature.engine import machine
     from specrl_openrlhf.pricing.curves import describe
-    from specrl_openrlhf.pricing.measured import rule_cost
+    from specrl_openrlhf.pricing.measured import rule_cost, shipped_host_curve
     from specrl_openrlhf.pricing.projection import RL_MAX_ROWS, RL_SCALE, missing_field
     from specrl_openrlhf.pricing.rl_scale import project_at_rl_scales
 
     if bench.curve is None:
         return "projected=nan projected8=nan missing=curve prefill=none"
-    host = host_curve(None)
+    host = shipped_host_curve()  # the verdicts' host (measuring it here, after the engines, would fail in-process)
     cost = rule_cost(bench.policy, machine())
     projected = project_at_rl_scales(tallies["off"].recorded, tallies["spec"].recorded, bench.curve, host, cost)
     one, rl = projected[1], projected[RL_SCALE]

@@ -4,6 +4,7 @@ command hook."""
 import argparse
 import sys
 
+from .config import parse_rule
 from .policies import PluginError, describe_policies, load_plugin
 
 
@@ -24,40 +25,6 @@ def show_hook() -> int:
         f"Turn it off: export {hook.SWITCH}=0. Remove it: pip uninstall specrl-openrlhf, or delete the hook file."
     )
     return 0
-
-
-def parse_rule(text: str, lenience: float | None):
-    """`NAME`, `NAME@LENIENCE` or `path/rule.py:Class[@LENIENCE]`, each optionally followed by `,key=value` parameters
-    (`spec@1.65`, `rules.py:Mine@2,decay=0.25`) -> a policy (the config validates it). A default `lenience` goes to
-    the rules that take one."""
-    import json
-
-    from .config import ReuseConfig
-    from .policies import takes_lenience
-
-    head, *assignments = text.split(",")
-    name, _, value = head.partition("@")
-    if value:
-        try:
-            lenience = float(value)
-        except ValueError:
-            raise ValueError(
-                f"--rollout_reuse {text}: the lenience after @ must be a number, e.g. spec@1.65"
-            ) from None
-    elif lenience is not None and not takes_lenience(name):
-        lenience = None
-    params = {}
-    for assignment in assignments:
-        key, equals, raw = assignment.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(
-                f"--rollout_reuse {text}: give parameters as key=value after the rule, e.g. RULE,decay=0.5"
-            )
-        try:
-            params[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            params[key.strip()] = raw
-    return ReuseConfig(policy=name, lenience=lenience, params=params).build_policy()
 
 
 def replay_command(args) -> int:

@@ -29,6 +29,22 @@ def flag_value(command: list[str], flag: str) -> str | None:
     return values[-1] if values else None
 
 
+def result_fields(line: str) -> dict[str, str]:
+    """A `RESULT` (or `MAP`) line's fields: each word after the first cut at its first `=` outside brackets, so that a
+    rule's label keeps its own (`projected[lossless,verify=requests]=0.95`, `fastest=lossless,verify=requests`)."""
+    fields = {}
+    for word in line.split()[1:]:
+        depth, cut = 0, None
+        for i, char in enumerate(word):
+            depth += (char == "[") - (char == "]")
+            if char == "=" and depth == 0:
+                cut = i
+                break
+        if cut is not None:
+            fields[word[:cut]] = word[cut + 1 :]
+    return fields
+
+
 def write_grid(tmp_path, text: str) -> Path:
     """A grid file `g.yaml` holding `text`, beside the presets it may name (common, grpo)."""
     (tmp_path / "configs" / "grids").mkdir(parents=True, exist_ok=True)

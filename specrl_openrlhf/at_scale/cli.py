@@ -1,14 +1,16 @@
 """`python scripts/bench_at_scale.py`: every rule at RL scale in the simulator, on a recorded corpus, in a named
 regime, priced where RL runs: a named GPU and model, every row's context, every cost.
 
-Rules, on two paths:
+Rules (`--rules`): any rule `--rollout_reuse` takes, in its spelling (`rules`: a registered name, `NAME@LENIENCE`,
+`path/rule.py:Class`, each with `,key=value` parameters), on the path its policy says:
 - the engine path: stock (`off`), `lossless` verified in the engine (our proposer, `HistoryProposer`), vLLM's suffix
   decoding (`suffix`, arctic-inference's cache) and n-gram proposer (`ngram`), each driven as vLLM drives it, with
   a stand-in of the `VllmConfig` fields it reads and of the persistent batch (`proposers`);
-- the request path (`simulator.request_workload`): `lossless:requests` (its tree; `lossless:own`, `lossless:majority`
-  too), `spec@1.65` and `exact` (lenience 1): scoring requests with prompt log-probs, then continuations that read
-  the prefix cache, async scheduling kept. The ratio rules replay the corpus's scoring pass with seeded uniforms; the
-  length of a continuation after their rejection is borrowed from the recorded response (an approximation).
+- the request path (`simulator.request_workload`): `lossless,verify=requests` (its tree; `draft=own`,
+  `draft=majority` too), `spec@1.65`, `exact` and every other rule, plugins included: scoring requests with prompt
+  log-probs, then continuations that read the prefix cache, async scheduling kept. A rule other than `lossless` cuts
+  the corpus's drafts with its own `cut`, on the corpus's scoring pass and a run's uniforms; the length of a
+  continuation after its rejection is borrowed from the recorded response (an approximation).
 
 The regime (`--regime`, and a flag for each of its fields): the engine (rows, token budget, memory share and so its
 KV cache, prefix caching), the RL step (requests an engine) and the host. `openrlhf` by default: the engine an
@@ -34,20 +36,20 @@ import argparse
 import sys
 import time
 
-from ..config import json_object
+from ..config import split_rules
 from ..markdown import numbers, table
+from ..policies import load_plugin
 from ..pricing import measured
 from ..pricing.curves import HostCurve, describe
 from ..pricing.kernels import GPUS, MODELS
 from ..pricing.prices import load_price
 from ..pricing.projection import Projection, missing_field
 from ..simulator.regime import DEFAULT_REGIME, HOSTS, REGIMES
-from ..simulator.request_workload import request_workload
 from .heatmap import DEFAULT_IMAGE
 from .lenience import corpus_figures, curve_rules, lenience_curve
 from .map import run_map
+from .rules import bench_rules, history_budget_error
 from .run import (
-    ENGINE_RULES,
     GOAL,
     RULES,
     Cell,
@@ -57,11 +59,10 @@ from .run import (
     load_corpus,
     projections,
     run_rules,
-    step_history_bytes,
 )
 from .validate import validate, validated
 
-__all__ = ["ENGINE_RULES", "GOAL", "READINGS", "RULES", "main", "parse_args"]
+__all__ = ["GOAL", "READINGS", "RULES", "main", "parse_args"]
 
 READINGS = {"projected": "host measured", "projected_async": "host hidden", "projected_no_host": "no host"}
 REGIME_FLAGS = {  # flag: (the Regime field, its type, help)
@@ -76,28 +77,19 @@ REGIME_FLAGS = {  # flag: (the Regime field, its type, help)
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
-    if args.lenience_curve:
-        args.rules = ["off", *curve_rules().values()]
-    if "off" not in args.rules:
-        parser.error(f"--rules takes off and any of {', '.join(RULES[1:])}, got {','.join(args.rules)}")
     try:
+        for path in args.plugin:
+            load_plugin(path)
+        args.rules = ["off", *curve_rules().values()] if args.lenience_curve else split_rules(args.rules)
         args.cell = cell_of(args)
         args.host = host_of(args.cell.regime.host, load_only=True)
         if args.validate:
             validated(args.rules)  # a rule it can't name: one error now, before the engines start
         else:
             args.loaded = load_corpus(args.corpus, args.cell.regime.max_response_tokens)
-            for rule in args.rules:
-                if rule not in ENGINE_RULES:
-                    request_workload(rule, args.loaded)  # an unknown rule, or no scoring pass: one error now
+            args.parsed = bench_rules(args.rules, args.loaded)  # an unknown rule, or what the corpus lacks: now
     except ValueError as error:
         parser.error(str(error))
-    if "suffix" in args.rules:
-        from ..miniature.gpu_smoke import suffix_installed
-
-        if not suffix_installed():
-            parser.error("--rules suffix needs arctic-inference's suffix tree: bash scripts/install.sh builds it")
     return args
 
 
@@ -114,7 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu", default=GOAL["gpu"], help=f"the GPU priced: {', '.join(GPUS)}")
     parser.add_argument("--attention", default="once", choices=("once", "per_token"), help="a verification step's")
     parser.add_argument("--curve", default=None, help="price on a measured step curve file instead of kernels")
-    parser.add_argument("--rules", default=",".join(RULES), help=f"off and any of {RULES[1:]} (or lossless:own, ...)")
+    parser.add_argument(
+        "--rules",
+        default=",".join(RULES),
+        help="off and any rules --rollout_reuse takes, comma-separated: NAME, NAME@LENIENCE or path/rule.py:Class, "
+        "each with ,key=value parameters (e.g. off,lossless,history_mb=2048,lossless,verify=requests,spec@1.65,"
+        f"policies/prefix_cap.py:PrefixCap; default: {','.join(RULES)})",
+    )
+    parser.add_argument(
+        "--reuse.plugin",
+        dest="plugin",
+        action="append",
+        default=[],
+        metavar="FILE.py",
+        help="load the rules a file registers, by name (repeatable)",
+    )
     regime = parser.add_argument_group("the regime: the engine and the RL step (each flag overrides --regime's)")
     regime.add_argument(
         "--regime", default=DEFAULT_REGIME, choices=tuple(REGIMES), help=f"(default: {DEFAULT_REGIME})"
@@ -136,7 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="suffix decoding's cached responses (default: 1.2 RL steps' requests, as vLLM's 10,000 at 512 prompts "
         "x 16 samples a step)",
     )
-    parser.add_argument("--params", type=json_object, default={}, metavar="JSON", help="lossless's parameters")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--map", action="store_true", help="every corpus x model x GPU x regime: the fastest rule")
     mode.add_argument(
@@ -158,17 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cell_of(args) -> Cell:
     """The cell the flags name: the regime `--regime` names with each regime flag given, and what the rules share."""
-    from ..policies.builtin import LosslessParams
-
     given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in REGIME_FLAGS.items()}
     if args.prefix_caching is not None:
         given["prefix_caching"] = args.prefix_caching == "on"
     given["host"] = args.host
     regime = engine_regime(REGIMES[args.regime]).with_fields(**given)
-    try:
-        LosslessParams(**args.params)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"--params: {error}") from None
     curve = load_price(args.curve) if args.curve else None
     return Cell(
         model=args.model,
@@ -177,7 +176,6 @@ def cell_of(args) -> Cell:
         attention=args.attention,
         curve=curve,
         suffix_cache=args.suffix_cache,
-        lossless=args.params,
     )
 
 
@@ -223,19 +221,14 @@ def main(argv=None) -> int:
     if args.validate:
         return validate(args)
     from ..miniature.engine import machine
-    from ..policies.builtin import LosslessParams
 
     started = time.perf_counter()
     corpus, cell = args.loaded, args.cell
     host = host_of(cell.regime.host) if cell.regime.host == "here" else args.host
     schedule, scale = cell.schedule(corpus)
-    needed, budget_mb = step_history_bytes(corpus, schedule), LosslessParams(**cell.lossless).history_mb
-    if "lossless" in args.rules and needed > budget_mb << 20:
-        print(
-            f"bench_at_scale.py: error: --params history_mb={budget_mb} is too small for one RL step's histories "
-            f"({needed / 2**20:.1f} MiB); raise it",
-            file=sys.stderr,
-        )
+    too_small = history_budget_error(args.parsed, corpus, schedule)
+    if too_small:
+        print(f"bench_at_scale.py: error: {too_small}", file=sys.stderr)
         return 2
     if args.map:
         return run_map(args.rules, args.corpus, corpus, cell, host, args.map_image, started)
@@ -254,7 +247,11 @@ def main(argv=None) -> int:
         f"{host.describe() if host else 'none'}; proposers timed on {machine()}\n"
         f"[at-scale] the corpus, against an RL run: {corpus_figures(corpus)}"
     )
-    runs = run_rules(args.rules, corpus, cell, host, {})
+    try:
+        runs = run_rules(args.rules, corpus, cell, host, {})
+    except ValueError as error:  # a rule that failed on the corpus's drafts
+        print(f"\nbench_at_scale.py: error: {error}", file=sys.stderr)
+        return 2
     result = projections(runs, host, price, cell.regime.full_batch)
     by_epoch = epoch_projections(runs, host, price, cell.regime.full_batch)
     print(at_scale_table(runs, result))
@@ -273,9 +270,8 @@ def main(argv=None) -> int:
             f"[at-scale] fastest in regime {cell.regime.name}, {READINGS[reading]}: {rule} "
             f"({getattr(result[rule], reading):.2f} x stock), {margin:.2f}x the runner-up"
         )
-    saved = measured.save_proposer_costs(
-        {rule: r.figures["proposer_fit"] for rule, r in runs.items() if rule in ENGINE_RULES[1:]}, machine()
-    )
+    fits = {r.rule.proposer_key: r.figures["proposer_fit"] for r in runs.values() if r.rule.proposer_key}
+    saved = measured.save_proposer_costs(fits, machine())
     print(f"[at-scale] proposer costs saved to {saved}")
     print(result_line(args.corpus, runs, result, by_epoch, leaders, cell, scale, started))
     return 0
@@ -328,7 +324,7 @@ def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection]) -> s
     rows = []
     for rule, r in runs.items():
         f, p = r.figures, result[rule]
-        path = "stock" if rule == "off" else "engine" if rule in ENGINE_RULES else "requests"
+        path = r.rule.path
         breakeven = "-" if rule == "off" else f"{p.breakeven_host_ms:.2f}"  # stock against itself: no tie to find
         rows.append(
             [rule, path, f"{p.projected:.2f}", f"{p.projected_async:.2f}", f"{p.projected_no_host:.2f}", breakeven]

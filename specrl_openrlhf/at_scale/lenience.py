@@ -14,6 +14,7 @@ from ..markdown import numbers, table
 from ..simulator.corpus import PAPER_LENIENCES, Corpus, quality
 from ..simulator.request_workload import request_workload
 from .paper_times import PAPER_LABEL, gap_lines, paper_table
+from .rules import bench_rule
 from .run import Cell, projections, run_rules
 
 # The SPEC-RL paper's ablation on lenience (its table "Ablation on lenience": Qwen3-1.7B, GRPO, DeepMath-6K, 15
@@ -69,7 +70,7 @@ def paper_token_ratio(label: str) -> float:
 def kept_of_drafted(rule: str, corpus: Corpus) -> tuple[int, int]:
     """(tokens kept, tokens generated) by request-path `rule` over the epochs that have drafts: a sample with a draft
     keeps its cut and generates its continuation, one without generates its response (`RequestReplay.plan`)."""
-    workload, kept, generated = request_workload(rule, corpus), 0, 0
+    workload, kept, generated = request_workload(bench_rule(rule).policy, corpus), 0, 0
     for epoch in range(1, corpus.epochs):
         for prompt, responses in enumerate(corpus.responses[epoch]):
             for decision, response in zip(workload.plan(epoch, prompt, corpus).decisions, responses):

@@ -29,7 +29,7 @@ READINGS = ("projected", "projected_async", "projected_no_host")
 REGIMES_MAPPED = tuple(REGIMES)
 MODELS_MAPPED = ("qwen3-1.7b", "qwen3-8b", "qwen3-14b")
 GPUS_MAPPED = ("h100", "h200", "b200")
-LOSSLESS_PATHS = ("lossless", "lossless:requests")
+LOSSLESS_PATHS = ("lossless", "lossless,verify=requests")
 UPPER_BOUND = "lossless@per_token"  # the engine path with a verification step's attention read per token
 
 

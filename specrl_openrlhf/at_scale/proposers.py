@@ -2,13 +2,17 @@
 (`HistoryProposer`, its histories registered as the rollout registers them: the prompt's previous epoch when its visit
 starts, each finished sample after), vLLM's `SuffixDecodingProposer` (arctic-inference's cache) and `NgramProposer`,
 each built from a stand-in of the `VllmConfig` fields it reads and called with the simulator's stand-in of the
-persistent batch (`BatchView`); stock drafts nothing and keeps vLLM's async scheduling.
+persistent batch (`BatchView`); stock drafts nothing and keeps vLLM's async scheduling. Which one a rule runs is what
+the rule says of itself (`method`): the speculative config its engines get (`ReusePolicy.engine_arguments`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
+from ..policies import ReusePolicy
+from ..policies.builtin import HISTORY_PROPOSER, LosslessParams
 from ..pricing.curves import StepCurve
 from ..simulator.batch import BatchView
 from ..simulator.corpus import Corpus
@@ -46,19 +50,19 @@ class Stock:
 
 class Lossless:
     """Our engine proposer; the prompt's previous epoch is registered when its visit starts, as the rollout does
-    from the draft store, and each finished sample's response after it."""
+    from the draft store, and each finished sample's response after it. `params`: the rule's, its budget priced on
+    `curve` at `cost_scale` of the GPU's rows a row."""
 
     name, async_scheduling = "lossless", False
 
-    def __init__(self, max_model_len: int, max_num_seqs: int, curve: StepCurve, params: dict | None = None):
+    def __init__(self, max_model_len: int, max_num_seqs: int, curve: StepCurve, params: LosslessParams, cost_scale=1):
         from ..cache import prompt_key
         from ..integration.vllm import histories
         from ..integration.vllm.proposer import HistoryProposer
-        from ..policies.builtin import LosslessParams
 
         histories.BOARD = self.board = histories.HistoryBoard()
         self.key = prompt_key
-        rule = LosslessParams(**{**(params or {}), "cost_curve": curve.as_data()})  # priced on the curve
+        rule = replace(params, cost_curve=curve.as_data(), cost_scale=cost_scale)  # priced on the curve
         self.params = histories.params_message(rule)
         self.proposer = HistoryProposer(vllm_config(rule.num_speculative_tokens, max_model_len, max_num_seqs))
         self.keys: dict[int, bytes] = {}
@@ -87,23 +91,23 @@ class Lossless:
 
 
 class Suffix:
-    """vLLM's suffix decoding, its defaults, its response cache of `cached` requests (FIFO)."""
+    """vLLM's suffix decoding, its response cache of `cached` requests (FIFO) unless `config` names its own; the rest
+    of `config` (the rule's speculative config) as given, vLLM's defaults elsewhere."""
 
     name, async_scheduling = "suffix", False
 
-    def __init__(self, max_model_len: int, max_num_seqs: int, cached: int):
+    def __init__(self, max_model_len: int, max_num_seqs: int, cached: int, config: dict | None = None):
         from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
-        config = vllm_config(
-            SUFFIX_DEPTH,
-            max_model_len,
-            max_num_seqs,
-            suffix_decoding_max_tree_depth=SUFFIX_DEPTH,
-            suffix_decoding_max_cached_requests=cached,
-            suffix_decoding_max_spec_factor=1.0,
-            suffix_decoding_min_token_prob=0.1,
-        )
-        self.proposer = SuffixDecodingProposer(config)
+        given = {k: v for k, v in (config or {}).items() if k.startswith("suffix_decoding_")}
+        settings = {
+            "suffix_decoding_max_tree_depth": SUFFIX_DEPTH,
+            "suffix_decoding_max_cached_requests": cached,
+            "suffix_decoding_max_spec_factor": 1.0,
+            "suffix_decoding_min_token_prob": 0.1,
+        } | given
+        self.k = int((config or {}).get("num_speculative_tokens", settings["suffix_decoding_max_tree_depth"]))
+        self.proposer = SuffixDecodingProposer(vllm_config(self.k, max_model_len, max_num_seqs, **settings))
 
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
         cached = self.proposer.suffix_cache.cached_requests
@@ -111,7 +115,7 @@ class Suffix:
         return sum(previous) / len(prompts)
 
     def propose(self, batch: BatchView, sampled):
-        return self.proposer.propose(SUFFIX_DEPTH, batch, sampled)
+        return self.proposer.propose(self.k, batch, sampled)
 
     def finished(self, request) -> None:
         pass
@@ -121,21 +125,27 @@ class Suffix:
 
 
 class Ngram:
-    """vLLM's n-gram proposer (prompt lookup), its defaults (n 5), k 8."""
+    """vLLM's n-gram proposer (prompt lookup), the rule's speculative config, vLLM's defaults elsewhere (n 5), k 8."""
 
     name, async_scheduling = "ngram", False
 
-    def __init__(self, max_model_len: int, max_num_seqs: int):
+    def __init__(self, max_model_len: int, max_num_seqs: int, config: dict | None = None):
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
-        config = vllm_config(NGRAM_K, max_model_len, max(max_num_seqs, 1024), prompt_lookup_min=5, prompt_lookup_max=5)
-        self.proposer = NgramProposer(config)
+        config = config or {}
+        low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+        low, high = low or high or 5, high or low or 5  # as vLLM's `SpeculativeConfig` fills them in
+        self.k = int(config.get("num_speculative_tokens", NGRAM_K))
+        settings = vllm_config(
+            self.k, max_model_len, max(max_num_seqs, 1024), prompt_lookup_min=low, prompt_lookup_max=high
+        )
+        self.proposer = NgramProposer(settings)
 
     def visit(self, epoch, prompts, corpus) -> float:
         return 0.0
 
     def propose(self, batch: BatchView, sampled):
-        return self.proposer.propose(NGRAM_K, sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
+        return self.proposer.propose(self.k, sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
 
     def finished(self, request) -> None:
         pass
@@ -144,14 +154,35 @@ class Ngram:
         return 0
 
 
-def build(rule: str, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffix_cache: int, params=None):
-    """The proposer of `rule` (one of at_scale's RULES); `params`: lossless's (`LosslessParams`, as JSON)."""
+def method(policy: ReusePolicy) -> str | None:
+    """The engine proposer `policy` verifies with, by the speculative config it gives its engines: "lossless" (ours),
+    "suffix" or "ngram" (vLLM's); None: it verifies nothing in the engine. A ValueError names any other (a draft
+    model's method: the simulator drives model-free proposers only)."""
+    if not policy.verifies_in_engine:
+        return None
+    config = policy.engine_arguments().get("speculative_config") or {}
+    if config.get("method") == "custom_class" and config.get("model") == HISTORY_PROPOSER:
+        return "lossless"
+    if config.get("method") in ("suffix", "ngram"):
+        return config["method"]
+    raise ValueError(
+        f"rule {policy.describe()} verifies in the engine with {config.get('method') or 'no speculative config'}, "
+        "which the simulator can't drive: it runs model-free proposers only (lossless, suffix, ngram)"
+    )
+
+
+def build(policy: ReusePolicy, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffix_cache: int, cost_scale=1):
+    """The engine proposer of `policy` (`method`; stock where it has none) for `corpus` on `schedule`: ours with its
+    budget priced on `curve` at `cost_scale`, vLLM's suffix decoding with `suffix_cache` cached responses unless its
+    config names a number."""
     max_model_len = max(len(p) for p in corpus.prompts) + max(len(r) for e in corpus.responses for p in e for r in p)
     max_model_len += 64
-    if rule == "off":
+    kind = method(policy)
+    if kind is None:
         return Stock()
-    if rule == "lossless":
-        return Lossless(max_model_len, schedule.max_num_seqs, curve, params)  # the curve's host column: a fixed cost
-    if rule == "suffix":
-        return Suffix(max_model_len, schedule.max_num_seqs, suffix_cache)
-    return Ngram(max_model_len, schedule.max_num_seqs)
+    if kind == "lossless":  # the curve's host column: a fixed cost
+        return Lossless(max_model_len, schedule.max_num_seqs, curve, policy.params, cost_scale)
+    config = policy.params.speculative_config
+    if kind == "suffix":
+        return Suffix(max_model_len, schedule.max_num_seqs, suffix_cache, config)
+    return Ngram(max_model_len, schedule.max_num_seqs, config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -25,9 +25,9 @@ from ..simulator.engine import EngineSimulator, Schedule, Simulation
 from ..simulator.regime import DEFAULT_REGIME, REGIMES, Regime
 from ..simulator.request_workload import NoDrafts, request_workload
 from .proposers import build
+from .rules import BenchRule, bench_rule
 
-ENGINE_RULES = ("off", "lossless", "suffix", "ngram")
-RULES = ("off", "lossless", "lossless:requests", "spec@1.65", "exact", "suffix", "ngram")
+RULES = ("off", "lossless", "lossless,verify=requests", "spec@1.65", "exact", "suffix", "ngram")  # by default
 GOAL = {"corpus": "long", "model": "qwen3-8b", "gpu": "h100", "regime": DEFAULT_REGIME}  # the paper's hardware
 
 
@@ -49,8 +49,6 @@ class Cell:
     capacity is still the kernels'."""
     suffix_cache: int | None = None
     """Suffix decoding's cached responses (None: 1.2 RL steps' requests, as vLLM's 10,000 at 512 prompts x 16)."""
-    lossless: dict = field(default_factory=dict)
-    """`lossless`'s parameters (`LosslessParams`, as JSON)."""
 
     def __post_init__(self):
         check_fields(self)
@@ -85,7 +83,7 @@ class Cell:
 @dataclass
 class RuleRun:
     """One rule's simulation, priced: its figures, its steps' costs (and each step's epoch), what it pays besides the
-    forward, and its kept share of each epoch."""
+    forward, its kept share of each epoch, and the rule (its path)."""
 
     figures: dict
     costs: StepCosts
@@ -96,6 +94,7 @@ class RuleRun:
     kept_by_epoch: dict[int, float]
     scoring_s: np.ndarray  # [S] the part of each step's forward its scoring requests cost (the request path)
     drafted_tokens: int  # its response tokens in the drafted epochs (every epoch but the first), kept or generated
+    rule: BenchRule
 
 
 def load_corpus(name: str, max_response_tokens: int | None = None) -> Corpus:
@@ -113,20 +112,21 @@ def load_corpus(name: str, max_response_tokens: int | None = None) -> Corpus:
     return replace(corpus, meta={**corpus.meta, "path": str(path)})
 
 
-def simulate(rule: str, corpus: Corpus, schedule: Schedule, price, suffix_cache: int, params: dict) -> tuple:
-    """One rule's simulation on `schedule` (a proposer in the engine, or the request path's workload)."""
-    if rule in ENGINE_RULES:
-        proposer = build(rule, corpus, schedule, price, suffix_cache, params)
-        workload = None
+def simulate(rule: BenchRule, corpus: Corpus, schedule: Schedule, price, suffix_cache: int, cost_scale: int) -> tuple:
+    """One rule's simulation on `schedule`: its proposer in the engine (`proposers.build`, its budget priced on
+    `price` at `cost_scale`), stock, or the request path's workload (a stateful rule updated once an RL step)."""
+    if rule.path == "requests":
+        step_samples = schedule.prompts_per_step * corpus.samples
+        proposer, workload = NoDrafts(), request_workload(rule.policy, corpus, update_every=step_samples)
     else:
-        proposer, workload = NoDrafts(), request_workload(rule, corpus)
+        proposer, workload = build(rule.policy, corpus, schedule, price, suffix_cache, cost_scale), None
     steps = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
-    sim = EngineSimulator(corpus, schedule, proposer, workload=workload).run(progress=_bar(rule, steps))
+    sim = EngineSimulator(corpus, schedule, proposer, workload=workload).run(progress=_bar(rule.label, steps))
     print()
     return sim, proposer
 
 
-def rule_run(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
+def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
     """A simulated rule on `pricing`: its figures (`pricing.rules`), costs, and the prefill's share of its forward."""
     columns = {name: sim.column(name) for name in (*rules.COLUMNS, *rules.OPTIONAL)}
     costs = rules.simulated_costs(columns, pricing)
@@ -147,32 +147,35 @@ def rule_run(sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
         kept,
         rules.scoring_seconds(columns, pricing, costs),
         drafted,
+        rule,
     )
 
 
 def run_rules(
     rule_names: list[str], corpus: Corpus, cell: Cell, host: HostCurve | None, cache: dict
 ) -> dict[str, RuleRun]:
-    """Every rule of `rule_names` priced in `cell`. Lossless's budget drafts on the `once` price whatever the cell's
-    attention, so another attention prices the same simulations. A simulation is reused across cells (`cache`) where
-    it does not depend on the price (every rule but lossless, whose budget prices its drafts on it) and the regime
-    and KV capacity are the same (a capacity above `Simulation.peak_kv` changes nothing)."""
+    """Every rule of `rule_names` (spellings, `rules.bench_rule`) priced in `cell`, by its spelling. Lossless's budget
+    drafts on the `once` price whatever the cell's attention, so another attention prices the same simulations. A
+    simulation is reused across cells (`cache`) where it does not depend on the price (every rule but our engine
+    proposer, whose budget prices its drafts on it) and the regime and KV capacity are the same (a capacity above
+    `Simulation.peak_kv` changes nothing)."""
     price, _ = cell.price()
     budget, _ = cell.price("once")
     schedule, scale = cell.schedule(corpus)
     suffix_cache = cell.suffix_cache or math.ceil(1.2 * schedule.prompts_per_step * corpus.samples)
     pricing = Pricing(price, scale=scale, host=host)
-    params = {**cell.lossless, "cost_scale": scale}  # lossless's budget prices a row as the GPU's `scale` rows
     engine = replace(schedule, kv_capacity_tokens=None)  # the key: all but the capacity, checked against the peak
     runs = {}
-    for rule in rule_names:
-        key = (rule, engine, (cell.model, cell.gpu) if rule == "lossless" else None)
+    for label in rule_names:
+        rule = bench_rule(label)
+        key = (label, engine, (cell.model, cell.gpu) if rule.method == "lossless" else None)
         sim, proposer = cache.get(key, (None, None))
         if sim is None or sim.peak_kv > (schedule.kv_capacity_tokens or math.inf):
             budget_price = budget.with_host(host)  # lossless's budget prices a step's host time too
-            sim, proposer = simulate(rule, corpus, schedule, budget_price, suffix_cache, params)
+            # lossless's budget prices a row as the GPU's `scale` rows
+            sim, proposer = simulate(rule, corpus, schedule, budget_price, suffix_cache, scale)
             cache[key] = (sim, proposer)
-        runs[rule] = rule_run(sim, proposer, pricing)
+        runs[label] = rule_run(rule, sim, proposer, pricing)
     return runs
 
 
@@ -214,18 +217,6 @@ def fastest(result: dict[str, Projection], reading: str, candidates=None) -> tup
     if len(ranked) < 2:
         return ranked[0], math.nan
     return ranked[0], getattr(result[ranked[0]], reading) / getattr(result[ranked[1]], reading)
-
-
-def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:
-    """The arena bytes the largest RL step's previous-epoch histories take (`Arena.BYTES_PER_NODE` a token)."""
-    from ..integration.vllm.arena import Arena
-
-    largest = 0
-    for epoch in range(1, corpus.epochs):
-        for prompts in schedule.steps_of(epoch, len(corpus.prompts)):
-            tokens = sum(len(r) for p in prompts for r in corpus.responses[epoch - 1][p])
-            largest = max(largest, tokens)
-    return largest * Arena.BYTES_PER_NODE
 
 
 def _bar(rule: str, total: int):

@@ -11,7 +11,7 @@ from ..markdown import numbers, table
 from ..simulator.corpus import Corpus
 from ..simulator.engine import EngineSimulator, Schedule
 from .proposers import build
-from .run import RULES
+from .rules import bench_rule
 
 # the real engine's rules (`real_model_settings.RULES`) and the simulator's names for them: the engine path and the
 # request path (its scoring requests and continuations, `simulator.request_workload`)
@@ -19,7 +19,7 @@ VALIDATED = {
     "off": "off",
     "lossless": "lossless",
     "suffix": "suffix",
-    "lossless(verify=requests)": "lossless:requests",
+    "lossless(verify=requests)": "lossless,verify=requests",
 }
 
 
@@ -69,11 +69,11 @@ async def engine_visits(settings, progress=print) -> dict[str, tuple[Corpus, lis
 
 
 def validated(rules: list[str]) -> tuple[dict[str, str], list[str]]:
-    """The engine's rules `--rules` names (simulator names) that this check runs, off always, and those it can't: a
-    ratio rule has no engine-path twin here, ngram no replay of its own responses."""
-    unknown = [rule for rule in rules if rule not in RULES and rule not in VALIDATED.values()]
-    if unknown:
-        raise ValueError(f"--validate checks {', '.join(VALIDATED.values())}; --rules has {', '.join(unknown)}")
+    """The engine's rules `--rules` names (their spellings) that this check runs, off always, and those it can't: a
+    ratio rule has no engine-path twin here, ngram no replay of its own responses. A rule that does not parse is a
+    ValueError (`rules.bench_rule`)."""
+    for rule in rules:
+        bench_rule(rule)
     checked = {name: rule for name, rule in VALIDATED.items() if rule == "off" or rule in rules}
     return checked, [rule for rule in rules if rule not in checked.values()]
 
@@ -110,10 +110,12 @@ def validate(args) -> int:
     for name, rule in checked.items():
         corpus, visits = engine[name]  # the rule's own responses: the engine's verdicts are in them
         corpus = Corpus(corpus.prompts, corpus.responses, {**corpus.meta, "max_tokens": settings.max_tokens})
-        if ":" in rule:  # the request path: its requests, no proposer in the engine
-            sim = EngineSimulator(corpus, schedule, NoDrafts(), workload=request_workload(rule, corpus)).run()
+        parsed = bench_rule(rule)
+        if parsed.path == "requests":  # its requests, no proposer in the engine
+            workload = request_workload(parsed.policy, corpus)
+            sim = EngineSimulator(corpus, schedule, NoDrafts(), workload=workload).run()
         else:
-            proposer = build(rule, corpus, schedule, curve, 10_000)  # vLLM's cache: every visit here
+            proposer = build(parsed.policy, corpus, schedule, curve, 10_000)  # vLLM's cache: every visit here
             sim = EngineSimulator(corpus, schedule, proposer).run()
         later = [r for r in sim.records if r.rl_step >= 1]  # from the second visit on: the first has no previous one
         tokens = sum(total for *_, total in visits[1:])

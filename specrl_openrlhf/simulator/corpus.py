@@ -217,9 +217,9 @@ def spec_kept(corpus: Corpus, lenience: float) -> float:
     expectation: token i of the draft (epoch e - 1's response of the same prompt and sample) is accepted with
     probability a_i = min(1, lenience * p_curr_i / p_prev_i) (p_prev as sampled, p_curr the scoring pass), and the
     kept prefix runs to the first rejection, so a draft keeps sum_i prod_{j <= i} a_j tokens. A response's length is
-    the request path's replay's (`request_replay`): cut at i, i kept tokens and what the recorded response holds past
-    them (at least one); kept whole, the draft where it ended (shorter than `max_tokens`), else the longer of the
-    draft and the recorded response."""
+    the request path's replay's (`request_plans.CutPlans`): cut at i, i kept tokens and what the recorded response
+    holds past them (at least one); kept whole, the draft where it ended (shorter than `max_tokens`), else the longer
+    of the draft and the recorded response."""
     limit = corpus.meta.get("max_tokens") or float("inf")
     kept = total = 0.0
     for e in range(1, corpus.epochs):

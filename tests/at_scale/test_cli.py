@@ -10,6 +10,7 @@ from specrl_openrlhf.at_scale import cli, run
 from specrl_openrlhf.at_scale.proposers import Stock
 from specrl_openrlhf.simulator.corpus import Corpus
 from specrl_openrlhf.simulator.engine import EngineSimulator, Schedule
+from tests.helpers import REPO, result_fields
 
 
 def toy_corpus(tmp_path, scored=False):
@@ -29,10 +30,26 @@ def toy_corpus(tmp_path, scored=False):
         (["--curve", "/nonexistent.json"], "no such step curve file"),
         (["--model", "llama"], "--model 'llama': choose one of qwen3-1.7b, qwen3-8b, qwen3-14b"),
         (["--gpu", "a100"], "--gpu 'a100': choose one of h100, h200, b200"),
-        (["--params", '{"history_mb": 0}'], "--params: history_mb must be a positive integer"),
-        (["--rules", "lossless"], "--rules takes off and any of"),
-        (["--rules", "off,spec@x"], "lenience 'x' is not a number"),
-        (["--validate", "--rules", "off,lossless:tree"], "--validate checks off, lossless, suffix, lossless:requests"),
+        (
+            ["--rules", "off,lossless,history_mb=0"],
+            "--rules lossless,history_mb=0: reuse policy 'lossless': history_mb",
+        ),
+        (["--rules", "lossless"], "--rules takes off (stock, what every rule is projected against)"),
+        (["--rules", "off,spec@x"], "--rules spec@x: the lenience after @ must be a number"),
+        (["--rules", "off,speck"], "--rules speck: unknown reuse policy 'speck'. Did you mean 'spec'?"),
+        (["--rules", "verify=requests,off"], "verify=requests comes before any rule; write RULE,verify=requests"),
+        (["--rules", "off,exact,exact"], "--rules names exact twice"),
+        (
+            ["--rules", "off,lossless:requests"],
+            "--rules lossless:requests: write the config's spelling, lossless,verify=requests",
+        ),
+        (
+            ["--rules", "off,delayed"],
+            "--rules delayed: rule delayed(lenience=1.6487212707001282) scores drafts from 2",
+        ),
+        (["--rules", 'off,vllm,speculative_config={"method":"eagle"}'], "it runs model-free proposers only"),
+        (["--rules", "off,policies/none.py:Rule"], "--rules policies/none.py:Rule: --rollout_reuse"),
+        (["--validate", "--rules", "off,speck"], "Did you mean 'spec'?"),
         (["--prefix-caching", "maybe"], "argument --prefix-caching: invalid choice: 'maybe'"),
         (["--map", "--lenience-curve"], "argument --lenience-curve: not allowed with argument --map"),
     ],
@@ -53,22 +70,24 @@ def test_a_ratio_rule_on_a_corpus_without_its_scoring_pass_says_how_to_record_on
 def test_validate_runs_the_rules_named_and_names_those_it_cannot_check():
     from specrl_openrlhf.at_scale.validate import validated
 
-    checked, skipped = validated(["off", "lossless:requests", "exact"])
-    assert checked == {"off": "off", "lossless(verify=requests)": "lossless:requests"} and skipped == ["exact"]
-    assert list(validated(list(cli.RULES))[0].values()) == ["off", "lossless", "suffix", "lossless:requests"]
+    checked, skipped = validated(["off", "lossless,verify=requests", "exact"])
+    assert checked == {"off": "off", "lossless(verify=requests)": "lossless,verify=requests"} and skipped == ["exact"]
+    assert list(validated(list(cli.RULES))[0].values()) == ["off", "lossless", "suffix", "lossless,verify=requests"]
 
 
 def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys):
     pytest.importorskip("aiconfigurator_core")
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
-    rules = "off,lossless,lossless:requests,spec@1.65,exact"
-    argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--rules", rules]
+    rules = ["off", "lossless", "lossless,verify=requests", "spec@1.65", "exact"]
+    argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--rules", ",".join(rules)]
     assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8"]) == 0
-    result = capsys.readouterr().out.splitlines()[-1]
+    out = capsys.readouterr().out
+    result = out.splitlines()[-1]
     assert result.startswith("RESULT ")
-    fields = dict(item.split("=", 1) for item in result.split()[1:])
-    for rule in rules.split(","):
+    fields = result_fields(result)
+    assert "| lossless,verify=requests | requests |" in out and "| lossless | engine |" in out  # the label as given
+    for rule in rules:
         for name in ("projected", "projected_async", "breakeven_host_ms", "kept", "steps"):
             assert f"{name}[{rule}]" in fields, (name, rule)
     assert float(fields["projected[off]"]) == 1.0 and float(fields["forward_s[off]"]) > float(fields["prefill_s[off]"])
@@ -81,12 +100,35 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     # the fastest rule by each host reading, stock included, and its lead over the runner-up
     for reading, suffix in (("projected", ""), ("projected_async", "_async")):
         leader = fields[f"fastest{suffix}"]
-        ranked = sorted((float(fields[f"{reading}[{rule}]"]) for rule in rules.split(",")), reverse=True)
+        ranked = sorted((float(fields[f"{reading}[{rule}]"]) for rule in rules), reverse=True)
         assert float(fields[f"{reading}[{leader}]"]) == ranked[0]
         assert float(fields[f"fastest{suffix}_margin"]) == pytest.approx(ranked[0] / ranked[1], abs=2e-3)
     # epoch 1 against the trees of epoch 0: [5, 6, 7] twice follows [5, 6, 7] | [5, 6, 9] for 3 tokens each; [8, 2]
     # and [8, 9] follow [8, 9] for 1 and 2: 9 of the corpus's 20 response tokens
-    assert float(fields["kept[lossless:requests]"]) == pytest.approx(9 / 20)
+    assert float(fields["kept[lossless,verify=requests]"]) == pytest.approx(9 / 20)
+
+
+def test_a_plugin_is_priced_through_its_own_cut(tmp_path, capsys, monkeypatch):
+    """A rule written from policies/template.py, by its reference, on the request path: the toy's p_curr (-0.25) is
+    above its p_prev (-0.5), so spec@1.65 keeps each of epoch 0's four drafts (3, 3, 2 and 2 tokens) whole, 10 of the
+    corpus's 20 response tokens, and PrefixCap (spec@1.65, at most 90% of a draft) floor(0.9 x length) of each: 2,
+    2, 1 and 1, 6 of 20; with max_fraction=0.5, 1 of each, 4 of 20."""
+    pytest.importorskip("aiconfigurator_core")
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
+    monkeypatch.chdir(REPO)  # the reference as a user in the repository writes it
+    plugin = "policies/prefix_cap.py:PrefixCap"
+    rules = ["off", "spec@1.65", plugin, f"{plugin},max_fraction=0.5"]
+    argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--rules", ",".join(rules)]
+    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8"]) == 0
+    out = capsys.readouterr().out
+    fields = result_fields(out.splitlines()[-1])
+    kept = {rule: float(fields[f"kept[{rule}]"]) for rule in rules[1:]}
+    assert kept == {"spec@1.65": 0.5, plugin: 0.3, f"{plugin},max_fraction=0.5": 0.2}
+    assert float(fields[f"kept_e1[{plugin}]"]) == 0.6  # the drafted epoch's 10 tokens
+    for rule in rules[1:]:
+        assert f"| {rule} | requests |" in out and float(fields[f"projected[{rule}]"]) > 0
+    assert float(fields[f"steps[{plugin}]"]) > 0
 
 
 def test_a_memory_budget_too_small_for_one_step_is_refused(tmp_path, capsys, monkeypatch):
@@ -95,9 +137,10 @@ def test_a_memory_budget_too_small_for_one_step_is_refused(tmp_path, capsys, mon
     monkeypatch.setattr(Arena, "BYTES_PER_NODE", 1 << 20)  # a MiB a token: 1 MiB holds less than a step
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
-    argv = ["--corpus", toy_corpus(tmp_path), "--host", str(host), "--rules", "off,lossless"]
-    assert cli.main([*argv, "--params", '{"history_mb": 1}']) == 2
-    assert "history_mb=1 is too small for one RL step's histories" in capsys.readouterr().err
+    argv = ["--corpus", toy_corpus(tmp_path), "--host", str(host), "--rules", "off,lossless,history_mb=1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--rules lossless,history_mb=1: history_mb=1 is too small for one RL step's histories" in err
 
 
 @pytest.mark.engine

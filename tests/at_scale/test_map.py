@@ -18,14 +18,16 @@ def test_a_cell_names_the_fastest_rule_by_each_host_reading_and_lossless_against
     result = {
         "off": projection(1.0, 1.0),
         "lossless": projection(0.6, 1.3, 200.0),  # the engine path: behind with the host paid, ahead with it hidden
-        "lossless:requests": projection(0.9, 0.9, 1300.0),
+        "lossless,verify=requests": projection(0.9, 0.9, 1300.0),
         "exact": projection(1.2, 1.2),
         "suffix": projection(0.45, 0.7),
     }
     c = cell("long", "qwen3-8b", "h100", result)
     assert (c["best"], c["projected"]) == ("exact", 1.2)
     assert (c["best_async"], c["projected_async"]) == ("lossless", 1.3)
-    assert c["lossless_path"] == "lossless:requests" and c["lossless"] == 0.9 and c["breakeven_host_ms"] == 1300.0
+    assert (
+        c["lossless_path"] == "lossless,verify=requests" and c["lossless"] == 0.9 and c["breakeven_host_ms"] == 1300.0
+    )
     assert c["over_exact"] == pytest.approx(0.75) and c["over_suffix"] == pytest.approx(2.0)
     table = map_table([c])
     row = "| long | openrlhf | qwen3-8b | h100 | exact | 1.20 | 1.20 | lossless | 1.30 | 1.08 |"

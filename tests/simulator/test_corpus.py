@@ -99,14 +99,15 @@ def test_spec_kept_is_the_expected_prefix_a_ratio_rule_keeps_of_the_drafted_epoc
 
 
 def test_spec_kept_is_what_the_request_path_replay_keeps_on_the_shipped_long_corpus():
-    """The replay (`request_replay`, what bench_at_scale prices) draws the uniforms; its share of the drafted
+    """The replay (`request_workload`, what bench_at_scale prices) draws the uniforms; its share of the drafted
     epochs' tokens is spec_kept's expectation up to sampling noise."""
+    import specrl_openrlhf as sr
     from specrl_openrlhf.miniature.corpus import named
-    from specrl_openrlhf.simulator.request_workload import RequestReplay
+    from specrl_openrlhf.simulator.request_workload import request_workload
 
     long = Corpus.load(named("long"))
     for lenience in PAPER_LENIENCES:
-        replay = RequestReplay(f"spec@{lenience}", long)
+        replay = request_workload(sr.make("spec", lenience=lenience), long)
         kept = total = 0
         for e in range(1, long.epochs):
             for p in range(len(long.prompts)):

@@ -32,6 +32,7 @@ def replay_command(args) -> int:
     from pathlib import Path
 
     from .analysis.replay import ReplayError, format_table, replay_kept, tally
+    from .at_scale.engine_replay import engine_kept
     from .trace import read_traces
 
     if args.trace_dir is None:  # the folder may also come last, after the rules
@@ -52,7 +53,9 @@ def replay_command(args) -> int:
             results.append(tally("recorded (the run's own cuts)", records, records.cut))
         for policy in policies:
             start = time.perf_counter()
-            kept = replay_kept(policy, records, batch_size=args.batch_size, update_every=args.update_every)
+            kept = replay_kept(
+                policy, records, engine_kept, batch_size=args.batch_size, update_every=args.update_every
+            )
             results.append(tally(policy.describe(), records, kept))
             results[-1].seconds = time.perf_counter() - start
     except (PluginError, ReplayError, FileNotFoundError, ValueError, TypeError) as error:

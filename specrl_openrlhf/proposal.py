@@ -7,9 +7,6 @@ Terminology (`history` has the rest):
 - *own*: the sample's own previous response (`History.paths[r]`): SPEC-RL's draft.
 - *majority path*: from the root, the child most responses through the node take, while most continue
   (`majority_path`).
-- *greedy path*: below a cursor, the likeliest child by the history's p_prev at each step (`propose`), proposed
-  again at every decoding step and re-entered after a rejection (`verify_steps`): replay's stand-in for the engine's
-  proposer, which drafts from its own arena (`integration.vllm.arena`).
 - *walk*: the request path's exact walk through the whole tree with p_curr of every node (`walk`).
 
 Core module: numpy only.
@@ -17,105 +14,11 @@ Core module: numpy only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from .history import ROOT, History
-
-
-class Proposed(NamedTuple):
-    """A greedy path: its tokens, and for each the share of the responses through the cursor (those that ended there
-    included) that continue with it: its *support*, which the budget reads (`budget.features`)."""
-
-    tokens: list[int]
-    support: list[float]
-
-
-def propose(history: History, cursor: list[int], k: int, floor: float = -math.inf) -> Proposed:
-    """The greedy path below `cursor`, up to `k` tokens: at each step the child likeliest under the history's p_prev
-    (a known p_prev ranks above an unknown one), then the one most responses take (the choice when p_prev is unknown),
-    then the earliest response's; then the cursor's children with that token, until none continues or the chance that
-    the draft is accepted up to the token, by the history's p_prev, falls below e^`floor` (`static` budgets:
-    `LosslessParams.min_accept_prob`). Where p_prev is unknown, that chance reads the token's support, the share of
-    the responses through the cursor that take it: the history's own estimate of p_prev.
-
-    >>> history = History(min_match=2)
-    >>> history.add([5, 6, 7, 2], [-0.1, -0.2, -0.3, -0.1])
-    0
-    >>> history.add([5, 6, 8, 9, 2], [-0.1, -0.2, -1.0, -0.5, -0.1])
-    1
-    >>> propose(history, history.anchored([5, 6]), 4)  # 7 (p_prev e^-0.3) over 8, taken by one of the two responses
-    Proposed(tokens=[7, 2], support=[0.5, 1.0])
-    >>> propose(history, history.anchored([5, 6, 8]), 4).tokens
-    [9, 2]
-    """
-    kids, logprob, count, source = history.kids, history.logprob, history.count, history.source
-    tokens, support, reach = [], [], 0.0
-    while cursor and len(tokens) < k:
-        if len(cursor) == 1 and len(kids[cursor[0]]) == 1:  # one path on (most steps deep in a tree): no choice
-            [(token, child)] = kids[cursor[0]].items()
-            share = count[child] / count[cursor[0]]
-            reach += logprob[child] if logprob[child] == logprob[child] else math.log(share)  # NaN: unknown
-            if reach < floor:
-                break
-            tokens.append(token)
-            support.append(share)
-            cursor = [child]
-            continue
-        best, best_key, taking = None, None, {}
-        for node in cursor:
-            for token, child in kids[node].items():
-                taking[token] = taking.get(token, 0) + count[child]
-                known = logprob[child] if logprob[child] == logprob[child] else -math.inf  # NaN: unknown
-                key = (known, count[child], -source[child])
-                if best_key is None or key > best_key:
-                    best, best_key = token, key
-        if best is None:
-            break
-        share = taking[best] / sum(count[node] for node in cursor)
-        reach += best_key[0] if best_key[0] > -math.inf else math.log(share)
-        if reach < floor:
-            break
-        tokens.append(best)
-        support.append(share)
-        cursor = [child for node in cursor if (child := kids[node].get(best)) is not None]
-    return Proposed(tokens, support)
-
-
-def verify_steps(history: History, response, k: int, floor: float = -math.inf) -> tuple[int, int, int]:
-    """(accepted, drafted, re-entries) of `response`, a sample of p_curr, verified against greedy proposals at every
-    step, as the engine does: one-hot verification keeps a draft token y with probability p(y) and otherwise samples
-    p without y, so the sample has y there exactly when y was accepted; after the accepted tokens the engine samples
-    one token of its own, and the next step proposes again. Replay uses it on recorded responses: whatever proposal
-    produced them, they follow p_curr, so this is what another proposal would have kept of them.
-
-    >>> history = History(min_match=2)
-    >>> history.add([5, 6, 7, 8]); history.add([5, 6, 9, 2])
-    0
-    1
-    >>> verify_steps(history, [5, 6, 9, 2], k=8)  # proposes 6 7 8 after the first 5; keeps 6, re-anchors on 9: keeps 2
-    (2, 4, 1)
-    """
-    response = [int(t) for t in response]
-    position, accepted, drafted, reentries, rejected = 0, 0, 0, 0, False
-    cursor = [ROOT]
-    while position < len(response):
-        if not cursor and position:
-            cursor = history.reentry(response[:position])
-        draft = propose(history, cursor, k, floor).tokens if position else []  # the first is sampled after the prompt
-        kept = 0
-        while kept < len(draft) and position + kept < len(response) and draft[kept] == response[position + kept]:
-            kept += 1
-        if draft:
-            drafted, accepted, reentries = drafted + len(draft), accepted + kept, reentries + rejected
-            rejected = kept < len(draft)
-        step = response[position : position + kept + 1]
-        cursor = history.advance(cursor, step)
-        position += len(step)
-    return accepted, drafted, reentries
 
 
 def majority_path(history: History) -> np.ndarray:

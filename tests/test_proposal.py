@@ -1,91 +1,20 @@
-"""Proposals over a prompt's history (`specrl_openrlhf.proposal`): the greedy path the engine drafts at every step,
-its replay on recorded responses (`verify_steps`), the majority path, and the request path's exact walk through the
-tree. Exactness under a learner that trains on the drafts is tested in tests/policies/test_lossless.py."""
+"""Proposals over a prompt's history (`specrl_openrlhf.proposal`): the majority path and the request path's exact
+walk through the tree. Exactness under a learner that trains on the drafts is tested in
+tests/policies/test_lossless.py."""
 
 import doctest
-import math
 
 import numpy as np
 import pytest
 
 from specrl_openrlhf import proposal
-from specrl_openrlhf.history import ROOT, History, logprob_floor
-from specrl_openrlhf.proposal import majority_path, propose, verify_steps, walk
-from tests.helpers import draft, history_of
+from specrl_openrlhf.history import ROOT, History
+from specrl_openrlhf.proposal import majority_path, walk
+from tests.helpers import draft
 
 
 def test_doctests():
     assert doctest.testmod(proposal).failed == 0
-
-
-# ---- the greedy path ----------------------------------------------------------------------------------------------
-
-
-def test_without_history_nothing_is_proposed():
-    history = History()
-    assert len(history) == 0 and propose(history, history.anchored([]), 4).tokens == []
-    assert propose(history, history.anchored([5]), 4).tokens == [] and history.reentry([1, 2, 3, 4, 5]) == []
-
-
-def test_inside_the_tree_the_likeliest_child_leads_and_the_path_follows_it():
-    history = history_of(
-        [1, 2, 3, 9], [1, 4, 5, 9], [1, 4, 6, 9], logprobs=[[0, -2, 0, 0], [0, -0.5, -1, 0], [0, -0.5, -0.2, 0]]
-    )
-    here = history.anchored([1])
-    assert propose(history, here, 8).tokens == [4, 6, 9]  # 4 (p_prev e^-0.5) over 2 (e^-2); then 6 (e^-0.2) over 5
-    assert propose(history, here, 1).tokens == [4]  # at most k
-    assert propose(history, history.anchored([1, 2]), 8).tokens == [3, 9]
-
-
-def test_without_p_prev_most_responses_lead_then_the_earliest():
-    history = history_of([1, 2], [1, 3], [1, 4])
-    assert propose(history, history.anchored([1]), 4).tokens == [2]  # a tie: the earliest response's
-    history.add([1, 3, 5])
-    assert propose(history, history.anchored([1]), 4) == ([3, 5], [0.5, 0.5])  # 3 is taken by two of four
-
-
-def test_a_draft_stops_where_the_history_says_it_is_unlikely_accepted():
-    logprobs = [[0.0, math.log(0.5), math.log(0.5), math.log(0.5)]]
-    history = history_of([1, 2, 3, 4], logprobs=logprobs)
-    assert propose(history, history.anchored([1]), 8).tokens == [2, 3, 4]
-    # cumulative 0.5, 0.25, 0.125: with a floor of 0.2 the third token is not proposed
-    assert propose(history, history.anchored([1]), 8, logprob_floor(0.2)).tokens == [2, 3]
-
-
-def test_an_unknown_p_prev_is_not_probability_one():
-    """Without log-probs (the engine path asks vLLM for none unless its caller does) p_prev is unknown: the static
-    floor then reads the share of the history's responses that take each token, and binds."""
-    history = history_of([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6, 7], [1, 8, 9, 9])
-    assert np.isnan(history.arrays.logprob[1:]).all()
-    here = history.anchored([1])
-    assert propose(history, here, 8).tokens == [2, 3, 4]  # the majority, then the earliest response
-    # shares 3/4, then 2/3, then 1/2: cumulative 0.75, 0.5, 0.25; a floor of 0.4 keeps two tokens
-    assert propose(history, here, 8, logprob_floor(0.4)).tokens == [2, 3]
-    assert propose(history, here, 8, logprob_floor(0.8)).tokens == []
-
-
-def test_a_known_p_prev_ranks_above_an_unknown_one():
-    history = history_of([1, 2], min_match=2)  # no p_prev
-    history.add([1, 3], [0.0, math.log(0.01)])  # a known but small one
-    assert propose(history, history.anchored([1]), 1).tokens == [3]
-    history.add([1, 2], [0.0, math.log(0.5)])  # the first response's token, now known too, and likelier
-    assert propose(history, history.anchored([1]), 1).tokens == [2]
-
-
-def test_a_reentry_proposes_what_follows_every_longest_match():
-    history = history_of([5, 6, 7, 8, 1], [9, 6, 7, 3, 1], min_match=2)
-    assert propose(history, history.reentry([0, 5, 6, 7]), 2).tokens == [8, 1]
-    assert propose(history, history.reentry([0, 4, 6, 7]), 2).tokens in ([8, 1], [3, 1])
-
-
-def test_verify_steps_counts_what_one_hot_verification_keeps():
-    rng = np.random.default_rng(0)
-    responses = [rng.integers(2, 6, 12).tolist() for _ in range(4)]
-    history = history_of(*responses)
-    assert verify_steps(history, responses[0], k=64) == (11, 11, 0)  # a history response itself: every draft kept
-    accepted, drafted, reentries = verify_steps(history, [responses[1][0], 9, *responses[2][3:]], k=4)
-    assert accepted < drafted and reentries >= 0
-    assert verify_steps(History(), [1, 2, 3], k=4) == (0, 0, 0)
 
 
 # ---- the majority path --------------------------------------------------------------------------------------------

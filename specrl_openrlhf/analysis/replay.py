@@ -6,7 +6,8 @@ Proposals replay too (`lossless,draft=own`, `lossless,draft=majority`, `lossless
 visit's records hold the prompt's previous responses with their token ids and p_curr, so the majority path or the tree
 of them is rebuilt, scored from the records, and walked with each sample's uniforms, as a run with that proposal
 would have. A tree needs every response's p_curr: traces of a run that scored whole drafts (tracing scores them whole)
-or walked a tree; two visits of history need a run that proposed from two visits.
+or walked a tree; two visits of history need a run that proposed from two visits. Responses a run verified in the
+engine replay through our engine proposer's own code (`replay_verified`).
 
 What replay can't know is what a continuation would have generated: "decoded tokens saved" counts the draft tokens
 a rule keeps, which the engine would otherwise have decoded. What it can show is how stale a rule's kept tokens are:
@@ -16,18 +17,17 @@ their mean log p_curr / p_gen (the drift since they were decoded) and the share 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..draft import Draft
-from ..history import ROOT, History, logprob_floor
+from ..history import ROOT, History
 from ..markdown import numbers, table
 from ..policies import ReusePolicy
 from ..policies.base import checked_cuts, draft_batch
 from ..policies.stateful import FeedbackCoordinator
-from ..proposal import majority_path, verify_steps, walk
+from ..proposal import majority_path, walk
 from ..seeds import entropy_of, uniforms_for
 from ..staleness import OLD_AGE
 from ..trace import TraceRecords
@@ -105,12 +105,12 @@ def kept_by_cuts(records: TraceRecords, cuts: np.ndarray) -> Kept:
     )
 
 
-def replay_kept(policy: ReusePolicy, records: TraceRecords, **replay_args) -> Kept:
+def replay_kept(policy: ReusePolicy, records: TraceRecords, verify=None, **replay_args) -> Kept:
     """What `policy` keeps of every sample's proposal: cuts of the recorded drafts (`replay`), or, for a rule that
     proposes the majority path or the tree of a visit's responses, those rebuilt from the visit's records; on traces
-    of responses verified in the engine, `replay_verified`."""
+    of responses verified in the engine, `replay_verified` (`verify`: the engine proposer's replay)."""
     if "engine" in records.proposals:
-        return replay_verified(policy, records)
+        return replay_verified(policy, records, verify)
     if policy.draft_choice not in ("majority", "tree"):
         return kept_by_cuts(records, replay(policy, records, **replay_args))
     if (records.tokens[: records.offsets[-1]] < 0).any():
@@ -142,42 +142,51 @@ def replay_kept(policy: ReusePolicy, records: TraceRecords, **replay_args) -> Ke
     )
 
 
-def replay_verified(policy: ReusePolicy, records: TraceRecords) -> Kept:
+def replay_verified(policy: ReusePolicy, records: TraceRecords, verify=None) -> Kept:
     """What a proposal keeps of responses a run verified in the engine (traces written by `lossless` with
     `verify="engine"`): each visit's records hold the history the engine drafted from (slot -1) and each sample's
-    response, a sample of p_curr whatever was proposed. `lossless` in the engine verifies it against proposals from the
-    history at every step (`proposal.verify_steps`); `lossless` on the request path keeps the response's longest
-    prefix inside the history's tree, which is what its exact walk keeps of a p_curr sample. The run also drafted from
-    each visit's finished siblings; replay uses the history alone. No p_curr of drafts: no drift."""
+    response, a sample of p_curr whatever was proposed. `lossless` in the engine: our engine proposer's own code
+    verifies each visit again, its samples drafting from the history and from each other as they run (`verify`:
+    `at_scale.engine_replay.engine_kept`, which `python -m specrl_openrlhf replay` passes; this layer can't import
+    it). `lossless` on the request path keeps the response's longest prefix inside the history's tree, which is what
+    its exact walk keeps of a p_curr sample. No p_curr of drafts: no drift."""
     if policy.name != "lossless" or (not policy.verifies_in_engine and policy.draft_choice != "tree"):
         raise ReplayError(
             f"rule {policy.describe()} needs p_curr of drafts, which responses verified in the engine never had: "
             "these traces replay lossless (in the engine) and lossless,verify=requests (its tree)"
         )
-    tokens, offered, whole = [], [], []
-    for rows in _visits(records):
-        history = History(policy.params.min_match)
-        for r in rows[~records.samples[rows]].tolist():
-            history.add(records.row("tokens", r), records.row("draft_logprobs", r))
-        # a static budget stops where p_prev says; the goodput budget depends on the engine's step costs, which a
-        # trace does not hold: replay proposes all it can, what that budget could keep at most
-        floor = logprob_floor(policy.params.min_accept_prob) if policy.params.budget == "static" else -math.inf
-        for r in rows[records.samples[rows]].tolist():
-            response = records.row("tokens", r).tolist()
-            if policy.verifies_in_engine:
-                kept, drafted, _ = verify_steps(history, response, policy.params.num_speculative_tokens, floor)
-            else:  # the tree's exact walk keeps the response's longest prefix that is a path of the tree
+    if policy.verifies_in_engine and verify is None:
+        raise ReplayError(
+            f"rule {policy.describe()} is replayed by the engine proposer itself: python -m specrl_openrlhf replay "
+            "drives it (or pass verify=specrl_openrlhf.at_scale.engine_replay.engine_kept)"
+        )
+    visits = [
+        (
+            [records.row("tokens", r).tolist() for r in rows[~records.samples[rows]].tolist()],
+            [records.row("tokens", r).tolist() for r in rows[records.samples[rows]].tolist()],
+        )
+        for rows in _visits(records)
+    ]
+    if policy.verifies_in_engine:
+        verified = [pair for visit in verify(policy.params, visits) for pair in visit]
+        tokens, offered = [k for k, _ in verified], [d for _, d in verified]
+    else:  # the tree's exact walk keeps the response's longest prefix that is a path of the tree
+        tokens, offered = [], []
+        for history_responses, responses in visits:
+            history = History(policy.params.min_match)
+            for response in history_responses:
+                history.add(response)
+            for response in responses:
                 kept, cursor = 0, [ROOT]
                 while kept < len(response) and (cursor := history.advance(cursor, response[kept : kept + 1])):
                     kept += 1
-                drafted = kept + (kept < len(response) and bool(len(history)))
-            tokens.append(kept)
-            offered.append(drafted)
-            whole.append(kept == len(response))
+                tokens.append(kept)
+                offered.append(kept + (kept < len(response) and bool(len(history))))
+    lengths = [len(r) for _, responses in visits for r in responses]
     return Kept(
         tokens=np.array(tokens, np.int64),
         offered=np.array(offered, np.int64),
-        whole=np.array(whole, bool),
+        whole=np.array(tokens, np.int64) == np.array(lengths, np.int64),
         drift=np.zeros(0),
         ages=np.zeros(0, np.int64),
     )

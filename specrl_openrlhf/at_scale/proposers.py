@@ -51,18 +51,21 @@ class Stock:
 class Lossless:
     """Our engine proposer; the prompt's previous epoch is registered when its visit starts, as the rollout does
     from the draft store, and each finished sample's response after it. `params`: the rule's, its budget priced on
-    `curve` at `cost_scale` of the GPU's rows a row."""
+    `curve` (None: the rule's own `cost_curve`) at `cost_scale` of the GPU's rows a row."""
 
     name, async_scheduling = "lossless", False
 
-    def __init__(self, max_model_len: int, max_num_seqs: int, curve: StepCurve, params: LosslessParams, cost_scale=1):
+    def __init__(
+        self, max_model_len: int, max_num_seqs: int, curve: StepCurve | None, params: LosslessParams, cost_scale=1
+    ):
         from ..cache import prompt_key
         from ..integration.vllm import histories
         from ..integration.vllm.proposer import HistoryProposer
 
         histories.BOARD = self.board = histories.HistoryBoard()
         self.key = prompt_key
-        rule = replace(params, cost_curve=curve.as_data(), cost_scale=cost_scale)  # priced on the curve
+        priced = params.cost_curve if curve is None else curve.as_data()
+        rule = replace(params, cost_curve=priced, cost_scale=cost_scale)
         self.params = histories.params_message(rule)
         self.proposer = HistoryProposer(vllm_config(rule.num_speculative_tokens, max_model_len, max_num_seqs))
         self.keys: dict[int, bytes] = {}

@@ -297,6 +297,7 @@ class EngineSimulator:
                 a += 1
             taken = request.response[position : position + a + 1]
             request.taken += len(taken)
+            request.drafted, request.accepted = request.drafted + len(draft), request.accepted + a
             batch.extend(slot, taken)
             sampled.append(taken)
             decode_rows += 1

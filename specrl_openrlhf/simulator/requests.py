@@ -44,6 +44,8 @@ class Request:
     prompt_logprobs: bool = False
     restored: int = 0
     admitted: int = -1  # when the engine admitted it (its order in vLLM's running queue)
+    drafted: int = 0  # draft tokens it verified
+    accepted: int = 0  # of them, those it kept
 
     def __post_init__(self):
         self.prefilled = max(self.prefilled, min(self.cached, len(self.prompt)))

@@ -3,8 +3,9 @@ quickstart's default run (off, spec and lossless, with traces and TensorBoard lo
 end-to-end test: OpenRLHF's rollout path on Ray, the weight sync, the reward, the staleness meter, metrics, plots,
 traces and their replay, and the report read from TensorBoard. Whole quickstart runs (about 4 minutes on 2 cores,
 and the warm start's 2 on an empty cache), so all of it runs in the slow pass: the default pass checks each part
-on its own (tests/miniature, tests/integration, tests/analysis). The last block (training the tutorial's own rule
-beside the baseline, a second quickstart run) reads nothing the others wrote: a test of its own."""
+on its own (tests/miniature, tests/integration, tests/analysis). The last two blocks (training the tutorial's own
+rule beside the baseline, a second quickstart run, and pricing it at RL scale) read nothing the others wrote: a test
+each."""
 
 import itertools
 import json
@@ -20,8 +21,9 @@ import pytest
 import specrl_openrlhf as sr
 from specrl_openrlhf.analysis import run_readers, wandb_logs
 from specrl_openrlhf.analysis.replay import replay_kept
+from specrl_openrlhf.at_scale.engine_replay import engine_kept
 from specrl_openrlhf.trace import read_traces
-from tests.helpers import a_real_picture
+from tests.helpers import a_real_picture, result_fields
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "prototyping.md"
@@ -57,7 +59,7 @@ def results(stdout: str) -> list[dict[str, str]]:
 def tutorial(tmp_path_factory):
     out = tmp_path_factory.mktemp("tutorial")
     blocks = bash_blocks(DOC.read_text())
-    assert len(blocks) == 3  # record, replay, train
+    assert len(blocks) == 4  # record, replay, train, price
     return out, run_blocks(blocks[:2], out)
 
 
@@ -87,10 +89,23 @@ def test_the_tutorial_runs_as_written(tutorial):
 @pytest.mark.ray
 @pytest.mark.slow  # a second quickstart run; it reads nothing the other blocks wrote
 def test_the_tutorials_rule_trains_beside_the_baseline(tmp_path):
-    (trained,) = results(run_blocks(bash_blocks(DOC.read_text())[2:], tmp_path))
+    (trained,) = results(run_blocks(bash_blocks(DOC.read_text())[2:3], tmp_path))
     assert trained["policy"] == "AgeDecayLenience" and trained["seeds"] == "1"
     assert float(trained["token_ratio"]) > 1.0  # drafts reused in epoch 2
     assert a_real_picture(tmp_path / "age_decay" / "runs.png")
+
+
+@pytest.mark.slow  # the long corpus at RL scale, every rule simulated
+def test_the_tutorials_rule_is_priced_at_rl_scale(tmp_path):
+    """The last block reads nothing the others wrote: the tutorial's rule, by its reference, beside spec@1.65 and
+    stock. Every draft of a corpus is one visit old, where the rule is spec@1.65: the same cuts."""
+    pytest.importorskip("aiconfigurator_core")
+    stdout = run_blocks(bash_blocks(DOC.read_text())[3:], tmp_path)
+    (priced,) = [result_fields(line) for line in stdout.splitlines() if line.startswith("RESULT")]
+    rule = "policies/age_decay_lenience.py:AgeDecayLenience@1.65,decay=0.25"
+    assert f"| {rule} | requests |" in stdout and priced["corpus"] == "long"
+    assert priced[f"kept[{rule}]"] == priced["kept[spec@1.65]"] and float(priced["kept[spec@1.65]"]) > 0
+    assert float(priced[f"projected[{rule}]"]) > 0 and priced["missing"] == "none"
 
 
 @pytest.mark.ray
@@ -129,11 +144,12 @@ def test_the_quickstart_writes_what_it_measured(tutorial):
     records = read_traces(out / "traces" / "spec@1.65")
     assert len(records) == sum(r["drafts_found"] for r in steps["spec@1.65"])
     assert np.array_equal(replay_kept(sr.make("spec", lenience=1.65), records).tokens, records.cut)
-    # Responses verified in the engine replay against the history they were drafted from (the run also drafted from
-    # finished siblings): every response of both epochs is there, and the engine's proposal keeps part of each visit.
+    # Responses verified in the engine replay through the engine proposer, drafting from the history and from each
+    # other: every response of both epochs is there, and the engine's proposal keeps part of each visit.
     records = read_traces(out / "traces" / "lossless")
     assert int(records.samples.sum()) == 2 * 256
-    engine, tree = (replay_kept(sr.make("lossless", **p), records) for p in ({}, {"verify": "requests"}))
+    engine = replay_kept(sr.make("lossless"), records, engine_kept)  # our engine proposer's own code
+    tree = replay_kept(sr.make("lossless", verify="requests"), records)
     assert engine.tokens.sum() > 0 and tree.tokens.sum() > 0 and len(engine.tokens) == len(tree.tokens) == 512
 
     # The report reads the runs three times over: our metrics.json, and the logs written with OpenRLHF's own

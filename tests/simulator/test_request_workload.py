@@ -290,6 +290,11 @@ def test_the_kept_share_is_the_kept_tokens_over_the_response_tokens():
     tokens = sum(len(r) for epoch in (PREVIOUS, RECORDED) for samples in epoch for r in samples)
     kept = 2 + 2 + 5 + 2 + 1  # under the coupling the rule's response is the recorded one: kept + generated
     assert run.response_tokens + run.kept_outside == tokens and run.kept == pytest.approx(kept / tokens)
+    # full keeps every draft whole (prompt 1's second, cut at the budget, no longer than its 8 tokens: the 5 recorded
+    # follow none of it) and generates only prompt 1's first sample (8 tokens): 5 + 6 + 5 + 8 + 4 tokens kept of 36
+    full = request_workload(sr.make("full"), corpus)
+    run = EngineSimulator(corpus, Schedule(max_num_seqs=4, prompts_per_step=1), NoDrafts(), workload=full).run()
+    assert run.epoch_tokens[1] == (8, 28) and run.kept_in(1) == pytest.approx(28 / 36)
 
 
 def test_what_a_corpus_lacks_for_a_rule_is_named():

@@ -2,11 +2,13 @@
 corpus in a named regime, and priced where RL runs: a named GPU and model, every row's context, every cost.
 
 - `cli`: the command line, its flags and its report;
+- `rules`: the rules `--rules` names, in the config's spelling, each routed by what its policy says of itself;
 - `run`: the rules run and priced, projected against stock, the fastest picked;
 - `proposers`: the engine's proposers as the simulator drives them (ours, vLLM's suffix decoding and n-gram);
 - `host_steps`: the engine's host time per step, measured on the tiny model (the shipped curve, or this machine's);
 - `map` and `heatmap`: `--map`, every corpus x model x GPU x regime, and its picture;
 - `lenience`: `--lenience-curve`, spec@ℓ beside the SPEC-RL paper's ablation;
 - `validate`: `--validate`, the simulator against a real engine;
-- `paper_times`: the SPEC-RL paper's rollout times beside the simulator's, on the drafted epochs.
+- `paper_times`: the SPEC-RL paper's rollout times beside the simulator's, on the drafted epochs;
+- `engine_replay`: engine traces verified again by our engine proposer's own code (`python -m specrl_openrlhf replay`).
 """

@@ -6,10 +6,8 @@ Terminology:
 - *history*: a prompt's previous responses (its last visit's n samples, with `history=2` the visit's before too).
 - *node*: one token after its parent's prefix; node 0 (`ROOT`) is the prompt. Responses that share a prefix share its
   nodes. A node's *source* is the first response through it; its *count* is how many responses go through it.
-- *cursor*: where a sample stands in the history, as a list of nodes: those whose path from the root ends with the
-  sample's response so far. An *anchored* sample's whole response is a path from the root (one node, `anchored`);
-  after a *re-entry* (`reentry`) the cursor holds every node whose path ends with the longest suffix of the response,
-  at least `min_match` tokens long, that the history holds.
+- *cursor*: where a sample stands in the history, as a list of nodes whose path from the root is the sample's
+  response so far (`advance`; [] once it left the history).
 - *proposal*: draft tokens read off the history below a cursor (`proposal`).
 
 `History` holds the structure only: p_prev of each node (the likeliest value a response through it reported, or
@@ -29,13 +27,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .draft import Draft
-from .params import check_value
 
 ROOT = 0
 UNKNOWN_LOGPROB = math.nan  # a node's p_prev where no response through it reported one (never read as probability 1)
-DEFAULT_MIN_MATCH = 4  # shortest suffix a re-entry may match on: shorter matches found too many unrelated places
-MAX_MATCH = 256  # a re-entry's match is measured back this far at most (longer ones tie)
-MAX_OWN_ENDS = 16  # a sample's re-entry in its own tokens weighs the latest places its suffix ends at, this many
 
 
 class Nodes(NamedTuple):
@@ -51,36 +45,30 @@ class Nodes(NamedTuple):
 
 
 class History:
-    """The trie of a prompt's responses, appended to one response at a time, with an index of every run of
-    `min_match` tokens for re-entries.
+    """The trie of a prompt's responses, appended to one response at a time.
 
-    >>> history = History(min_match=2)
+    >>> history = History()
     >>> history.add([5, 6, 7, 2], [-0.1, -0.2, -0.3, -0.1]); history.add([5, 6, 8, 9, 2])
     0
     1
-    >>> here = history.anchored([5, 6]); history.token_of(history.children(here[0])).tolist()
+    >>> here = history.advance([ROOT], [5, 6]); history.token_of(history.children(here[0])).tolist()
     [7, 8]
-    >>> history.advance(here, [8]) == history.anchored([5, 6, 8]), history.advance(here, [3])
+    >>> history.advance(here, [8]) == history.advance([ROOT], [5, 6, 8]), history.advance(here, [3])
     (True, [])
-    >>> history.token_of(history.reentry([1, 8, 9])).tolist()  # the suffix [8, 9] is in the second response
-    [9]
     """
 
-    def __init__(self, min_match: int = DEFAULT_MIN_MATCH):
-        check_value("min_match", min_match, int, at_least=1)
-        self.min_match = min_match
+    def __init__(self):
         self.token, self.parent, self.depth, self.source = [-1], [-1], [0], [-1]
         self.stop, self.count, self.logprob = [False], [0], [UNKNOWN_LOGPROB]
         self.kids: list[dict[int, int]] = [{}]  # per node: token -> child, in the order the children came
-        self.grams: dict[tuple[int, ...], list[int]] = {}  # last `min_match` tokens of a node's path -> its nodes
         self.paths: list[np.ndarray] = []  # [L_r] int64, node ids of each response's tokens
         self.responses: list[Draft | None] = []  # each response's draft, where it was added with one
         self._arrays: Nodes | None = None
 
     @classmethod
-    def of_drafts(cls, drafts, min_match: int = DEFAULT_MIN_MATCH) -> History:
+    def of_drafts(cls, drafts) -> History:
         """The history of `drafts`, in priority order (a node's source is the first draft through it)."""
-        history = cls(min_match)
+        history = cls()
         for draft in drafts:
             history.add(draft.token_ids, draft.logprobs, stop=draft.finish_reason == "stop", response=draft)
         return history
@@ -105,7 +93,7 @@ class History:
         tokens = [int(t) for t in tokens]
         if logprobs is not None and len(logprobs) != len(tokens):
             raise ValueError(f"a response of {len(tokens)} tokens came with {len(logprobs)} log-probs")
-        index, m, node = len(self.paths), self.min_match, ROOT
+        index, node = len(self.paths), ROOT
         path = np.empty(len(tokens), np.int64)
         self.count[ROOT] += 1
         for i, token in enumerate(tokens):
@@ -122,8 +110,6 @@ class History:
                 self.stop.append(False)
                 self.count.append(1)
                 self.logprob.append(logprob)
-                if i + 1 >= m:
-                    self.grams.setdefault(tuple(tokens[i + 1 - m : i + 1]), []).append(child)
             else:
                 self.count[child] += 1
                 old = self.logprob[child]
@@ -175,10 +161,6 @@ class History:
 
     # ---- cursors ------------------------------------------------------------------------------------------------
 
-    def anchored(self, response) -> list[int]:
-        """The cursor of a sample whose response so far is `response`, if it is a path from the root ([] if not)."""
-        return self.advance([ROOT], response)
-
     def advance(self, cursor: list[int], new_tokens) -> list[int]:
         """The cursor once the sample has produced `new_tokens` ([] when it left the history there)."""
         kids = self.kids
@@ -187,37 +169,6 @@ class History:
             if not cursor:
                 break
         return cursor
-
-    def reentry(self, response, max_ends: int | None = None) -> list[int]:
-        """The nodes after the longest suffix of `response` (at least `min_match` tokens) that the history holds;
-        with `max_ends`, among the newest `max_ends` places its last `min_match` tokens end at (a large history)."""
-        m = self.min_match
-        ends = self.grams.get(tuple(response[-m:])) if len(response) >= m else None
-        if not ends:
-            return []
-        if max_ends is not None:
-            ends = ends[-max_ends:]
-        parent, token = self.parent, self.token
-        best, longest = [], 0
-        reach = min(len(response), MAX_MATCH)
-        for end in ends:
-            length, node = m, end
-            for _ in range(m):
-                node = parent[node]
-            while length < reach and node != ROOT and token[node] == response[-1 - length]:
-                length, node = length + 1, parent[node]
-            if length > longest:
-                best, longest = [end], length
-            elif length == longest:
-                best.append(end)
-        return best
-
-    def match_length(self, node: int, response) -> int:
-        """How many of `response`'s last tokens the path to `node` ends with (up to MAX_MATCH)."""
-        length, reach, parent, token = 0, min(len(response), MAX_MATCH), self.parent, self.token
-        while length < reach and node != ROOT and token[node] == response[-1 - length]:
-            length, node = length + 1, parent[node]
-        return length
 
     # ---- the request path's drafts ----------------------------------------------------------------------------------
 
@@ -243,49 +194,6 @@ class History:
             gen_logprobs=column("gen_logprobs").astype(np.float32),
             ages=(column("ages").astype(np.int64) + older) if len(nodes) else None,
         )
-
-
-class OwnTokens:
-    """A sample's own tokens (its prompt and its response so far), indexed by every run of `min_match` tokens: where
-    its last tokens occurred before in itself, and what followed there, a proposal (as vLLM's n-gram proposer and the
-    request's own part of its suffix tree are). A *pointer* is the position after such an earlier match.
-
-    >>> own = OwnTokens(min_match=2)
-    >>> own.extend([5, 6, 7, 8, 1, 5, 6])
-    >>> pointer = own.reentry(); pointer, own.tokens[pointer : pointer + 3]
-    (2, [7, 8, 1])
-    """
-
-    def __init__(self, min_match: int = DEFAULT_MIN_MATCH):
-        self.min_match = min_match
-        self.tokens: list[int] = []
-        self.grams: dict[tuple[int, ...], list[int]] = {}  # a run of min_match tokens -> positions after it
-
-    def extend(self, tokens) -> None:
-        m = self.min_match
-        for token in tokens:
-            self.tokens.append(int(token))
-            if len(self.tokens) >= m:
-                self.grams.setdefault(tuple(self.tokens[-m:]), []).append(len(self.tokens))
-
-    def reentry(self) -> int | None:
-        """The position after the longest earlier occurrence of the sequence's last tokens (at least `min_match`; the
-        latest of equal length), or None."""
-        ends = self.grams.get(tuple(self.tokens[-self.min_match :]), [])[:-1]  # the last one is the end itself
-        best, longest = None, 0
-        for end in reversed(ends[-MAX_OWN_ENDS:]):
-            length = self.min_match
-            while length < min(end, MAX_MATCH) and self.tokens[end - 1 - length] == self.tokens[-1 - length]:
-                length += 1
-            if length > longest:
-                best, longest = end, length
-        return best
-
-    def match_length(self, pointer: int) -> int:
-        length, end = 0, len(self.tokens)
-        while length < min(pointer, MAX_MATCH) and self.tokens[pointer - 1 - length] == self.tokens[end - 1 - length]:
-            length += 1
-        return length
 
 
 def logprob_floor(min_accept_prob: float) -> float:

@@ -60,11 +60,11 @@ def draft(tokens, logprobs=None, finish="stop"):
     return sr.Draft(np.asarray(tokens, np.int32), np.asarray(logprobs, np.float32), finish)
 
 
-def history_of(*responses, min_match=2, logprobs=None):
+def history_of(*responses, logprobs=None):
     """A `History` of token lists (and their p_prev, if given)."""
     from specrl_openrlhf.history import History
 
-    history = History(min_match)
+    history = History()
     for i, response in enumerate(responses):
         history.add(response, None if logprobs is None else logprobs[i])
     return history

@@ -40,29 +40,18 @@ def test_a_node_keeps_the_likeliest_p_prev_of_its_responses():
 
 def test_cursors_follow_the_sample_inside_the_tree_and_leave_it():
     history = history_of([1, 2, 3, 9], [1, 4, 5, 9])
-    here = history.anchored([1])
+    here = history.advance([ROOT], [1])
     assert history.token_of(history.children(here[0])).tolist() == [2, 4]
-    assert history.advance(here, [4, 5]) == history.anchored([1, 4, 5]) == [history.paths[1][2]]
-    assert history.anchored([1, 7]) == [] and history.advance(here, [7, 2]) == []  # left the tree
-    assert History().anchored([]) == [ROOT] and History().anchored([5]) == []
+    assert history.advance(here, [4, 5]) == history.advance([ROOT], [1, 4, 5]) == [history.paths[1][2]]
+    assert history.advance([ROOT], [1, 7]) == [] and history.advance(here, [7, 2]) == []  # left the tree
+    assert History().advance([ROOT], []) == [ROOT] and History().advance([ROOT], [5]) == []
 
 
 def test_finished_siblings_join_the_history():
     history = history_of([1, 2, 3])
-    assert history.anchored([7, 8]) == []
+    assert history.advance([ROOT], [7, 8]) == []
     history.add([7, 8, 9, 2])  # a sibling of the visit finished
-    assert history.token_of(history.children(history.anchored([7, 8])[0])).tolist() == [9]
-
-
-def test_a_reentry_takes_the_longest_suffix_match_of_at_least_min_match():
-    history = history_of([5, 6, 7, 8, 1], [9, 6, 7, 3, 1], min_match=2)
-    [node] = history.reentry([0, 5, 6, 7])  # [5, 6, 7] matches the first response only
-    assert history.token_of(history.children(node)).tolist() == [8]
-    both = history.reentry([0, 4, 6, 7])  # only [6, 7] matches: both responses continue from there
-    assert sorted(history.token_of(history.children(n)).tolist()[0] for n in both) == [3, 8]
-    assert history.reentry([0, 4, 7]) == []  # [4, 7] is nowhere: no match of 2 tokens
-    assert history_of([5, 6, 7], min_match=3).reentry([0, 6, 7]) == []  # two tokens are not enough for min_match 3
-    assert history.match_length(node, [0, 5, 6, 7]) == 3
+    assert history.token_of(history.children(history.advance([ROOT], [7, 8])[0])).tolist() == [9]
 
 
 def test_a_path_becomes_a_draft_with_its_sources_columns():
@@ -76,8 +65,6 @@ def test_a_path_becomes_a_draft_with_its_sources_columns():
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="min_match"):
-        History(0)
     with pytest.raises(ValueError, match="3 tokens came with 2 log-probs"):
         History().add([1, 2, 3], [0.0, 0.0])
     with pytest.raises(ValueError, match="min_accept_prob"):

@@ -173,7 +173,7 @@ def replay_verified(policy: ReusePolicy, records: TraceRecords, verify=None) -> 
     else:  # the tree's exact walk keeps the response's longest prefix that is a path of the tree
         tokens, offered = [], []
         for history_responses, responses in visits:
-            history = History(policy.params.min_match)
+            history = History()
             for response in history_responses:
                 history.add(response)
             for response in responses:

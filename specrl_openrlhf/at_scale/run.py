@@ -16,7 +16,7 @@ import numpy as np
 
 from ..miniature.corpus import PRESETS, named
 from ..params import check_fields, check_value
-from ..pricing import rule_figures as rules
+from ..pricing import rule_figures
 from ..pricing.curves import HostCurve, StepCurve, StepPrice
 from ..pricing.kernels import GPUS, MODELS, KernelStepModel
 from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, project
@@ -127,11 +127,14 @@ def simulate(rule: BenchRule, corpus: Corpus, schedule: Schedule, price, suffix_
 
 
 def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
-    """A simulated rule on `pricing`: its figures (`pricing.rules`), costs, and the prefill's share of its forward."""
-    columns = {name: sim.column(name) for name in (*rules.COLUMNS, *rules.OPTIONAL)}
-    costs = rules.simulated_costs(columns, pricing)
+    """A simulated rule on `pricing`: its figures (`pricing.rule_figures`), costs, and its prefill seconds."""
+    columns = {name: sim.column(name) for name in (*rule_figures.COLUMNS, *rule_figures.OPTIONAL)}
+    costs = rule_figures.simulated_costs(columns, pricing)
     found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
-    figures = rules.figures(columns, costs, proposer.async_scheduling) | {"kept": sim.kept, "found_previous": found}
+    figures = rule_figures.figures(columns, costs, proposer.async_scheduling) | {
+        "kept": sim.kept,
+        "found_previous": found,
+    }
     figures["memory_mb"] = proposer.memory_bytes() / 2**20
     fit = figures["proposer_fit"]  # measured here: never missing
     cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
@@ -141,11 +144,11 @@ def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> Ru
         figures,
         costs,
         cost,
-        rules.prefill_seconds(columns, pricing, costs),
+        rule_figures.prefill_seconds(columns, pricing, costs),
         sim.column("epoch"),
         sim.column("rl_step"),
         kept,
-        rules.scoring_seconds(columns, pricing, costs),
+        rule_figures.scoring_seconds(columns, pricing, costs),
         drafted,
         rule,
     )

@@ -4,7 +4,8 @@ OpenRLHF 0.11 builds its parser inside its module's `if __name__ == "__main__":`
 argument group (docs/upstream.md proposes one). So `pip install specrl-openrlhf` puts `specrl_openrlhf_hook.pth`
 into site-packages: Python reads it at the start of every process, and it imports this module only in a process
 whose command line names `openrlhf.cli.train_ppo_ray`. Here `install` steps in only when that module is run with
-`-m` and one of our flags (`--rollout_reuse`, `--lenience`, `--reuse.*`) or `--help` is on the command line. Then
+`-m` and one of our flags (`--rollout_reuse`, `--lenience`, `--reuse.*`, and the engine size OpenRLHF has no flag
+for: `--vllm.max_num_seqs`, `--vllm.max_num_batched_tokens`) or `--help` is on the command line. Then
 it calls `specrl_openrlhf.integration.openrlhf.seams.install`, which takes the one `parse_args` call that OpenRLHF's
 module makes: OpenRLHF's module itself runs as Python runs it, from its own file. The dependency runs one way: the
 seams module knows nothing of this one.
@@ -19,7 +20,7 @@ import sys
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 ENTRY_POINT = "specrl_openrlhf.cli.train_ppo_ray"
 SWITCH = "SPECRL_OPENRLHF_HOOK"
-_OUR_FLAGS = ("--rollout_reuse", "--lenience", "--reuse.")
+_OUR_FLAGS = ("--rollout_reuse", "--lenience", "--reuse.", "--vllm.max_num_seqs", "--vllm.max_num_batched_tokens")
 _HELP = ("-h", "--help")
 _installed = False
 

@@ -48,7 +48,8 @@ def option(flag: str, default, help: str, *, shown: str | None = None, cell: boo
 
 @dataclass(frozen=True, kw_only=True)
 class ReuseConfig:
-    """Rollout-reuse settings (the `--rollout_reuse`, `--lenience` and `--reuse.*` flags).
+    """Rollout-reuse settings (the `--rollout_reuse`, `--lenience` and `--reuse.*` flags), and the engine size
+    OpenRLHF has no flag for (`--vllm.max_num_seqs`, `--vllm.max_num_batched_tokens`).
 
     >>> ReuseConfig(policy="spec", lenience=1.65).build_policy().describe()
     'spec(lenience=1.65)'
@@ -139,6 +140,23 @@ class ReuseConfig:
         type=float,
         metavar="S",
     )
+    max_num_seqs: int | None = option(
+        "--vllm.max_num_seqs",
+        None,
+        "rows each vLLM engine decodes at a step (vLLM's max_num_seqs), for every engine OpenRLHF starts",
+        shown="vLLM's (128 on OpenRLHF's engines)",
+        type=int,
+        metavar="N",
+    )
+    max_num_batched_tokens: int | None = option(
+        "--vllm.max_num_batched_tokens",
+        None,
+        "tokens each vLLM engine computes at a step, draft tokens included (vLLM's max_num_batched_tokens), for "
+        "every engine OpenRLHF starts: a rule verified in the engine drafting k tokens needs rows x (1 + k)",
+        shown="vLLM's (2048 on OpenRLHF's engines)",
+        type=int,
+        metavar="N",
+    )
     dry_run: bool = option(
         "--reuse.dry_run",
         False,
@@ -163,11 +181,26 @@ class ReuseConfig:
         check_value("--reuse.cache_max_gb", self.cache_max_gb, float, above=0, means="GiB")
         check_value("--reuse.cache_shards", self.cache_shards, int, at_least=1)
         check_value("--reuse.checkpoint_poll_s", self.checkpoint_poll_s, float, above=0, means="seconds")
+        size = self.engine_size_arguments  # OpenRLHF's engines: our flags are `--vllm.` and vLLM's name
+        for name, value in size.items():
+            check_value(f"--vllm.{name}", value, int, at_least=1)
+        if len(size) == 2 and size["max_num_batched_tokens"] < size["max_num_seqs"]:
+            raise ValueError(
+                f"--vllm.max_num_batched_tokens {self.max_num_batched_tokens} is below --vllm.max_num_seqs "
+                f"{self.max_num_seqs}: vLLM refuses a step budget smaller than its rows; raise the first or lower the "
+                "second"
+            )
         object.__setattr__(self, "plugins", tuple(str(p) for p in self.plugins))
 
     @property
     def enabled(self) -> bool:
         return self.build_policy().draft_age > 0
+
+    @property
+    def engine_size_arguments(self) -> dict:
+        """The engine arguments the `--vllm.*` flags of ours set (those given; vLLM's defaults for the others)."""
+        named = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens}
+        return {name: value for name, value in named.items() if value is not None}
 
     @property
     def cache_max_bytes(self) -> int:

@@ -73,6 +73,9 @@ def test_a_grid_cells_flags():
         ({"cache_max_gb": -1}, "--reuse.cache_max_gb"),
         ({"checkpoint_poll_s": 0}, "--reuse.checkpoint_poll_s"),
         ({"update_every": 0}, "--reuse.update_every"),
+        ({"max_num_seqs": 0}, "--vllm.max_num_seqs must be a positive integer, got 0"),
+        ({"max_num_batched_tokens": 2.5}, "--vllm.max_num_batched_tokens must be a positive integer, got 2.5"),
+        ({"max_num_seqs": 256, "max_num_batched_tokens": 128}, "128 is below --vllm.max_num_seqs 256"),
     ],
 )
 def test_bad_values_name_their_flag(kwargs, message):
@@ -105,3 +108,10 @@ def test_a_file_a_rule_names_travels_as_its_data(tmp_path):
     assert published.params["cost_scale"] == 8 and published.params["cost_curve"]["device"] == "a GPU"
     assert published.build_policy().params.cost_curve == published.params["cost_curve"]
     assert ReuseConfig(policy="spec").resolved() == ReuseConfig(policy="spec")
+
+
+def test_the_engine_size_flags_give_the_engine_arguments_they_set():
+    assert ReuseConfig().engine_size_arguments == {}
+    assert ReuseConfig(max_num_batched_tokens=4096).engine_size_arguments == {"max_num_batched_tokens": 4096}
+    both = ReuseConfig(max_num_seqs=256, max_num_batched_tokens=8192).engine_size_arguments
+    assert both == {"max_num_seqs": 256, "max_num_batched_tokens": 8192}

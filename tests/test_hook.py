@@ -30,6 +30,20 @@ def test_our_flags_or_help_trigger_it():
     assert hook.wants_reuse(["--actor.model_name_or_path", "m", "--rollout_reuse", "spec"])
     assert hook.wants_reuse(["--reuse.dry_run"]) and hook.wants_reuse(["-h"]) and hook.wants_reuse(["--lenience=2"])
     assert not hook.wants_reuse(["--actor.model_name_or_path", "m", "--rollout.temperature", "1.0"])
+    assert hook.wants_reuse(["--vllm.max_num_seqs", "256"]) and hook.wants_reuse(
+        ["--vllm.max_num_batched_tokens=4096"]
+    )
+    assert not hook.wants_reuse(["--vllm.num_engines", "4", "--vllm.enable_prefix_caching"])  # OpenRLHF's own
+
+
+def test_every_flag_of_ours_triggers_it():
+    """The hook is stdlib only, so it spells our flags itself: each `ReuseConfig` flag must be among them."""
+    import dataclasses
+
+    from specrl_openrlhf.config import ReuseConfig
+
+    for field in dataclasses.fields(ReuseConfig):
+        assert hook.wants_reuse([field.metadata["flag"]]), field.metadata["flag"]
 
 
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), ("off", False), ("FALSE", False)])

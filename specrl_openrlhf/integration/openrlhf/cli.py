@@ -8,6 +8,11 @@ OpenRLHF's `--train.agent_func_path`, then calls OpenRLHF's `train`. Without our
 The peers (`vllm`, `suffix`, `ngram`: vLLM's own speculation) reuse nothing, but the run is ours all the same
 (`steps_in`): their engines need the speculative config, and our executor reports, per sample, what vLLM drafted and
 accepted (`reuse/`), as for `lossless` verified in the engine.
+
+OpenRLHF builds its engines with vLLM's defaults for their size (it has no flag for it): the command says what size
+each engine will have, warns where a rule verified in the engine drafts more than a step's budget carries, and our
+`--vllm.max_num_seqs` and `--vllm.max_num_batched_tokens` reach every engine through the same seam as the
+speculative config (`engines`).
 """
 
 from __future__ import annotations
@@ -51,34 +56,87 @@ def steps_in(policy: ReusePolicy) -> bool:
 
 
 def after_parse(parser: argparse.ArgumentParser, namespace):
-    """Validate our flags with OpenRLHF's (a bad one is a usage error, before Ray starts). Returns what to put in the
-    command module's namespace (our `train`, and for a rule verified in the engine our `create_vllm_engines`), or
-    None to leave it as it is (`off`, no dry run). The rule is built here, once for the run, and passed on."""
+    """Validate our flags with OpenRLHF's (a bad one is a usage error, before Ray starts), and say how large each
+    engine will be (`engine_size_notes`). Returns what to put in the command module's namespace (our `train`, and for
+    a rule verified in the engine or our engine size flags our `create_vllm_engines`), or None to leave it as it is
+    (`off` without them, no dry run). The rule is built here, once for the run, and passed on."""
     try:
         config = reuse_config.from_namespace(namespace)
         policy = config.build_policy()  # loads the plugins: a bad rule is a usage error too
-        for warning in check_combination(namespace, config, policy):
-            print(f"[specrl-openrlhf] warning: {warning}", file=sys.stderr)
+        warnings = check_combination(namespace, config, policy)
     except (UnknownPolicyError, PluginError, UnsupportedSamplingError, ValueError, TypeError) as error:
         flag = "--rollout_reuse" if isinstance(error, (UnknownPolicyError, PluginError)) else ""
         parser.error(f"{flag + ': ' if flag and not str(error).startswith('--') else ''}{error}")
-    if not (steps_in(policy) or config.dry_run):
+    size_line, size_warnings = engine_size_notes(namespace, config, policy)
+    if size_line:
+        print(f"[specrl-openrlhf] {size_line}", file=sys.stderr)
+    for warning in warnings + size_warnings:
+        print(f"[specrl-openrlhf] warning: {warning}", file=sys.stderr)
+    if not (steps_in(policy) or config.dry_run or config.engine_size_arguments):
         return None
     return functools.partial(take_over_names, config, policy=policy)
 
 
 def take_over_names(config: ReuseConfig, module_globals: dict, policy: ReusePolicy | None = None) -> None:
-    """Our `train` (`train_with_reuse`, which calls OpenRLHF's), and the engine arguments the rule needs (`policy`:
-    the config's rule, built where the run starts)."""
-    from ..vllm.engine_args import engine_kwargs
+    """Our `train` (`train_with_reuse`, which calls OpenRLHF's), and the engine arguments of ours (`policy`: the
+    config's rule, built where the run starts)."""
     from .engines import with_engine_kwargs
 
     policy = config.build_policy() if policy is None else policy
     upstream_train = module_globals["train"]
     module_globals["train"] = lambda args: train_with_reuse(args, upstream_train, policy)
-    if steps_in(policy) and engine_kwargs(policy) and "create_vllm_engines" in module_globals:
-        extra = functools.partial(engine_kwargs, policy)  # OpenRLHF's arguments in, ours added
+    if our_engine_kwargs(config, policy) and "create_vllm_engines" in module_globals:
+        extra = functools.partial(our_engine_kwargs, config, policy)  # OpenRLHF's arguments in, ours added
         module_globals["create_vllm_engines"] = with_engine_kwargs(module_globals["create_vllm_engines"], extra)
+
+
+def our_engine_kwargs(config: ReuseConfig, policy: ReusePolicy, base: dict | None = None) -> dict:
+    """OpenRLHF's engine arguments `base` (default: none) with ours: the engine size our `--vllm.*` flags set, and
+    what the rule's engines need (`engine_kwargs`: nothing for a rule verified by requests, or `off`)."""
+    from ..vllm.engine_args import engine_kwargs
+
+    return engine_kwargs(policy, {**(base or {}), **config.engine_size_arguments})
+
+
+def engine_size_notes(namespace, config: ReuseConfig, policy: ReusePolicy) -> tuple[str | None, list[str]]:
+    """A line saying how many rows and tokens a step each engine OpenRLHF starts will schedule (the flags given,
+    else vLLM's defaults for an engine built as OpenRLHF builds it), and a warning where a rule verified in the
+    engine drafts more tokens than that budget carries in every row. (None, []) without vLLM engines."""
+    engines = lookup(namespace, "vllm.num_engines") or 0
+    if engines < 1:
+        return None, []
+    from ..vllm.engine_defaults import engine_size
+
+    try:
+        size = engine_size(
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            world_size=lookup(namespace, "vllm.tensor_parallel_size", 1) or 1,
+        )
+    except ImportError as error:
+        return f"vLLM's engine defaults can't be read here ({error}): each engine's size is vLLM's to set", []
+    given = config.engine_size_arguments
+    origin = {
+        name: f"--vllm.{name}" if name in given else f"{name}, vLLM's default"
+        for name in ("max_num_seqs", "max_num_batched_tokens")
+    }
+    line = (
+        f"each of the {engines} vLLM engine(s) OpenRLHF builds schedules at most {size.max_num_seqs} rows "
+        f"({origin['max_num_seqs']}) and {size.max_num_batched_tokens} tokens a step "
+        f"({origin['max_num_batched_tokens']})"
+    )
+    k = policy.engine_arguments().get("speculative_config", {}).get("num_speculative_tokens")
+    if not k or size.carries_drafts(k):
+        return line, []
+    need, rows = size.tokens_for_drafts(k), size.rows_carrying_drafts(k)
+    fewer_rows = f", or fewer rows: --vllm.max_num_seqs {rows}" if rows else ""
+    return line, [
+        f"--rollout_reuse {config.policy} drafts up to k = {k} tokens a row: a full step of {size.max_num_seqs} rows "
+        f"x (1 + {k}) = {need} tokens is over the engine's budget of {size.max_num_batched_tokens} "
+        "(max_num_batched_tokens), so vLLM cuts the drafts of the rows it schedules last and leaves the rest for the "
+        f"next step. Fix: --vllm.max_num_batched_tokens {need} (or more){fewer_rows}, or fewer draft tokens a step "
+        "(num_speculative_tokens)"
+    ]
 
 
 def lookup(namespace, dotted: str, default=None):
@@ -152,19 +210,26 @@ def namespace_to_dict(namespace) -> dict:
 
 def print_dry_run(args, config: ReuseConfig, policy: ReusePolicy) -> None:
     openrlhf_args = namespace_to_dict(args)
-    for ours in ("reuse", "rollout_reuse", "lenience"):
-        openrlhf_args.pop(ours, None)
+    for field in reuse_config.flag_fields():  # ours, `--vllm.max_num_seqs` among OpenRLHF's `vllm` group included
+        *parents, name = reuse_config.dest(field).split(".")
+        node = openrlhf_args
+        for part in parents:
+            node = node.get(part, {})
+        node.pop(name, None)
+    if openrlhf_args.get("reuse") == {}:
+        del openrlhf_args["reuse"]
     resolved = {"reuse": dataclasses.asdict(config), "policy": policy.describe()}
     if steps_in(policy):
-        from ..vllm.engine_args import engine_kwargs
-
-        # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path, and for a rule
-        # verified in the engine, its speculative config (our proposer, or vLLM's own for the peers)
+        # what the vLLM engines get: our executor, wrapping the user's agent or OpenRLHF's reward path, the engine size
+        # our flags set, and for a rule verified in the engine, its speculative config (our proposer, or vLLM's own
+        # for the peers)
         resolved["engines"] = {
             "agent_func_path": AGENT_ENTRY,
-            "engine_kwargs": engine_kwargs(policy),
+            "engine_kwargs": our_engine_kwargs(config, policy),
             **run_settings(args, config, policy),
         }
+    elif config.engine_size_arguments:  # `off` with our engine size: OpenRLHF's engines get it, nothing else
+        resolved["engines"] = {"engine_kwargs": our_engine_kwargs(config, policy)}
     resolved["openrlhf_args"] = openrlhf_args
     print(json.dumps(resolved, indent=2, default=str))
 

@@ -35,6 +35,8 @@ RENAMED = {
     "--algo.advantage.is_correction_type": ["--algo.advantage.is_correction_mode"],  # icepop = a token mask
 }
 VALUES = {"icepop": "mask"}
+# what the command says of the 4 engines of train_dapo_ray_hybrid_engine
+ENGINE_SIZE = "each of the 4 vLLM engine(s) OpenRLHF builds schedules at most 128 rows (max_num_seqs, vLLM's default)"
 
 
 def run_in_process(args):
@@ -100,12 +102,23 @@ def test_the_literal_command_takes_our_flags_and_gives_lossless_engines_our_prop
     """OpenRLHF's own command (a fresh process: our .pth hook steps in) takes our flags. `--rollout_reuse lossless`
     verifies in the engine: the engines OpenRLHF starts get our proposer (the dry run prints their arguments), and the
     command module's `create_vllm_engines` is our stand-in around OpenRLHF's; a rule on the request path (`spec`,
-    whose lenience the same parser reads) leaves it alone."""
+    whose lenience the same parser reads) leaves it alone. The command says each engine's size, vLLM's defaults here,
+    and warns that 128 rows x (1 + 16) draft tokens are over their 2,048-token budget."""
     from specrl_openrlhf.integration.vllm.engine_args import PROPOSER
 
     args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
-    plan = resolved(run_openrlhf(args + ["--rollout_reuse", "lossless", "--reuse.dry_run"]))
+    literal = run_openrlhf(args + ["--rollout_reuse", "lossless", "--reuse.dry_run"])
+    plan = resolved(literal)
+    # the size of the engines OpenRLHF builds: vLLM's defaults (tests/integration/vllm/test_engine_defaults.py), too
+    # small a budget for lossless's k = 16 drafts in every row, which the command says with the fix
+    assert f"{ENGINE_SIZE} and 2048 tokens a step (max_num_batched_tokens, vLLM's default)" in literal.stderr
+    warning = "warning: --rollout_reuse lossless drafts up to k = 16 tokens a row: a full step of 128 rows x (1 + 16)"
+    assert f"{warning} = 2176 tokens is over the engine's budget of 2048" in literal.stderr
+    assert (
+        "Fix: --vllm.max_num_batched_tokens 2176 (or more), or fewer rows: --vllm.max_num_seqs 120" in literal.stderr
+    )
     extra = plan["engines"]["engine_kwargs"]
+    assert not {"max_num_seqs", "max_num_batched_tokens"} & set(extra)  # vLLM's defaults: nothing passed
     assert extra["speculative_config"]["model"] == PROPOSER and extra["speculative_config"]["method"] == "custom_class"
     assert extra["per_request_spec_decode_metrics"] == "detailed" and extra["scheduling_policy"] == "priority"
     spec = resolved(run_in_process(args + OURS + ["--reuse.dry_run"]))
@@ -124,6 +137,58 @@ def test_the_literal_command_takes_our_flags_and_gives_lossless_engines_our_prop
         openrlhf_cli.take_over_names(openrlhf_cli.ReuseConfig(policy=rule, params=params), module)
         assert (module["create_vllm_engines"] is not upstream_create) == wrapped, (rule, params)
         assert getattr(module["create_vllm_engines"], "__wrapped__", upstream_create) is upstream_create
+
+
+def test_the_literal_command_passes_our_engine_size_to_every_engine_and_warns_only_where_drafts_dont_fit():
+    """`--vllm.max_num_batched_tokens 4096` (our flag: OpenRLHF has none) on OpenRLHF's own command: the command says
+    each engine's size, the value reaches every engine's arguments, and 128 rows x (1 + 16) = 2,176 tokens fit, so
+    nothing is warned (without it, the test above sees the warning)."""
+    args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "") + ["--rollout_reuse", "lossless"]
+    wide = run_openrlhf(args + ["--vllm.max_num_batched_tokens", "4096", "--reuse.dry_run"])
+    assert f"{ENGINE_SIZE} and 4096 tokens a step (--vllm.max_num_batched_tokens)" in wide.stderr
+    assert "warning: --rollout_reuse lossless drafts" not in wide.stderr
+    plan = resolved(wide)
+    extra = plan["engines"]["engine_kwargs"]
+    assert extra["max_num_batched_tokens"] == 4096 and "max_num_seqs" not in extra
+    assert extra["speculative_config"]["num_speculative_tokens"] == 16
+    assert plan["reuse"]["max_num_batched_tokens"] == 4096
+    assert "max_num_batched_tokens" not in plan["openrlhf_args"]["vllm"]  # ours, not OpenRLHF's
+
+
+@pytest.mark.parametrize(
+    "args, warned",
+    [
+        (["--rollout_reuse", "lossless"], True),
+        (["--rollout_reuse", "lossless", "--vllm.max_num_seqs", "120"], False),  # 120 x 17 = 2040
+        (["--rollout_reuse", "lossless", "--reuse.params", '{"num_speculative_tokens": 15}'], False),  # 128 x 16
+        (["--rollout_reuse", "lossless", "--vllm.max_num_seqs", "256", "--vllm.max_num_batched_tokens", "4096"], True),
+        (["--rollout_reuse", "lossless", "--reuse.params", '{"verify": "requests"}'], False),  # no drafts in engine
+        (["--rollout_reuse", "ngram"], False),  # vLLM's n-gram proposer: k = 8
+        (["--rollout_reuse", "spec"], False),  # the request path
+    ],
+)
+def test_the_draft_budget_is_warned_for_rules_verified_in_the_engine_only(args, warned):
+    result = run_in_process(BASE + args + ["--reuse.dry_run"])
+    assert result.returncode == 0, result.stderr
+    assert ("tokens is over the engine's budget" in result.stderr) == warned, result.stderr
+
+
+def test_our_engine_size_reaches_openrlhfs_engines_without_a_rule(monkeypatch):
+    """`--vllm.max_num_seqs` alone (`off`: stock OpenRLHF otherwise) still reaches every engine OpenRLHF builds: the
+    command module's `create_vllm_engines` is our stand-in, whose engines' arguments get it."""
+    plan = resolved(run_in_process(BASE + ["--vllm.max_num_seqs", "64", "--reuse.dry_run"]))
+    assert plan["policy"] == "off()" and plan["engines"] == {"engine_kwargs": {"max_num_seqs": 64}}
+    assert "max_num_seqs" not in plan["openrlhf_args"]["vllm"]  # ours, not OpenRLHF's
+    from specrl_openrlhf.integration.openrlhf import engines
+
+    wrapped = []
+    monkeypatch.setattr(engines, "with_engine_kwargs", lambda create, extra: wrapped.append(extra) or create)
+    module = {"train": lambda a: None, "create_vllm_engines": lambda *a, **kw: "engines"}
+    openrlhf_cli.take_over_names(openrlhf_cli.ReuseConfig(max_num_seqs=64), module)
+    openrlhf_kwargs = {"model": "m", "max_model_len": 2048}
+    assert [extra(dict(openrlhf_kwargs)) for extra in wrapped] == [{**openrlhf_kwargs, "max_num_seqs": 64}]
+    openrlhf_cli.take_over_names(openrlhf_cli.ReuseConfig(), module)
+    assert len(wrapped) == 1  # `off` without our engine size: OpenRLHF's own create_vllm_engines
 
 
 def test_the_peers_engines_get_vllms_speculation_and_our_executor():
@@ -172,7 +237,9 @@ def test_help_lists_openrlhfs_and_our_flags():
     assert result.returncode == 0 and result.stdout.startswith(f"usage: python -m {OURS_MODULE} ")
     for flag in ["--actor.model_name_or_path", "--vllm.num_engines", "--rollout_reuse", "--reuse.params"]:
         assert flag in result.stdout
-    assert "speculative rollouts (specrl-openrlhf)" in result.stdout
+    openrlhfs, ours = result.stdout.split("speculative rollouts (specrl-openrlhf)")
+    for flag in ["--vllm.max_num_seqs", "--vllm.max_num_batched_tokens"]:  # OpenRLHF 0.11.2 has neither
+        assert flag in ours and flag not in openrlhfs
 
 
 BASE = ["--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.remote_url", "r.py"]
@@ -218,6 +285,15 @@ def test_the_console_script_names_itself_in_errors():
             "/nope/h200.json: no such step curve file",
         ),
         (["--rollout_reuse", "spec", "--reuse.trace_dir", "/proc/specrl"], "--reuse.trace_dir /proc/specrl: not a"),
+        (["--vllm.max_num_seqs", "0"], "--vllm.max_num_seqs must be a positive integer, got 0"),
+        (
+            ["--vllm.max_num_batched_tokens", "lots"],
+            "argument --vllm.max_num_batched_tokens: invalid int value: 'lots'",
+        ),
+        (
+            ["--rollout_reuse", "lossless", "--vllm.max_num_seqs", "256", "--vllm.max_num_batched_tokens", "128"],
+            "--vllm.max_num_batched_tokens 128 is below --vllm.max_num_seqs 256",
+        ),
     ],
 )
 def test_bad_input_fails_before_ray_with_one_usage_line_and_the_fix(args, message):
@@ -301,7 +377,7 @@ def test_train_with_reuse_starts_ray_and_hands_the_engines_our_executor(rule, mo
         rollout=ns(batch_size=8, n_samples_per_prompt=4, temperature=1.0, top_p=1.0),
         reward=ns(remote_url=["r.py"]),
         train=ns(agent_func_path=None),
-        vllm=ns(num_engines=1),
+        vllm=ns(num_engines=1, max_num_seqs=None, max_num_batched_tokens=None),
     )
     built = []
     build = openrlhf_cli.ReuseConfig.build_policy

@@ -121,6 +121,19 @@ def dtype_line(requested: str) -> str:
     return f"engines in {cpu_dtype(requested)} ({why}); machine: {machine()}"
 
 
+def cache_model_info(model_dir: str | Path) -> None:
+    """Fill vLLM's per-user cache of what the model's class supports (under `VLLM_CACHE_ROOT`, keyed by the class's
+    source file). An engine that misses it inspects the class in a subprocess of its own, a whole vLLM import;
+    engines started together on an empty cache all miss it at once. One inspection here, before they start, serves
+    them all. Never raises: where it fails, each engine inspects the class itself, as it would have."""
+    try:
+        from vllm.config import ModelConfig
+
+        ModelConfig(model=str(model_dir))
+    except Exception as error:  # the engines then report whatever is wrong with the model
+        print(f"[engine] vLLM's model info not cached ahead ({type(error).__name__}: {error})", flush=True)
+
+
 def cpu_engine_kwargs(*, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, **overrides) -> dict:
     """Engine arguments for `vllm.LLM`, `AsyncEngineArgs` or OpenRLHF's `RolloutRayActor` on a CPU machine.
 

@@ -45,8 +45,11 @@ class Regime:
         return epoch + 1 == self.epochs or (self.eval_every > 0 and (epoch + 1) % self.eval_every == 0)
 
 
-# The same 36 steps of 32 prompts, spread as 3 visits of 384 prompts (12 updates between visits) or 12 visits of 96
-# (3 updates between visits), at the default learning rate or a third of it.
+# The quickstart's own run (no grid): 3 visits of 128 prompts, 12 steps of 32 (4 updates between visits), a third of
+# the grids' steps, so that a first run takes minutes.
+QUICKSTART = Regime(train_size=128)
+# The grids' regimes: the same 36 steps of 32 prompts, spread as 3 visits of 384 prompts (12 updates between visits)
+# or 12 visits of 96 (3 updates between visits), at the default learning rate or a third of it.
 REGIMES = {
     "default": Regime(),
     "many-visits": Regime(name="many-visits", train_size=96, epochs=12),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,10 +55,10 @@ def main(argv=None) -> int:
     from ..pricing.measured import shipped_host_curve
     from . import summary
     from .actors import held_out_accuracy, start_group, stop_group
-    from .engine import CPU_ENGINE_ENV, dtype_line
+    from .engine import CPU_ENGINE_ENV, cache_model_info, dtype_line
     from .task import TaskConfig, splits
     from .training import train_group
-    from .warm_start import WarmStartConfig
+    from .warm_start import DEFAULT_TASK, WarmStartConfig, warm_start
 
     logging.getLogger("openrlhf").setLevel(logging.WARNING)
     transformers_logging.disable_progress_bar()  # its per-load bars would break up ours
@@ -84,12 +85,16 @@ def main(argv=None) -> int:
     if args.host_curve is not None:
         print(f"[quickstart] host steps: {args.host_curve.describe()}")
     (out / "steps").mkdir(parents=True, exist_ok=True)
+    # vLLM's model-info cache filled while Ray starts: every warm start is the tiny model's class, as the shipped one
+    model_info = threading.Thread(target=cache_model_info, args=(warm_start(WarmStartConfig(), DEFAULT_TASK),))
+    model_info.start()
     ray.init(
         num_cpus=os.cpu_count(),
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"worker_process_setup_hook": WORKER_SETUP_HOOK, "env_vars": CPU_ENGINE_ENV},
     )
+    model_info.join()
     accuracy_before = {run.seed: run.accuracy_before for g in groups if g.key in done for run in g.runs}
     try:
         install_in_worker()  # SamplesGenerator runs here: its evaluation requests carry the mark too

@@ -12,7 +12,7 @@ from .. import config as reuse_config
 from ..policies import PluginError, UnknownPolicyError
 from ..pricing.curves import StepCurve
 from .engine import add_dtype_argument
-from .plan import GRIDS, REGIMES, SUFFIX_AT_SCALE, Method, Regime, plan, with_trace_dirs
+from .plan import GRIDS, QUICKSTART, REGIMES, SUFFIX_AT_SCALE, Method, plan, with_trace_dirs
 
 DESCRIPTION = """GRPO on CPU with stock rollouts and speculative ones, side by side (`bash scripts/quickstart.sh`).
 
@@ -80,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, key in REGIME_FLAGS.items():
         kind = float if key == "lr" else int
         parser.add_argument(
-            flag, type=kind, default=None, help=f"the regime's {key} (default: {getattr(Regime(), key)})"
+            flag,
+            type=kind,
+            default=None,
+            help=f"the regime's {key} (default: {getattr(QUICKSTART, key)}; the grids set their own)",
         )
     parser.add_argument(
         "--cost-curve",
@@ -182,7 +185,7 @@ def planned_groups(args, overrides: dict):
         rules = [Method.of(given.policy, lenience, given.params, **shared)]
         if args.rollout_reuse is None and not args.only:  # the default: show the trade-off against the safe rule
             rules.append(Method(RECOMMENDED.name, replace(RECOMMENDED.config, **shared)))
-        regimes = [replace(REGIMES["default"], **overrides)]
+        regimes = [replace(QUICKSTART, **overrides)]
     if args.cost_curve:  # lossless prices its draft slots on the curve: the drafts a GPU would choose
         rules = [with_cost_curve(m, args.cost_curve) for m in rules]
     from ..integration.vllm.engine_args import engine_kwargs

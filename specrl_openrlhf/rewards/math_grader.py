@@ -17,12 +17,15 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import multiprocessing
+import os
 import threading
 import time
 from collections import OrderedDict
 
 TIMEOUT_S = 5  # per parse and per comparison, enforced inside the worker (math-verify's own signal alarm)
-WORKERS = 2
+# Two workers where cores are to spare; one on a 2-core machine, where every rollout actor has its own pool and each
+# worker is a Python process that imports math-verify (the quickstart: three actors)
+WORKERS = 2 if (os.cpu_count() or 1) > 2 else 1
 STARTUP_TIMEOUT_S = 300.0  # a new worker imports math-verify (and re-imports the parent's main module)
 STUCK_S = 120.0  # a caller gives up after this long, queueing included, and replaces the pool
 KEEP = 1 << 16  # grades kept, least recently used dropped first

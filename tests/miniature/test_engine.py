@@ -1,6 +1,7 @@
 """Engines on CPU get a byte-sized KV cache, so they start wherever the NUMA node reports little memory."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -8,7 +9,7 @@ import textwrap
 import pytest
 
 import specrl_openrlhf as sr
-from specrl_openrlhf.miniature import engine, quickstart_args, real_model
+from specrl_openrlhf.miniature import engine, quickstart_args, real_model, warm_start
 from specrl_openrlhf.miniature.engine import cpu_engine_kwargs
 
 pytestmark = pytest.mark.engine
@@ -60,6 +61,27 @@ def test_engine_starts_with_its_byte_budget_on_a_small_numa_node(tiny_model_dir)
     bytes_per_token = 2 * 2 * 2 * 64 * 4
     assert out["blocks"] * out["block_size"] * bytes_per_token == budget
     assert out["tokens"] > 0
+
+
+def test_the_model_info_is_cached_ahead_once_and_a_broken_model_only_warns(tmp_path):
+    """`cache_model_info` leaves vLLM's model-info file in an empty cache (so engines started together skip their own
+    inspections); where the model can't be read it prints why and returns."""
+    shipped = next(warm_start.SHIPPED.iterdir())
+    script = (
+        "import sys; from specrl_openrlhf.miniature.engine import cache_model_info; "
+        "cache_model_info(sys.argv[1]); cache_model_info(sys.argv[2])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(shipped), str(tmp_path / "no-model")],
+        env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (cached,) = (tmp_path / "vllm" / "modelinfos").iterdir()  # vLLM names it by the model's class
+    assert cached.name.endswith("Qwen3ForCausalLM.json")
+    assert "vLLM's model info not cached ahead" in result.stdout
 
 
 def test_fractions_are_refused_on_cpu():

@@ -62,7 +62,7 @@ def test_a_stuck_pool_scores_zero_and_recovers(reward, monkeypatch):
     import time
 
     pool = reward._get_pool()
-    for _ in range(reward.WORKERS):  # both workers busy well past the caller's patience
+    for _ in range(reward.WORKERS):  # every worker busy well past the caller's patience
         pool.submit(time.sleep, 3)
     monkeypatch.setattr(reward, "STUCK_S", 0.5)
     assert reward.score("\\boxed{2} while stuck", "2") == 0.0  # gave up; the pool was replaced

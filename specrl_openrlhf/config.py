@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from .markdown import table
 from .params import DEFAULT_LENIENCE, check_lenience, check_value
-from .references import absolute_reference
+from .references import absolute_reference, spelled_rule
 
 if TYPE_CHECKING:
     from .policies import ReusePolicy
@@ -237,73 +236,20 @@ class ReuseConfig:
         return cls(**data)
 
 
-# ---- a rule in one word: NAME[@LENIENCE][,key=value ...] ----------------------------------------------------------
+# ---- a rule in one word: NAME[@LENIENCE][,key=value ...] (`references.spelled_rule`) ------------------------------
 
 
 def parse_rule(text: str, lenience: float | None = None, flag: str = "--rollout_reuse") -> ReusePolicy:
-    """`NAME`, `NAME@LENIENCE` or `path/rule.py:Class[@LENIENCE]`, each optionally followed by `,key=value` parameters
-    (`spec@1.65`, `rules.py:Mine@2,decay=0.25`; a value is JSON where it reads as JSON) -> a policy (the config
-    validates it). A default `lenience` goes to the rules that take one. Errors name `flag` and the spelling."""
+    """A rule's spelling (`references.spelled_rule`: `spec@1.65`, `rules.py:Mine@2,decay=0.25`) -> a policy (the
+    config validates it). A default `lenience` goes to the rules that take one. Errors name `flag` and the spelling."""
     from .policies import takes_lenience
 
-    head, *assignments = _pieces(text)
-    name, _, value = head.partition("@")
-    if value:
-        try:
-            lenience = float(value)
-        except ValueError:
-            raise ValueError(f"{flag} {text}: the lenience after @ must be a number, e.g. spec@1.65") from None
+    name, given, params = spelled_rule(text, flag)
+    if given is not None:
+        lenience = given
     elif lenience is not None and not takes_lenience(name):
         lenience = None
-    params = {}
-    for assignment in assignments:
-        key, equals, raw = assignment.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(f"{flag} {text}: give parameters as key=value after the rule, e.g. RULE,decay=0.5")
-        try:
-            params[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            params[key.strip()] = raw
     return ReuseConfig(policy=name, lenience=lenience, params=params).build_policy()
-
-
-def split_rules(text: str, flag: str = "--rules") -> list[str]:
-    """Rules in `parse_rule`'s spelling, comma-separated, one spelling each: a piece `key=value` is a parameter of the
-    rule before it.
-
-    >>> split_rules('off,spec@1.65,lossless,verify=requests,vllm,speculative_config={"method":"ngram","x":[1,2]}')
-    ['off', 'spec@1.65', 'lossless,verify=requests', 'vllm,speculative_config={"method":"ngram","x":[1,2]}']
-    """
-    rules: list[str] = []
-    for piece in (p.strip() for p in _pieces(text)):
-        if not piece:
-            continue
-        if _PARAMETER.match(piece):
-            if not rules:
-                raise ValueError(f"{flag} {text}: {piece} comes before any rule; write RULE,{piece}")
-            rules[-1] += "," + piece
-        else:
-            rules.append(piece)
-    return rules
-
-
-_PARAMETER = re.compile(r"\s*[A-Za-z_]\w*\s*=")  # `key=value`: a parameter, not a rule
-
-
-def _pieces(text: str) -> list[str]:
-    """`text` cut at its commas outside brackets and quotes, so that a JSON value keeps its own."""
-    pieces, depth, quoted, start = [], 0, False, 0
-    for i, char in enumerate(text):
-        if char == '"' and text[i - 1 : i] != "\\":
-            quoted = not quoted
-        elif not quoted and char in "[{":
-            depth += 1
-        elif not quoted and char in "]}":
-            depth -= 1
-        elif char == "," and not quoted and depth <= 0:
-            pieces.append(text[start:i])
-            start = i + 1
-    return [*pieces, text[start:]]
 
 
 def check_writable_folder(flag: str, folder) -> None:

@@ -36,7 +36,6 @@ import argparse
 import sys
 import time
 
-from ..config import split_rules
 from ..markdown import numbers, table
 from ..policies import load_plugin
 from ..pricing import measured
@@ -44,6 +43,7 @@ from ..pricing.curves import HostCurve, describe
 from ..pricing.kernels import GPUS, MODELS
 from ..pricing.prices import load_price
 from ..pricing.projection import Projection, missing_field
+from ..references import split_rules
 from ..simulator.regime import DEFAULT_REGIME, HOSTS, REGIMES
 from .heatmap import DEFAULT_IMAGE
 from .lenience import corpus_figures, curve_rules, lenience_curve

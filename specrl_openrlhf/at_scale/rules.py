@@ -1,6 +1,6 @@
 """The rules a bench runs (`--rules`), spelled as `--rollout_reuse` takes them (`config.parse_rule`): a registered
 name (`spec`, `lossless`, a plugin's), `NAME@LENIENCE` or `path/rule.py:Class`, each with `,key=value` parameters
-(`lossless,verify=requests`, `lossless,history_mb=2048`), comma-separated (`config.split_rules`).
+(`lossless,verify=requests`, `lossless,history_mb=2048`), comma-separated (`references.split_rules`).
 
 Each is routed by what its policy says of itself, not by its name (`BenchRule.path`): a rule that verifies in the
 engine runs its engine proposer there (`proposers.method`: ours for `lossless`, vLLM's for `suffix`, `ngram` and

@@ -36,6 +36,37 @@ def warm_start_with_progress(config, task, bar) -> Path:
         return warm_start(config, task, progress=progress)
 
 
+def run_group(group, args, out: Path, bar, scratch: Path, accuracy_before: dict) -> None:
+    """One group: its seed's data and warm start, its engines, the held-out accuracy before (once a seed: every engine
+    of a seed starts from the same weights), then its runs trained side by side."""
+    from transformers import AutoTokenizer
+
+    from . import summary
+    from .actors import held_out_accuracy, start_group, stop_group
+    from .task import TaskConfig, splits
+    from .training import train_group
+    from .warm_start import WarmStartConfig
+
+    task = TaskConfig(train_size=group.regime.train_size, held_out_size=args.held_out_size, seed=group.seed)
+    train, held_out = splits(task)
+    model_dir = warm_start_with_progress(WarmStartConfig(steps=args.warm_start_steps, seed=group.seed), task, bar)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    start_group(group, model_dir, args, lambda message: bar.write(f"[quickstart] {message}"))
+    try:
+        for run in group.runs:
+            open_loggers(run, args, out)
+            held_out_accuracy(run, held_out[:8], args, tokenizer)  # warms the engine up, untimed
+        if accuracy_before.get(group.seed) is None:
+            before = accuracy_before[group.seed] = held_out_accuracy(group.runs[0], held_out, args, tokenizer)
+            bar.write(f"[quickstart] seed {group.seed}: held-out accuracy of the warm start {before:.3f}")
+        for run in group.runs:
+            run.accuracy_before = accuracy_before[group.seed]
+        show = lambda rows: bar.write(summary.format_table(rows))  # noqa: E731
+        train_group(group, train, held_out, args, tokenizer, scratch, bar, show)
+    finally:
+        stop_group(group)
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -48,16 +79,12 @@ def main(argv=None) -> int:
 
     import ray
     from tqdm import tqdm
-    from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
     from ..integration.openrlhf.eval import WORKER_SETUP_HOOK, install_in_worker
     from ..pricing.measured import shipped_host_curve
     from . import summary
-    from .actors import held_out_accuracy, start_group, stop_group
     from .engine import CPU_ENGINE_ENV, cache_model_info, dtype_line
-    from .task import TaskConfig, splits
-    from .training import train_group
     from .warm_start import DEFAULT_TASK, WarmStartConfig, warm_start
 
     logging.getLogger("openrlhf").setLevel(logging.WARNING)
@@ -101,39 +128,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="specrl-weights-") as scratch_dir:  # weights on their way to an engine
             bar = tqdm(total=steps, desc="GRPO", unit="step", mininterval=1.0, disable=False)
             for group in todo:
-                task = TaskConfig(
-                    train_size=group.regime.train_size, held_out_size=args.held_out_size, seed=group.seed
-                )
-                train, held_out = splits(task)
-                model_dir = warm_start_with_progress(
-                    WarmStartConfig(steps=args.warm_start_steps, seed=group.seed), task, bar
-                )
-                tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-                start_group(group, model_dir, args, lambda message: bar.write(f"[quickstart] {message}"))
-                try:
-                    for run in group.runs:
-                        open_loggers(run, args, out)
-                        held_out_accuracy(run, held_out[:8], args, tokenizer)  # warms the engine up, untimed
-                    if accuracy_before.get(group.seed) is None:  # every engine of a seed starts from the same weights
-                        accuracy_before[group.seed] = held_out_accuracy(group.runs[0], held_out, args, tokenizer)
-                        bar.write(
-                            f"[quickstart] seed {group.seed}: held-out accuracy of the warm start "
-                            f"{accuracy_before[group.seed]:.3f}"
-                        )
-                    for run in group.runs:
-                        run.accuracy_before = accuracy_before[group.seed]
-                    train_group(
-                        group,
-                        train,
-                        held_out,
-                        args,
-                        tokenizer,
-                        Path(scratch_dir),
-                        bar,
-                        lambda rows: bar.write(summary.format_table(rows)),
-                    )
-                finally:
-                    stop_group(group)
+                run_group(group, args, out, bar, Path(scratch_dir), accuracy_before)
                 summary.write_outputs(out, groups, {"wall_s": time.perf_counter() - started}, settings)  # so far
             bar.close()
     finally:

@@ -46,6 +46,7 @@ from .acceptance import (
     AcceptanceModel,
     bucket,
     features,
+    record_verdicts,
 )
 from .allocation import BUDGET_MODES, EXPLORE_EVERY, EXPLORE_MARGIN, DraftBudget, goodput_allocate, survival_floor
 from .drafting_check import CHECK_HALF_LIFE_STEPS, FIRST_PROBE, PROBE_EVERY, DraftingCheck
@@ -76,5 +77,6 @@ __all__ = [
     "bucket",
     "features",
     "goodput_allocate",
+    "record_verdicts",
     "survival_floor",
 ]

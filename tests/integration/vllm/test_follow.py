@@ -28,9 +28,8 @@ def test_follow_tells_followed_rows_from_new_requests_and_judges_drafts():
     state.drafted[0] = 2  # the first two of its candidate were given
     tokens[0, 3:5], tokens[1, :4] = [11, 99], [7, 7, 7, 7]  # row 0 kept 11, drew 99; row 1 holds a new request
     num[:] = [5, 4, 0]
-    flat, offsets = np.array([11, 99, 7], np.int32), np.array([0, 2, 3, 3], np.int64)
     arena.reserve(8)
-    step = Sampled(np.arange(3, dtype=np.int64), flat, offsets, num, tokens)
+    step = Sampled(np.arange(3, dtype=np.int64), np.array([2, 1, 0], np.int32), num, tokens)  # tokens sampled
     arena.size = follow(arena.arrays, arena.size, step, state.kernel_args(), settings, out)
     assert out.status.tolist() == [FOLLOWED, NEW, IDLE] and out.accepted[0] == 1  # one draft slot accepted
     assert state.judged[0] == 2 and state.judged_hit[:2].tolist() == [True, False]  # the second one rejected

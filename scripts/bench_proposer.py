@@ -7,7 +7,8 @@ Per batch size it prints the proposer's wall time (`us_per_row_step`) and this t
 (`cpu_us_per_row_step`, steadier on a loaded machine) per row and step, and the drafts' quality: draft tokens given,
 accepted (the rows took them) and kept (accepted over given) per step. With two or more batch sizes, a line fitted to
 the time per step tells what a call costs whatever its rows (`fixed_us_per_call`) from what each row adds
-(`us_per_row`).
+(`us_per_row`). With `--repeat`, each step counts at its fastest of that many runs (a loaded machine's other
+processes, out); with the modeled clock every run drafts the same.
 
 The budget prices slots on a modeled engine step (`--step-ms`: base, per row, per token carried, in ms), the time the
 proposer reads between its calls (`--clock model`), so its drafts depend on the workload alone, not on this machine
@@ -72,7 +73,7 @@ def run(args, rows: int) -> dict:
         plans.append(stems[tuple(prompt)])
     sampled = [[] for _ in range(rows)]
     drafts = [[] for _ in range(rows)]
-    wall = cpu = 0.0
+    wall, cpu = np.zeros(args.steps), np.zeros(args.steps)  # each timed step's
     drafted = accepted = 0
     for step in range(args.warmup + args.steps):
         timed = step >= args.warmup
@@ -100,14 +101,13 @@ def run(args, rows: int) -> dict:
         drafts = proposer.propose(sampled, counts, tokens)
         cpu_s, wall_s = time.thread_time() - start_cpu, time.perf_counter() - start_wall
         if timed:
-            wall, cpu = wall + wall_s, cpu + cpu_s
+            wall[step - args.warmup], cpu[step - args.warmup] = wall_s, cpu_s
             drafted += sum(len(d) for d in drafts)
     steps = args.steps
     return {
         "rows": rows,
-        "us_per_row_step": wall / (steps * rows) * 1e6,
-        "cpu_us_per_row_step": cpu / (steps * rows) * 1e6,
-        "ms_per_step": wall / steps * 1e3,
+        "wall": wall,
+        "cpu": cpu,
         "drafted_per_step": drafted / steps,
         "accepted_per_step": accepted / steps,
         "kept": accepted / max(drafted, 1),
@@ -125,6 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--follow", type=float, default=0.8, help="chance that a row takes the history's next token")
     parser.add_argument("--budget", choices=["goodput", "static"], default="goodput")
     parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each batch size; each step's fastest counts")
     parser.add_argument("--clock", choices=["model", "real"], default="model")
     parser.add_argument(
         "--step-ms",
@@ -136,7 +137,19 @@ def main(argv=None) -> int:
     if len(args.step_ms) != 3:
         parser.error(f"--step-ms takes 3 numbers (base, per row, per token carried), not {args.step_ms}")
     sizes = [int(n) for n in args.rows.split(",")]
-    results = [run(args, rows) for rows in sizes]
+    results = []
+    for rows in sizes:
+        runs = [run(args, rows) for _ in range(args.repeat)]  # the same steps again (the same drafts, modeled)
+        wall, cpu = (np.min([r[name] for r in runs], axis=0).sum() for name in ("wall", "cpu"))  # fastest of each
+        per_row_step = 1e6 / (args.steps * rows)
+        results.append(
+            {
+                **runs[0],
+                "us_per_row_step": wall * per_row_step,
+                "cpu_us_per_row_step": cpu * per_row_step,
+                "ms_per_step": wall / args.steps * 1e3,
+            }
+        )
     for r in results:
         print(
             f"RESULT rows={r['rows']} follow={args.follow} budget={args.budget} clock={args.clock} "

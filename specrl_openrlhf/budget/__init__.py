@@ -50,7 +50,7 @@ from .acceptance import (
 )
 from .allocation import BUDGET_MODES, EXPLORE_EVERY, EXPLORE_MARGIN, DraftBudget, goodput_allocate, survival_floor
 from .drafting_check import CHECK_HALF_LIFE_STEPS, FIRST_PROBE, PROBE_EVERY, DraftingCheck
-from .report import REPORT_HALF_LIFE_STEPS, BudgetReport
+from .report import REPORT_HALF_LIFE_STEPS, BudgetReport, decayed_sums
 
 __all__ = [
     "ACCEPTANCE_HALF_LIFE_VERDICTS",
@@ -75,6 +75,7 @@ __all__ = [
     "DraftBudget",
     "DraftingCheck",
     "bucket",
+    "decayed_sums",
     "features",
     "goodput_allocate",
     "record_verdicts",

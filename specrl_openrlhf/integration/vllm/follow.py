@@ -50,6 +50,7 @@ bucket = njit(cache=True)(budget.bucket)  # the budget's definitions, compiled
 survival_floor = njit(cache=True)(budget.survival_floor)
 goodput_allocate = njit(cache=True)(budget.goodput_allocate)
 record_verdicts = njit(cache=True)(budget.record_verdicts)
+decayed_sums = njit(cache=True)(budget.decayed_sums)
 record_step = njit(cache=True)(online.record_step)  # the step cost's fit (`pricing.online`), compiled
 fit_step_cost = njit(cache=True)(online.fit_step_cost)
 MAX_MATCH = 16  # a re-entry's match is measured back this far at most
@@ -253,8 +254,9 @@ def warm_up(k: int, max_len: int) -> None:
     counts, floor = np.zeros(2, np.int64), survival_floor(2, 1.0, 0.1, 0.1)
     for n, accept in ((2, state.cand_accept[:2]), (1, state.cand_accept[:1, :1])):  # candidates; an exploring slot
         goodput_allocate(accept, state.length[:n], n, 1.0, 0.1, 0.1, floor, False, counts)
-    model = budget.AcceptanceModel(record=record_verdicts)
-    model.observe(state.judged_bucket[:1], state.judged_hit[:1], state.judged_predicted[:1])
+    buckets, hits, predicted = state.judged_bucket[:1], state.judged_hit[:1], state.judged_predicted[:1]
+    budget.AcceptanceModel(record=record_verdicts).observe(buckets, hits, predicted)
+    budget.BudgetReport(sums=decayed_sums).verdicts(predicted, hits)
     cost = online.OnlineStepCost(record=record_step, fit=fit_step_cost)
     cost.observe(2, 3, 0.01, 12.0)
     cost.predict(2, 2, 12.0)

@@ -37,6 +37,7 @@ from .follow import (
     Sampled,
     Settings,
     anchor,
+    decayed_sums,
     fit_step_cost,
     follow,
     goodput_allocate,
@@ -70,7 +71,7 @@ class HistoryProposer:
         self.acceptance = AcceptanceModel(record=record_verdicts)
         self.budget = DraftBudget(goodput=goodput_allocate)
         self.check = DraftingCheck()
-        self.report = BudgetReport()
+        self.report = BudgetReport(sums=decayed_sums)
         self.clock = time.perf_counter  # what step times are read from
         self.last_call: float | None = None  # when the previous step's `propose` began
         self.followed = 0  # rows followed at the last step

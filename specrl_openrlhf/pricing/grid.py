@@ -16,7 +16,7 @@ def cell(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     >>> index.tolist(), weight.tolist()
     ([0, 1, 1], [0.5, 0.5, 3.0])
     """
-    index = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    index = np.minimum(np.maximum(np.searchsorted(grid, x, side="right") - 1, 0), len(grid) - 2)  # np.clip, cheaper
     return index, (x - grid[index]) / (grid[index + 1] - grid[index])
 
 

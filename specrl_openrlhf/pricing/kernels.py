@@ -112,6 +112,7 @@ class KernelStepModel:
             raise ValueError(
                 f"{where}: a kernel step model needs finite, non-negative seconds and attention in {ATTENTION}"
             )
+        self._dense = self.layers + self.logits  # [M] every op but attention
         shifts = [q if self.attention == "once" else (q + 1) / 2 for q in BUDGET_TOKENS]  # the KV read past context
         self._budget_points = sorted({float(kv) - shift for kv in self.kv[:-1] for shift in shifts})  # `_stretch`
 
@@ -214,9 +215,9 @@ class KernelStepModel:
         tokens a row (scalars or arrays, broadcast together): float for scalars, else an array."""
         if context is None:
             raise ValueError(f"{self.source}: a kernel step model prices by context: pass each row's cached tokens")
-        r, q, c = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (rows, tokens_per_row, context)))
+        r, q, c = (np.asarray(v, np.float64) for v in (rows, tokens_per_row, context))  # broadcast as they meet
         m = r * q  # tokens the dense ops carry: every position of a verification step needs its logits
-        out = line(self.tokens, self.layers + self.logits, m)
+        out = line(self.tokens, self._dense, m)
         if self.attention == "once":
             out = out + plane(self.rows, self.kv, self.decode, r, c + q)
         else:  # the t queries of a row see context + 1 .. context + t keys

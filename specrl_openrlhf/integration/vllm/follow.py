@@ -47,7 +47,6 @@ from .arena import (
 from .rows import FOLLOWED, IDLE, NEW, RowArrays, RowOutputs, RowState
 
 bucket = njit(cache=True)(budget.bucket)  # the budget's definitions, compiled
-survival_floor = njit(cache=True)(budget.survival_floor)
 goodput_allocate = njit(cache=True)(budget.goodput_allocate)
 record_verdicts = njit(cache=True)(budget.record_verdicts)
 decayed_sums = njit(cache=True)(budget.decayed_sums)
@@ -251,7 +250,7 @@ def warm_up(k: int, max_len: int) -> None:
     step = Sampled(index, np.ones(2, np.int32), num_tokens, token_ids)
     survey(state.seen, state.drafted, step.new, num_tokens, 2)
     follow(arena.arrays, arena.size, step, state.kernel_args(), settings, state.outputs)
-    counts, floor = np.zeros(2, np.int64), survival_floor(2, 1.0, 0.1, 0.1)
+    counts, floor = np.zeros(2, np.int64), budget.survival_floor(2, 1.0, 0.1, 0.1)
     for n, accept in ((2, state.cand_accept[:2]), (1, state.cand_accept[:1, :1])):  # candidates; an exploring slot
         goodput_allocate(accept, state.length[:n], n, 1.0, 0.1, 0.1, floor, False, counts)
     buckets, hits, predicted = state.judged_bucket[:1], state.judged_hit[:1], state.judged_predicted[:1]

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck
+from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, survival_floor
 from ...pricing.online import OnlineStepCost
 from . import histories, plugin
 from .arena import NONE, warn_if_interpreted
@@ -44,7 +44,6 @@ from .follow import (
     record_step,
     record_verdicts,
     survey,
-    survival_floor,
     warm_up,
 )
 from .rows import NEW, RowState
@@ -131,7 +130,7 @@ class HistoryProposer:
         params = board.params
         table = self.acceptance.table if awake else np.zeros(0)  # no table: follow the rows, propose nothing
         cost, margin = self._cost(rows, before + produced)
-        floor = -1.0 if params.budget == "static" else survival_floor(rows, *cost)  # slots that can't pay: none
+        floor = -1.0 if params.budget == "static" else survival_floor(rows, *cost.tolist())  # slots that can't pay
         settings = Settings(
             params.min_match, min(self.k, self.lookahead), self.max_model_len, params.shared, table, floor
         )

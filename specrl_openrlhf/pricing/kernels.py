@@ -94,7 +94,7 @@ class KernelStepModel:
             self.prefill = np.array(prefill["seconds"], np.float64)  # [P, C]
             host = data.get("host")
             self.host = HostCurve.from_data(host, where) if host is not None else None
-            self._budget_lines: dict[tuple, list | None] = {}  # `budget_cost`'s ends, by stretch of context
+            self._budget_ends: dict[tuple, np.ndarray] = {}  # `budget_cost` at (rows, scale, a stretch's end)
         except (TypeError, KeyError, ValueError) as error:
             raise ValueError(
                 f"{where}: not a kernel step model ({type(error).__name__}: {error}); KernelStepModel.build makes one"
@@ -169,33 +169,34 @@ class KernelStepModel:
         of the base. No context is refused, as by `time`.
 
         The proposer asks at every step, at a context that moves on: between the KV grid's points (shifted by the
-        tokens a row that the slope reads) the price is linear in the context, so each such stretch is priced at its
-        ends once and read off their line (directly where the token slope, floored at 0, reaches 0 inside it)."""
+        tokens a row that the slope reads) the price is linear in the context, so each such stretch's ends are priced
+        once and the price read off their line (directly where the token slope, floored at 0, reaches 0 inside)."""
         if context is None:
             return linear.budget_cost(self, rows, scale, context, BUDGET_TOKENS)  # refused, as by `time`
         context = float(context)
-        key, low, high = self._stretch(int(rows), int(scale), context)
-        if key not in self._budget_lines:
-            ends = [linear.budget_cost(self, rows, scale, c, BUDGET_TOKENS) for c in (low, high)]
-            self._budget_lines[key] = ends if (ends[0][2] > 0) == (ends[1][2] > 0) else None
-        ends = self._budget_lines[key]
-        if ends is None:
+        (low, high), ends = self._stretch(context), []
+        for point in (low, high):  # priced once at every end, which the stretches on either side share
+            key = (int(rows), int(scale), point)
+            if key not in self._budget_ends:
+                self._budget_ends[key] = linear.budget_cost(self, rows, scale, point, BUDGET_TOKENS)
+            ends.append(self._budget_ends[key])
+        if (ends[0][2] > 0) != (ends[1][2] > 0):  # the token slope reaches 0 inside: no line
             return linear.budget_cost(self, rows, scale, context, BUDGET_TOKENS)
         return ends[0] + (context - low) / (high - low) * (ends[1] - ends[0])
 
-    def _stretch(self, rows: int, scale: int, context: float) -> tuple[tuple, float, float]:
-        """The stretch of contexts around `context` over which `budget_cost` is linear, as (its key, low, high): no
+    def _stretch(self, context: float) -> tuple[float, float]:
+        """The stretch of contexts around `context` over which `budget_cost` is linear, as its (low, high) ends: no
         KV length the price reads (context + an offset per tokens a row) crosses a grid point inside it, nor the
         grid's start (below which the price is flat); past the grid's last interval, stretches of its width."""
         points = self._budget_points
         i = bisect.bisect_right(points, context)
         if i == 0:
-            return (rows, scale, 0, 0), points[0] - 1.0, points[0]
+            return points[0] - 1.0, points[0]
         if i < len(points):
-            return (rows, scale, i, 0), points[i - 1], points[i]
+            return points[i - 1], points[i]
         width = max(float(self.kv[-1] - self.kv[-2]), 1.0)
-        chunk = int((context - points[-1]) // width)
-        return (rows, scale, i, chunk), points[-1] + chunk * width, points[-1] + (chunk + 1) * width
+        low = points[-1] + (context - points[-1]) // width * width
+        return low, low + width
 
     @classmethod
     def build(cls, gpu: str, model: str, attention: str = "once") -> KernelStepModel:

@@ -1,6 +1,6 @@
 """Every history an engine's proposer drafts from, as one arena of trie nodes, with an index of every node's last
-`min_match` tokens: flat arrays and compiled kernels (numba, which vLLM itself depends on), so that following 512 rows
-costs about a microsecond a row; where numba is missing the same kernels run as plain Python, slowly.
+`min_match` tokens: flat arrays and compiled kernels (numba, which vLLM itself depends on), so that a step follows all
+its rows in one compiled call; where numba is missing the same kernels run as plain Python, slowly.
 
 Terminology:
 - *slot*: one prompt's trie in the arena, under a root node of its own: its previous responses (registered by the
@@ -202,13 +202,10 @@ class Arena:
 
     def _allocate(self, capacity: int) -> None:
         self.capacity = capacity
-        self.nodes = np.full((capacity, FIELDS), NONE, np.int32)
-        self.gram = np.full(capacity, NONE, np.int64)
+        self.nodes = np.empty((capacity, FIELDS), np.int32)  # a node's record and gram are written whole as it is made
+        self.gram = np.empty(capacity, np.int64)
         self.head = np.full(1 << int(np.ceil(np.log2(2 * capacity))), NONE, np.int32)
-
-    @property
-    def arrays(self) -> ArenaArrays:
-        return ArenaArrays(self.nodes, self.gram, self.head)
+        self.arrays = ArenaArrays(self.nodes, self.gram, self.head)  # as the kernels take them
 
     def column(self, field: int) -> np.ndarray:
         """One field of every node ([size]), e.g. `column(COUNT)`."""

@@ -46,10 +46,11 @@ from .acceptance import (
     AcceptanceModel,
     bucket,
     features,
+    record_verdicts,
 )
 from .allocation import BUDGET_MODES, EXPLORE_EVERY, EXPLORE_MARGIN, DraftBudget, goodput_allocate, survival_floor
 from .drafting_check import CHECK_HALF_LIFE_STEPS, FIRST_PROBE, PROBE_EVERY, DraftingCheck
-from .proposer_report import REPORT_HALF_LIFE_STEPS, BudgetReport
+from .proposer_report import REPORT_HALF_LIFE_STEPS, BudgetReport, decayed_sums
 
 __all__ = [
     "ACCEPTANCE_HALF_LIFE_VERDICTS",
@@ -74,7 +75,9 @@ __all__ = [
     "DraftBudget",
     "DraftingCheck",
     "bucket",
+    "decayed_sums",
     "features",
     "goodput_allocate",
+    "record_verdicts",
     "survival_floor",
 ]

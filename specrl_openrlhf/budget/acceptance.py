@@ -39,6 +39,44 @@ def bucket(kind, position, support, match_length):
 
 
 features = np.vectorize(bucket, otypes=[np.int64])  # `bucket` of each slot of arrays (or scalars) of one shape
+_KIND, _, _SUPPORT, _ = np.unravel_index(np.arange(int(np.prod(SHAPE))), SHAPE)
+COARSE = _KIND * SHAPE[2] + _SUPPORT  # [buckets] int64, each bucket's coarser one (its kind and support)
+
+
+RESCALE_AT = 1e6  # counts are kept undecayed, the current verdict's weight growing; rescaled before it overflows
+
+
+def record_verdicts(fine, coarse, total, deciles, table, weight, decay, strength, prior, buckets, hits, predicted):
+    """An `AcceptanceModel`'s update by verdicts ([n] `buckets`, `hits`, and `predicted`, empty where not known):
+    each weighs 1/decay more than the last (the first: `weight` / decay), counts are rescaled where the weight
+    passes RESCALE_AT, and every bucket's prediction is computed anew into `table`. Returns the last verdict's
+    weight. Plain Python over arrays, which the proposer compiles (`integration.vllm.follow`)."""
+    for i in range(len(buckets)):
+        weight /= decay
+        b, hit = buckets[i], 1.0 if hits[i] else 0.0
+        c = COARSE[b]
+        fine[b, 0] += weight * hit
+        fine[b, 1] += weight
+        coarse[c, 0] += weight * hit
+        coarse[c, 1] += weight
+        total[0] += weight * hit
+        total[1] += weight
+        if len(predicted):
+            decile = min(int(predicted[i] * 10), 9)
+            deciles[decile, 0] += 1.0
+            deciles[decile, 1] += predicted[i]
+            deciles[decile, 2] += hit
+    if weight > RESCALE_AT:
+        factor = 1.0 / weight
+        fine *= factor
+        coarse *= factor
+        total *= factor
+        weight = 1.0
+    k = strength * weight  # the prior's weight, in current verdicts
+    overall = (total[0] + k * prior) / (total[1] + k)
+    middle = (coarse[:, 0] + k * overall) / (coarse[:, 1] + k)  # [kinds x supports]
+    table[:] = (fine[:, 0] + k * middle[COARSE]) / (fine[:, 1] + k)
+    return weight
 
 
 class AcceptanceModel:
@@ -55,9 +93,13 @@ class AcceptanceModel:
     [1.0, 0.0]
     """
 
-    RESCALE_AT = 1e6  # counts are kept undecayed, the current verdict's weight growing; rescaled before it overflows
-
-    def __init__(self, prior: float = 0.5, strength: float = 4.0, half_life: float = ACCEPTANCE_HALF_LIFE_VERDICTS):
+    def __init__(
+        self,
+        prior: float = 0.5,
+        strength: float = 4.0,
+        half_life: float = ACCEPTANCE_HALF_LIFE_VERDICTS,
+        record=record_verdicts,
+    ):
         if not 0 < prior < 1 or not strength > 0 or not half_life > 0:
             raise ValueError(f"bad acceptance model settings: {prior=}, {strength=}, {half_life=}")
         self.prior, self.strength = float(prior), float(strength)
@@ -67,7 +109,9 @@ class AcceptanceModel:
         self.coarse = np.zeros((SHAPE[0] * SHAPE[2], 2))  # per (kind, support)
         self.total = np.zeros(2)
         self.deciles = np.zeros((10, 3))  # per predicted decile: verdicts, sum of predictions, acceptances
-        self._table: np.ndarray | None = None  # every bucket's prediction, since the last verdicts
+        self.table = np.full(len(self.fine), self.prior)  # [buckets] every bucket's predicted acceptance
+        self.record = record  # `record_verdicts`, or the proposer's compiled copy of it
+        self._no_predictions = np.zeros(0)
 
     @property
     def calibration(self) -> np.ndarray:
@@ -78,38 +122,12 @@ class AcceptanceModel:
         """Each slot's predicted acceptance (float64, the shape of `buckets`)."""
         return self.table[buckets]
 
-    @property
-    def table(self) -> np.ndarray:
-        """[buckets] every bucket's predicted acceptance."""
-        if self._table is None:
-            k = self.strength * self.weight
-            overall = (self.total[0] + k * self.prior) / (self.total[1] + k)
-            middle = (self.coarse[:, 0] + k * overall) / (self.coarse[:, 1] + k)  # [kinds x supports]
-            kind, _, support, _ = np.unravel_index(np.arange(len(self.fine)), SHAPE)
-            self._table = (self.fine[:, 0] + k * middle[kind * SHAPE[2] + support]) / (self.fine[:, 1] + k)
-        return self._table
-
     def observe(self, buckets: np.ndarray, accepted: np.ndarray, predicted: np.ndarray | None = None) -> None:
         """Verdicts on slots ([n] each); `predicted`: what `predict` said when they were drafted (the calibration)."""
-        n = len(buckets)
-        if not n:
+        if not len(buckets):
             return
-        weights = self.weight / self.decay ** np.arange(1, n + 1)  # each verdict weighs 1/decay more than the last
-        self.weight = float(weights[-1])
-        hits = np.asarray(accepted, np.float64)
-        kind, _, support, _ = np.unravel_index(buckets, SHAPE)
-        for table, index in ((self.fine, buckets), (self.coarse, kind * SHAPE[2] + support)):
-            table[:, 0] += np.bincount(index, weights * hits, minlength=len(table))
-            table[:, 1] += np.bincount(index, weights, minlength=len(table))
-        self.total += (float(weights @ hits), float(weights.sum()))
-        if predicted is not None:
-            decile = np.minimum((np.asarray(predicted) * 10).astype(np.int64), 9)
-            for column, values in enumerate((np.ones(n), predicted, hits)):
-                self.deciles[:, column] += np.bincount(decile, values, minlength=10)
-        if self.weight > self.RESCALE_AT:
-            factor = 1.0 / self.weight
-            self.fine *= factor
-            self.coarse *= factor
-            self.total *= factor
-            self.weight = 1.0
-        self._table = None
+        predicted = self._no_predictions if predicted is None else np.asarray(predicted, np.float64)
+        tables = (self.fine, self.coarse, self.total, self.deciles, self.table)
+        buckets, accepted = np.asarray(buckets), np.asarray(accepted)
+        settings = (self.weight, self.decay, self.strength, self.prior)
+        self.weight = float(self.record(*tables, *settings, buckets, accepted, predicted))

@@ -26,7 +26,13 @@ def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor,
     returns the set's predicted gain: slots by survival (the product of a row's acceptances up to the slot), best
     first, while the next one raises (rows + expected tokens) / step time; slots at or below `floor` never pay
     (`survival_floor`; -1 with `admit_all`). `lengths`: [n] int64. Plain Python over arrays, which the proposer
-    compiles (`integration.vllm.follow`)."""
+    compiles (`integration.vllm.follow`).
+
+    No sort: a slot raises the goodput g of the slots before it where its survival exceeds per_token x g, and g only
+    rises while slots are admitted, so the set is every slot whose survival exceeds per_token x the set's own
+    goodput (best first, the goodput rises, then never again; equal survivals stay together). Dinkelbach's iteration
+    finds it: from the goodput without drafts, the slots above per_token x g, then g of those, until they stay the
+    same (each set holds the next one, so a few passes)."""
     survival, owner = np.empty(lengths.sum()), np.empty(lengths.sum(), np.int64)  # the slots above `floor`, by row
     total = 0
     for i in range(len(lengths)):
@@ -39,19 +45,25 @@ def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor,
             total += 1
     if total == 0:
         return 0.0
-    order = np.argsort(
-        -survival[:total], kind="mergesort"
-    )  # stable: a row's slots stay in order (survival never rises)
-    plain = rows / max(base + (per_row + per_token) * rows, 1e-12)
-    best, best_goodput, gained = 0, plain, 0.0
+    fixed = base + per_row * rows
+    plain = rows / max(fixed + per_token * rows, 1e-12)
+    goodput, threshold, admitted = plain, -1.0 if admit_all else per_token * plain, -1
+    while True:
+        n, gained = 0, 0.0
+        for j in range(total):
+            if survival[j] > threshold:
+                n += 1
+                gained += survival[j]
+        if n == admitted:
+            break
+        admitted, goodput = n, (rows + gained) / max(fixed + per_token * (rows + n), 1e-12)
+        if admit_all:
+            break
+        threshold = per_token * goodput
     for j in range(total):
-        gained += survival[order[j]]
-        goodput = (rows + gained) / max(base + per_row * rows + per_token * (rows + j + 1), 1e-12)
-        if admit_all or goodput > best_goodput:  # the first maximum: no slot that adds nothing
-            best, best_goodput = j + 1, goodput
-    for j in range(best):
-        counts[owner[order[j]]] += 1
-    return best_goodput / plain - 1.0
+        if survival[j] > threshold:
+            counts[owner[j]] += 1
+    return goodput / plain - 1.0
 
 
 class DraftBudget:

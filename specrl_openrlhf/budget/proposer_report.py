@@ -13,14 +13,26 @@ from ..pricing.online import OnlineStepCost
 REPORT_HALF_LIFE_STEPS = 2048.0  # the sums reported to the rollout fade over about this many steps
 
 
+def decayed_sums(decay, predicted, hits):
+    """Over verdicts i of n, the sums of decay^(n - 1 - i) (the newest weighs 1) times 1, `predicted[i]` and
+    `hits[i]`. Plain Python over arrays, which the proposer compiles (`integration.vllm.follow`)."""
+    verdicts, weighted_predicted, weighted_hits = 0.0, 0.0, 0.0
+    for i in range(len(predicted)):
+        verdicts = verdicts * decay + 1.0
+        weighted_predicted = weighted_predicted * decay + predicted[i]
+        weighted_hits = weighted_hits * decay + (1.0 if hits[i] else 0.0)
+    return verdicts, weighted_predicted, weighted_hits
+
+
 class BudgetReport:
     """What one proposer's budget measured: decayed sums over recent steps and verdicts (about the last `half_life`
     of each) and the step cost's parameters (`as_dict`, sent with every history update); the cost fit's error and
     acceptance predicted against observed per predicted decile, and the proposer's own time (`details`, for
     benchmarks). Sums, so that a process's proposers and an engine's workers add up."""
 
-    def __init__(self, half_life: float = REPORT_HALF_LIFE_STEPS):
+    def __init__(self, half_life: float = REPORT_HALF_LIFE_STEPS, sums=decayed_sums):
         self.decay = 0.5 ** (1.0 / half_life)
+        self.decayed_sums = sums  # `decayed_sums`, or the proposer's compiled copy of it
         self.sums = dict.fromkeys(("steps", "slots", "verdicts", "predicted", "accepted"), 0.0)
         self.cost = np.zeros(OnlineStepCost.TERMS)
         self.cost_error = 0.0
@@ -42,9 +54,10 @@ class BudgetReport:
         n = len(predicted)
         if not n:
             return
-        weights = self.decay ** np.arange(n - 1, -1, -1)  # the newest verdict weighs 1
-        for name, values in (("verdicts", np.ones(n)), ("predicted", predicted), ("accepted", accepted)):
-            self.sums[name] = self.sums[name] * self.decay**n + float(weights @ np.asarray(values, np.float64))
+        factor = self.decay**n
+        parts = self.decayed_sums(self.decay, np.asarray(predicted, np.float64), np.asarray(accepted))
+        for name, part in zip(("verdicts", "predicted", "accepted"), parts):
+            self.sums[name] = self.sums[name] * factor + part
 
     def as_dict(self) -> dict[str, float]:
         base, per_row, per_token, per_kv = (float(x) for x in self.cost)

@@ -27,6 +27,7 @@ Core module: numpy only (`build` imports aiconfigurator lazily).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import logging
@@ -66,6 +67,7 @@ _PREFILL = np.array([1, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3
 _PREFIX = np.array([0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768])
 _GEMM_N = 65536  # the widest GEMM aiconfigurator measured
 BUDGET_DRAFTS = 4.0  # a budget's per-token cost: the slope over this many drafts a row, a verification step's size
+BUDGET_TOKENS = (1.0, 1.0 + BUDGET_DRAFTS)  # the tokens a row that slope is taken between
 
 
 class KernelStepModel:
@@ -92,6 +94,7 @@ class KernelStepModel:
             self.prefill = np.array(prefill["seconds"], np.float64)  # [P, C]
             host = data.get("host")
             self.host = HostCurve.from_data(host, where) if host is not None else None
+            self._budget_ends: dict[tuple, np.ndarray] = {}  # `budget_cost` at (rows, scale, a stretch's end)
         except (TypeError, KeyError, ValueError) as error:
             raise ValueError(
                 f"{where}: not a kernel step model ({type(error).__name__}: {error}); KernelStepModel.build makes one"
@@ -109,6 +112,9 @@ class KernelStepModel:
             raise ValueError(
                 f"{where}: a kernel step model needs finite, non-negative seconds and attention in {ATTENTION}"
             )
+        self._dense = self.layers + self.logits  # [M] every op but attention
+        shifts = [q if self.attention == "once" else (q + 1) / 2 for q in BUDGET_TOKENS]  # the KV read past context
+        self._budget_points = sorted({float(kv) - shift for kv in self.kv[:-1] for shift in shifts})  # `_stretch`
 
     @classmethod
     def from_data(cls, data, source: str = "") -> KernelStepModel:
@@ -159,9 +165,38 @@ class KernelStepModel:
     def budget_cost(self, rows: int, scale: int = 1, context=None) -> np.ndarray:
         """[3] (base, per_row, per_token) that price a step of `rows` rows at `context` cached tokens a row as the
         model does at rows x `scale`, each row and draft slot standing for `scale` of the GPU's (`linear.budget_cost`,
-        its slope over 1 and 1 + BUDGET_DRAFTS tokens a row); the cache read and the host's time, where there is one,
-        are part of the base. No context is refused, as by `time`."""
-        return linear.budget_cost(self, rows, scale, context, (1.0, 1.0 + BUDGET_DRAFTS))
+        its slope over BUDGET_TOKENS tokens a row); the cache read and the host's time, where there is one, are part
+        of the base. No context is refused, as by `time`.
+
+        The proposer asks at every step, at a context that moves on: between the KV grid's points (shifted by the
+        tokens a row that the slope reads) the price is linear in the context, so each such stretch's ends are priced
+        once and the price read off their line (directly where the token slope, floored at 0, reaches 0 inside)."""
+        if context is None:
+            return linear.budget_cost(self, rows, scale, context, BUDGET_TOKENS)  # refused, as by `time`
+        context = float(context)
+        (low, high), ends = self._stretch(context), []
+        for point in (low, high):  # priced once at every end, which the stretches on either side share
+            key = (int(rows), int(scale), point)
+            if key not in self._budget_ends:
+                self._budget_ends[key] = linear.budget_cost(self, rows, scale, point, BUDGET_TOKENS)
+            ends.append(self._budget_ends[key])
+        if (ends[0][2] > 0) != (ends[1][2] > 0):  # the token slope reaches 0 inside: no line
+            return linear.budget_cost(self, rows, scale, context, BUDGET_TOKENS)
+        return ends[0] + (context - low) / (high - low) * (ends[1] - ends[0])
+
+    def _stretch(self, context: float) -> tuple[float, float]:
+        """The stretch of contexts around `context` over which `budget_cost` is linear, as its (low, high) ends: no
+        KV length the price reads (context + an offset per tokens a row) crosses a grid point inside it, nor the
+        grid's start (below which the price is flat); past the grid's last interval, stretches of its width."""
+        points = self._budget_points
+        i = bisect.bisect_right(points, context)
+        if i == 0:
+            return points[0] - 1.0, points[0]
+        if i < len(points):
+            return points[i - 1], points[i]
+        width = max(float(self.kv[-1] - self.kv[-2]), 1.0)
+        low = points[-1] + (context - points[-1]) // width * width
+        return low, low + width
 
     @classmethod
     def build(cls, gpu: str, model: str, attention: str = "once") -> KernelStepModel:
@@ -181,9 +216,9 @@ class KernelStepModel:
         tokens a row (scalars or arrays, broadcast together): float for scalars, else an array."""
         if context is None:
             raise ValueError(f"{self.source}: a kernel step model prices by context: pass each row's cached tokens")
-        r, q, c = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (rows, tokens_per_row, context)))
+        r, q, c = (np.asarray(v, np.float64) for v in (rows, tokens_per_row, context))  # broadcast as they meet
         m = r * q  # tokens the dense ops carry: every position of a verification step needs its logits
-        out = line(self.tokens, self.layers + self.logits, m)
+        out = line(self.tokens, self._dense, m)
         if self.attention == "once":
             out = out + plane(self.rows, self.kv, self.decode, r, c + q)
         else:  # the t queries of a row see context + 1 .. context + t keys

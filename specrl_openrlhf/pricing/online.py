@@ -17,6 +17,69 @@ import numpy as np
 COST_HALF_LIFE_STEPS = 512.0
 
 
+def record_step(xtx, xty, rows, tokens, context, seconds, decay):
+    """Adds a step, x = (1, rows, tokens, context) and its `seconds`, to the decayed normal equations: `xtx` ([4, 4])
+    and `xty` ([4]) decay, then gain x x^T and x seconds. Plain Python over arrays, which the proposer compiles
+    (`integration.vllm.follow`), as `fit_step_cost`."""
+    x = np.array([1.0, float(rows), float(tokens), float(context)])
+    for i in range(len(x)):
+        xty[i] = decay * xty[i] + x[i] * seconds
+        for j in range(len(x)):
+            xtx[i, j] = decay * xtx[i, j] + x[i] * x[j]
+
+
+def fit_step_cost(xtx, xty, share, prior_weight, ridge, params):
+    """Fills `params` ([4]) with the least-squares fit of the normal equations (`record_step`) under the prior
+    per_token = share x (per_row + per_token), a soft linear constraint worth `prior_weight` x xtx[0, 0] (steps
+    that carry drafts of varying size soon outweigh it), and a `ridge` relative to each term's own scale (a fit of
+    steps that never varied stays solvable); terms that come out negative are left out and the rest refitted (their
+    cost is 0). Plain Python over arrays, which the proposer compiles."""
+    n = len(xty)
+    a = np.array([0.0, -share, 1.0 - share, 0.0])
+    penalty, scaled = prior_weight * xtx[0, 0], 0.0
+    for i in range(n):
+        scaled += xtx[i, i] / max(xtx[i, i], 1e-30)
+    system = np.empty((n, n))
+    for i in range(n):
+        for j in range(n):
+            system[i, j] = xtx[i, j] + penalty * (a[i] * a[j])
+        system[i, i] += ridge * scaled * max(xtx[i, i], 1e-30)
+    keep = np.ones(n, np.bool_)
+    for attempt in range(2):  # every term, then without those that came out negative
+        index = np.flatnonzero(keep)
+        m = len(index)
+        lu, b = np.empty((m, m)), np.empty(m)  # the kept rows and columns, solved by Gaussian elimination
+        for i in range(m):
+            b[i] = xty[index[i]]
+            for j in range(m):
+                lu[i, j] = system[index[i], index[j]]
+        for col in range(m):
+            pivot = col  # partial pivoting
+            for r in range(col + 1, m):
+                if abs(lu[r, col]) > abs(lu[pivot, col]):
+                    pivot = r
+            for j in range(m):
+                lu[col, j], lu[pivot, j] = lu[pivot, j], lu[col, j]
+            b[col], b[pivot] = b[pivot], b[col]
+            for r in range(col + 1, m):
+                f = lu[r, col] / lu[col, col]
+                for j in range(col, m):
+                    lu[r, j] -= f * lu[col, j]
+                b[r] -= f * b[col]
+        params[:] = 0.0
+        for i in range(m - 1, -1, -1):
+            total = b[i]
+            for j in range(i + 1, m):
+                total -= lu[i, j] * params[index[j]]
+            params[index[i]] = total / lu[i, i]
+        if attempt == 0 and not (params < 0).any():
+            return
+        for i in range(n):
+            keep[i] = params[i] >= 0
+    for i in range(n):
+        params[i] = max(params[i], 0.0)
+
+
 class OnlineStepCost:
     """A step's time, t = base + per_row x rows + per_token x tokens + per_kv x context (seconds; `context`: the
     tokens the step's rows hold in the KV cache, summed, which attention reads), fitted online by least squares over
@@ -40,7 +103,12 @@ class OnlineStepCost:
     TERMS = 4  # base, per row, per token, per context token
 
     def __init__(
-        self, half_life: float = COST_HALF_LIFE_STEPS, prior_token_share: float = 0.5, prior_weight: float = 4.0
+        self,
+        half_life: float = COST_HALF_LIFE_STEPS,
+        prior_token_share: float = 0.5,
+        prior_weight: float = 4.0,
+        record=record_step,
+        fit=fit_step_cost,
     ):
         if not half_life > 0 or not 0 <= prior_token_share <= 1 or not prior_weight > 0:
             raise ValueError(f"bad step cost settings: {half_life=}, {prior_token_share=}, {prior_weight=}")
@@ -51,6 +119,7 @@ class OnlineStepCost:
         self.steps = 0
         self.error = [0.0, 0.0]  # decayed sums of |predicted - measured| / measured over fitted steps, and weights
         self._params: np.ndarray | None = None
+        self.record, self.fit = record, fit  # `record_step` and `fit_step_cost`, or the proposer's compiled copies
 
     @property
     def relative_error(self) -> float:
@@ -68,9 +137,7 @@ class OnlineStepCost:
                 self.error[0] * self.decay + abs(predicted - seconds) / seconds,
                 self.error[1] * self.decay + 1,
             ]
-        x = np.array([1.0, rows, tokens, context])
-        self.xtx = self.decay * self.xtx + np.outer(x, x)
-        self.xty = self.decay * self.xty + x * seconds
+        self.record(self.xtx, self.xty, rows, tokens, context, seconds, self.decay)
         self.steps += 1
         self._params = None
 
@@ -82,22 +149,9 @@ class OnlineStepCost:
         return self._params
 
     def _fit(self) -> np.ndarray:
-        if self.steps == 0:
-            return np.zeros(self.TERMS)
-        # the prior: per_token = share x (per_row + per_token), a soft linear constraint worth `prior_weight` squared
-        # drafted tokens per step; steps that carry drafts of varying size soon outweigh it
-        a = np.array([0.0, -self.share, 1.0 - self.share, 0.0])
-        penalty = self.prior_weight * self.xtx[0, 0] * np.outer(a, a)
-        scale = np.sqrt(np.maximum(np.diag(self.xtx), 1e-30))  # the ridge per term, in each term's own units
-        ridge = self.RIDGE * np.trace(self.xtx / np.outer(scale, scale)) * np.diag(scale**2)
-        system = self.xtx + penalty + ridge
-        params = np.linalg.solve(system, self.xty)
-        if (params < 0).any():  # refit without the negative terms (their cost is 0)
-            keep = params >= 0
-            params = np.zeros(self.TERMS)
-            sub = np.ix_(keep, keep)
-            params[keep] = np.linalg.solve(system[sub], self.xty[keep])
-            params = np.maximum(params, 0.0)
+        params = np.zeros(self.TERMS)
+        if self.steps:
+            self.fit(self.xtx, self.xty, self.share, self.prior_weight, self.RIDGE, params)
         return params
 
     def predict(self, rows: int, tokens: int, context: float = 0.0) -> float:

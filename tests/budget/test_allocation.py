@@ -47,6 +47,23 @@ def test_it_picks_the_slots_with_the_best_goodput():
         assert all(0 <= n <= len(a) for n, a in zip(counts, acceptance))
 
 
+def test_it_admits_what_the_sorted_scan_admits_ties_included():
+    """The set by its definition: slots by survival, best first (equal survivals by row), while the next one raises
+    the goodput; acceptances from a few levels, so that many survivals are equal."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        acceptance = [rng.choice([0.3, 0.6, 0.9, 1.0], rng.integers(0, 6)) for _ in range(int(rng.integers(1, 40)))]
+        rows, (base, per_row, per_token) = len(acceptance) * int(rng.integers(1, 8)), CPU * rng.uniform(0.2, 5.0, 3)
+        slots = sorted((-s, i) for i, a in enumerate(acceptance) for s in np.cumprod(a))
+        counts, gained, best = [0] * len(acceptance), 0.0, rows / (base + (per_row + per_token) * rows)
+        for n, (minus_survival, i) in enumerate(slots, 1):
+            goodput = (rows + gained - minus_survival) / (base + per_row * rows + per_token * (rows + n))
+            if goodput <= best:
+                break
+            best, gained, counts[i] = goodput, gained - minus_survival, counts[i] + 1
+        assert allocate(DraftBudget(), acceptance, rows, np.array([base, per_row, per_token])) == counts
+
+
 def test_it_drafts_nothing_when_no_slot_pays():
     unlikely = [np.full(8, 0.02) for _ in range(32)]
     assert allocate(DraftBudget(), unlikely, 32, CPU) == [0] * 32

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from specrl_openrlhf.pricing import kernels
+from specrl_openrlhf.pricing import kernels, linear
 from specrl_openrlhf.pricing.kernels import KernelStepModel
 
 
@@ -191,6 +191,19 @@ def test_a_budget_needs_the_context_as_time_does(once):
         once.budget_cost(16, 8)
     base, per_row, per_token = once.budget_cost(16, 8, 1024.0)
     assert base + per_token * 16 == pytest.approx(once.time(128, 1, 1024))  # a one-token step at rows x scale
+
+
+def test_a_budget_read_off_each_stretchs_line_is_the_price_itself(once, per_token):
+    """`budget_cost` prices each stretch of contexts at its ends once: everywhere (below the KV grid, on its points,
+    past its end, at both attention bounds, with a host's time) it is `linear.budget_cost` itself."""
+    rng = np.random.default_rng(0)
+    hosted = once.with_host(kernels.HostCurve([{"rows": 1, "seconds": 0.002}, {"rows": 512, "seconds": 0.006}]))
+    for model in (once, per_token, hosted):
+        points = model._budget_points
+        for context in [*rng.uniform(-10, 70000, 300), *points, 0.0, 1e6]:
+            rows, scale = int(rng.integers(1, 600)), int(rng.choice([1, 8]))
+            direct = linear.budget_cost(model, rows, scale, context, kernels.BUDGET_TOKENS)
+            np.testing.assert_allclose(model.budget_cost(rows, scale, context), direct, rtol=1e-8, atol=1e-15)
 
 
 def test_the_other_attention_bound_is_the_same_tables_priced_per_token(once, per_token):

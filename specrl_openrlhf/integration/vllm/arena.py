@@ -1,6 +1,6 @@
 """Every history an engine's proposer drafts from, as one arena of trie nodes, with an index of every node's last
-`min_match` tokens: flat arrays and compiled kernels (numba, which vLLM itself depends on), so that following 512 rows
-costs about a microsecond a row; where numba is missing the same kernels run as plain Python, slowly.
+`min_match` tokens: flat arrays and compiled kernels (numba, which vLLM itself depends on), so that a step follows all
+its rows in one compiled call; where numba is missing the same kernels run as plain Python, slowly.
 
 Terminology:
 - *slot*: one prompt's trie in the arena, under a root node of its own: its previous responses (registered by the
@@ -145,8 +145,9 @@ def match_length(nodes, node, tokens, end, limit):
 def reentry(nodes, gram, head, tokens, end, m, avoid, k, limit, slot, shared):
     """Where a row whose tokens so far are tokens[:end] re-enters: among the nodes whose path ends with its last `m`
     tokens and that have paths below them (not `avoid`; in its own `slot` only, unless `shared`), the one whose greedy
-    path scores best (`path_score`), ties to the longer match. Returns (node, match length), (NONE, 0) where there is
-    none."""
+    path scores best (`path_score`), ties to the longer match (up to `limit`). Returns (node, match length),
+    (NONE, 0) where there is none. A match is measured past its first `m` tokens only where it decides (a tie) or is
+    returned."""
     if end < m:
         return NONE, 0
     h = gram_hash(tokens, end, m)
@@ -156,12 +157,19 @@ def reentry(nodes, gram, head, tokens, end, m, avoid, k, limit, slot, shared):
         visits += 1
         if gram[c] == h and c != avoid and nodes[c, BELOW] > 0 and (shared or nodes[c, OWNER] // 2 == slot):
             seen += 1
-            length = match_length(nodes, c, tokens, end, limit)
-            if length >= m:
+            if m <= limit and match_length(nodes, c, tokens, end, m) >= m:  # its tokens, not a hash collision
                 score = path_score(nodes, c, min(k, SCORED))
-                if score > found_score or (score == found_score and length > found_match):
-                    found, found_match, found_score = c, length, score
+                if score > found_score:
+                    found, found_match, found_score = c, -1, score  # -1: not measured yet
+                elif score == found_score:
+                    if found_match < 0:
+                        found_match = match_length(nodes, found, tokens, end, limit)
+                    length = match_length(nodes, c, tokens, end, limit)
+                    if length > found_match:
+                        found, found_match = c, length
         c = nodes[c, CHAIN]
+    if found != NONE and found_match < 0:
+        found_match = match_length(nodes, found, tokens, end, limit)
     return found, found_match
 
 
@@ -194,13 +202,10 @@ class Arena:
 
     def _allocate(self, capacity: int) -> None:
         self.capacity = capacity
-        self.nodes = np.full((capacity, FIELDS), NONE, np.int32)
-        self.gram = np.full(capacity, NONE, np.int64)
+        self.nodes = np.empty((capacity, FIELDS), np.int32)  # a node's record and gram are written whole as it is made
+        self.gram = np.empty(capacity, np.int64)
         self.head = np.full(1 << int(np.ceil(np.log2(2 * capacity))), NONE, np.int32)
-
-    @property
-    def arrays(self) -> ArenaArrays:
-        return ArenaArrays(self.nodes, self.gram, self.head)
+        self.arrays = ArenaArrays(self.nodes, self.gram, self.head)  # as the kernels take them
 
     def column(self, field: int) -> np.ndarray:
         """One field of every node ([size]), e.g. `column(COUNT)`."""

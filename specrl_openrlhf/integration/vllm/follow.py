@@ -28,6 +28,7 @@ import numpy as np
 
 from ... import budget
 from ...budget import ANCHORED, OWN, REENTERED, SHARED
+from ...pricing import online
 from .arena import (
     BELOW,
     BEST,
@@ -46,8 +47,11 @@ from .arena import (
 from .rows import FOLLOWED, IDLE, NEW, RowArrays, RowOutputs, RowState
 
 bucket = njit(cache=True)(budget.bucket)  # the budget's definitions, compiled
-survival_floor = njit(cache=True)(budget.survival_floor)
 goodput_allocate = njit(cache=True)(budget.goodput_allocate)
+record_verdicts = njit(cache=True)(budget.record_verdicts)
+decayed_sums = njit(cache=True)(budget.decayed_sums)
+record_step = njit(cache=True)(online.record_step)  # the step cost's fit (`pricing.online`), compiled
+fit_step_cost = njit(cache=True)(online.fit_step_cost)
 MAX_MATCH = 16  # a re-entry's match is measured back this far at most
 RETRY = 1  # a row that found no re-entry looks again after this many more tokens
 
@@ -64,11 +68,10 @@ class Settings(NamedTuple):
 
 
 class Sampled(NamedTuple):
-    """What the engine sampled at a step, for the rows `indices`."""
+    """What the engine sampled at a step, for the rows `indices` (the tokens themselves are in `token_ids`)."""
 
     indices: np.ndarray  # [n] int64, the rows to follow
-    flat: np.ndarray  # [tokens sampled] int32, every row's sampled tokens: row r's at offsets[r]:offsets[r + 1]
-    offsets: np.ndarray  # [rows + 1] int64
+    new: np.ndarray  # [rows] int32, the tokens each row sampled (0: in prefill)
     num_tokens: np.ndarray  # [rows] int32, vLLM's tokens per row (prompt and response)
     token_ids: np.ndarray  # [rows, max_len] int32, vLLM's tokens of each row
 
@@ -152,7 +155,7 @@ def follow(arena: ArenaArrays, size, step: Sampled, rows: RowArrays, settings: S
     judged = out.judged
     for i in range(len(step.indices)):
         r = step.indices[i]
-        new = step.offsets[r + 1] - step.offsets[r]
+        new = step.new[r]
         n = step.num_tokens[r]
         out.length[r] = 0
         out.accepted[r] = NONE
@@ -194,6 +197,20 @@ def follow(arena: ArenaArrays, size, step: Sampled, rows: RowArrays, settings: S
 
 
 @njit(cache=True)
+def survey(seen, drafted, new, num_tokens, n):
+    """The step that just ran, read from the first `n` rows before `follow`: whether it started no row (every row
+    followed and its tokens all sampled: a decode's step), the draft tokens it carried, the tokens it sampled, and the
+    tokens its rows held before it (the KV it read)."""
+    decode, given, sampled, before = True, 0, 0, 0.0
+    for r in range(n):
+        decode = decode and seen[r] > 0 and seen[r] + new[r] == num_tokens[r]
+        given += drafted[r]
+        sampled += new[r]
+        before += num_tokens[r] - new[r]
+    return decode, given, sampled, before
+
+
+@njit(cache=True)
 def anchor(arena: ArenaArrays, size, arrivals: Arrivals, rows: RowArrays, settings: Settings, out: RowOutputs):
     """Rows new to the proposer (`arrivals`; `rows.prompt_len` set): their response so far becomes a path of their
     slot, and they propose from it. Returns the arena's new size."""
@@ -218,15 +235,27 @@ def anchor(arena: ArenaArrays, size, arrivals: Arrivals, rows: RowArrays, settin
 
 
 def warm_up(k: int, max_len: int) -> None:
-    """Compile the kernels (or load them from numba's cache) on a scratch arena, before an engine's first step."""
+    """Compile the kernels (or load them from numba's cache) on a scratch arena, before an engine's first step, for
+    the arrays vLLM passes (int32 tokens and counts)."""
     arena, state = Arena(16), RowState(k, 2)
     token_ids, num_tokens = np.array([[5, 6, 7, 8, 9, 10, 0]] * 2, np.int32), np.array([6, 6], np.int32)
     roots, index = np.array([arena.new_root(0)] * 2, np.int64), np.arange(2, dtype=np.int64)
     state.prompt_len[:] = 2
-    settings = Settings(2, k, max_len, True, np.full(int(np.prod(budget.SHAPE)), 0.5), -1.0)
+    table = np.full(int(np.prod(budget.SHAPE)), 0.5)
+    settings = Settings(2, k, max_len, True, table, -1.0)
     arena.reserve(16)
     arrivals = Arrivals(index, roots, index * 0, num_tokens, token_ids)
     arena.size = anchor(arena.arrays, arena.size, arrivals, state.kernel_args(), settings, state.outputs)
     token_ids[:, 6], num_tokens[:] = 11, 7
-    step = Sampled(index, np.array([11, 11], np.int32), np.array([0, 1, 2], np.int64), num_tokens, token_ids)
+    step = Sampled(index, np.ones(2, np.int32), num_tokens, token_ids)
+    survey(state.seen, state.drafted, step.new, num_tokens, 2)
     follow(arena.arrays, arena.size, step, state.kernel_args(), settings, state.outputs)
+    counts, floor = np.zeros(2, np.int64), budget.survival_floor(2, 1.0, 0.1, 0.1)
+    for n, accept in ((2, state.cand_accept[:2]), (1, state.cand_accept[:1, :1])):  # candidates; an exploring slot
+        goodput_allocate(accept, state.length[:n], n, 1.0, 0.1, 0.1, floor, False, counts)
+    buckets, hits, predicted = state.judged_bucket[:1], state.judged_hit[:1], state.judged_predicted[:1]
+    budget.AcceptanceModel(record=record_verdicts).observe(buckets, hits, predicted)
+    budget.BudgetReport(sums=decayed_sums).verdicts(predicted, hits)
+    cost = online.OnlineStepCost(record=record_step, fit=fit_step_cost)
+    cost.observe(2, 3, 0.01, 12.0)
+    cost.predict(2, 2, 12.0)

@@ -21,6 +21,7 @@ benchmark reads have a call of their own (`budget_details`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from collections import Counter, OrderedDict, deque
@@ -115,7 +116,7 @@ class HistoryBoard:
         length: first the length a fresh row has (everything before its first sampled token), then every length
         registered (a row resumed after a preemption); a fresh row whose prompt has none gets an empty slot."""
         guess = num_tokens - new
-        for length in [guess, *sorted((n for n, c in self.lengths.items() if c > 0 and n != guess), reverse=True)]:
+        for length in itertools.chain((guess,), self._other_lengths(guess)):  # the others only if the guess fails
             if 0 < length < num_tokens:
                 key = prompt_key(tokens[:length])
                 slot = self.slots.get(key)
@@ -125,6 +126,9 @@ class HistoryBoard:
         if new != 1 or guess <= 0:
             return None, 0
         return self._create(prompt_key(tokens[:guess]), np.asarray(tokens[:guess], np.int32), guess), guess
+
+    def _other_lengths(self, guess: int):
+        yield from sorted((n for n, c in self.lengths.items() if c > 0 and n != guess), reverse=True)
 
     def _create(self, key: bytes, prompt: np.ndarray | None, prompt_len: int) -> Slot:
         slot = Slot(self.next_id, self.arena.new_root(2 * self.next_id), int(prompt_len), np.zeros(0, np.int32))

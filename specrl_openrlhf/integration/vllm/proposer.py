@@ -22,18 +22,30 @@ nothing, and `update_histories` then answers 0 proposers, which the rollout read
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
 
 import numpy as np
 
-from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck
+from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, survival_floor
 from ...pricing.online import OnlineStepCost
 from . import histories, plugin
 from .arena import NONE, warn_if_interpreted
-from .follow import Arrivals, Sampled, Settings, anchor, follow, goodput_allocate, survival_floor, warm_up
+from .follow import (
+    Arrivals,
+    Sampled,
+    Settings,
+    anchor,
+    decayed_sums,
+    fit_step_cost,
+    follow,
+    goodput_allocate,
+    record_step,
+    record_verdicts,
+    survey,
+    warm_up,
+)
 from .rows import NEW, RowState
 
 logger = logging.getLogger(__name__)
@@ -54,11 +66,11 @@ class HistoryProposer:
         self.k, self.max_model_len, self.failed = 0, 0, False
         self.lookahead = LOOKAHEAD  # slots a candidate is priced for: the budget never took more than half of them
         self.idle, self.asleep, self.idle_rows = 0, 0, 0  # steps given nothing in a row; asleep for; at batch size
-        self.cost = OnlineStepCost()
-        self.acceptance = AcceptanceModel()
+        self.cost = OnlineStepCost(record=record_step, fit=fit_step_cost)
+        self.acceptance = AcceptanceModel(record=record_verdicts)
         self.budget = DraftBudget(goodput=goodput_allocate)
         self.check = DraftingCheck()
-        self.report = BudgetReport()
+        self.report = BudgetReport(sums=decayed_sums)
         self.clock = time.perf_counter  # what step times are read from
         self.last_call: float | None = None  # when the previous step's `propose` began
         self.followed = 0  # rows followed at the last step
@@ -105,39 +117,37 @@ class HistoryProposer:
         if board.version != self.version:  # the arena was rebuilt: every row afresh
             state.forget()
             self.version = board.version
-        given, state.judged[0] = state.drafted[:rows], 0  # read before `follow` resets them
+        state.judged[0] = 0
         if board.pending:  # responses of rows followed until now were inserted in flight: skipped when registered
             followed = np.flatnonzero(state.seen[: self.followed] > 0)
             board.drain(set(state.slot[followed].tolist()), set(state.hash[followed].tolist()))
-        lengths = np.fromiter(map(len, sampled), np.int64, rows)
-        offsets = np.zeros(rows + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(sampled), np.int32, int(offsets[-1]))
-        seen = state.seen[:rows]
-        if self.last_call is not None and ((seen > 0) & (seen + lengths == num_tokens[:rows])).all():
-            before = float((num_tokens[:rows] - lengths).sum())  # the KV the step read: each row's tokens before it
-            self._observe(now - self.last_call, rows, rows + int(given.sum()), int(offsets[-1]), before)
+        new = np.fromiter(map(len, sampled), np.int32, rows)  # the one pass over vLLM's lists: counts, not tokens
+        decode, given, produced, before = survey(state.seen, state.drafted, new, num_tokens, rows)
+        if self.last_call is not None and decode:
+            self._observe(now - self.last_call, rows, rows + given, produced, before)
         self.last_call = now
         awake = self._awake(rows)
         params = board.params
-        k = min(self.k, self.lookahead)
         table = self.acceptance.table if awake else np.zeros(0)  # no table: follow the rows, propose nothing
-        cost, margin = self._cost(rows, float(num_tokens[:rows].sum()))
-        floor = -1.0 if params.budget == "static" else survival_floor(rows, *cost)  # slots that can't pay: none
-        settings = Settings(params.min_match, k, self.max_model_len, params.shared, table, floor)
+        cost, margin = self._cost(rows, before + produced)
+        floor = -1.0 if params.budget == "static" else survival_floor(rows, *cost.tolist())  # slots that can't pay
+        settings = Settings(
+            params.min_match, min(self.k, self.lookahead), self.max_model_len, params.shared, table, floor
+        )
         arena, at, out = board.arena, state.kernel_args(), state.outputs
-        arena.reserve(int(offsets[-1]))
-        step = Sampled(np.arange(rows, dtype=np.int64), flat, offsets, num_tokens, token_ids)
+        arena.reserve(produced)
+        step = Sampled(state.index[:rows], new, num_tokens, token_ids)
         arena.size = follow(arena.arrays, arena.size, step, at, settings, out)
-        new = np.flatnonzero(state.status[:rows] == NEW)
-        self._leave(rows, new)
-        if len(new):
-            moved = state.moved(new, range(rows, self.followed), num_tokens[:rows] - lengths, token_ids)
+        unknown = np.flatnonzero(state.status[:rows] == NEW)
+        if len(unknown) or self.followed > rows:
+            self._leave(rows, unknown)
+        if len(unknown):
+            moved = state.moved(unknown, range(rows, self.followed), num_tokens[:rows] - new, token_ids)
             if len(moved):  # their drafts are judged where they went
                 arena.size = follow(arena.arrays, arena.size, step._replace(indices=moved), at, settings, out)
-            fresh = np.setdiff1d(new, moved)
-            if len(fresh):
-                self._anchor(fresh, lengths, num_tokens, token_ids, settings)
+                unknown = np.setdiff1d(unknown, moved)
+            if len(unknown):
+                self._anchor(unknown, new, num_tokens, token_ids, settings)
         self.followed = rows
         self._verdicts()
         self.report.deciles = self.acceptance.deciles
@@ -167,7 +177,7 @@ class HistoryProposer:
         """Requests no longer followed where they were (finished, or moved): their responses were inserted in flight,
         so the same response registered later is skipped (`Slot.in_flight`)."""
         state, by_id = self.rows, histories.BOARD.by_id
-        gone = np.concatenate([new, np.arange(rows, self.followed)])
+        gone = np.concatenate([new, state.index[rows : self.followed]])
         for r in gone[state.seen[gone] > 0].tolist():
             slot = by_id.get(int(state.slot[r]))
             if slot is not None:
@@ -204,34 +214,29 @@ class HistoryProposer:
         return self.cost.at(context), math.inf if self.check.probe() else self.check.margin
 
     def _allocate(self, rows: int, cost: np.ndarray, margin: float) -> list[list[int]]:
-        """Every row's draft, cut to the step's budget (`DraftBudget`)."""
-        state, board = self.rows, histories.BOARD
-        live = np.flatnonzero(state.length[:rows] > 0)
-        if not len(live):
-            return self._step_done(rows, np.zeros(0, np.int64), live)
-        k, length = int(state.length[live].max()), state.length[live]
-        params = board.params
-        if params.budget == "static":  # every slot while the paths' share of the history says it may be kept
-            valid = np.arange(k)[None, :] < length[:, None]
-            counts = np.cumprod(np.where(valid, state.support[live, :k], 0.0), axis=1) >= params.min_accept_prob
-            counts, self.budget.predicted_gain = counts.sum(axis=1), None
+        """Every row's draft, cut to the step's budget (`DraftBudget`): its candidate's first slots (`follow` judges
+        them at the next step)."""
+        state, params = self.rows, histories.BOARD.params
+        length = state.length[:rows]  # 0 where a row has no candidate
+        if not length.any():
+            counts = np.zeros(rows, np.int64)
+        elif params.budget == "static":  # every slot while the paths' share of the history says it may be kept
+            valid = np.arange(self.k)[None, :] < length[:, None]
+            kept = np.cumprod(np.where(valid, state.support[:rows], 0.0), axis=1) >= params.min_accept_prob
+            counts, self.budget.predicted_gain = (kept & valid).sum(axis=1), None
         else:
-            counts = self.budget.allocate(state.cand_accept[live, :k], length, rows, cost, params.budget, margin)
-        given = counts > 0
-        state.drafted[live[given]] = counts[given]  # the first of each candidate's tokens (`follow` judges them)
-        return self._step_done(rows, counts, live)
-
-    def _step_done(self, rows: int, counts: np.ndarray, live: np.ndarray) -> list[list[int]]:
-        total = int(counts.sum())
+            counts = self.budget.allocate(state.cand_accept[:rows], length, rows, cost, params.budget, margin)
+        state.drafted[:rows] = counts
+        total, most = int(counts.sum()), int(counts.max(initial=0))
         self.report.step(total)
-        self.lookahead = max(LOOKAHEAD, 2 * int(counts.max(initial=0)))  # a budget takes a prefix of each candidate
+        self.lookahead = max(LOOKAHEAD, 2 * most)  # a budget takes a prefix of each candidate
         self.idle = 0 if total > 1 else self.idle + 1  # one slot: the budget's exploring slot, or as little
         if self.idle >= IDLE_STEPS:
             self.idle, self.asleep, self.idle_rows = 0, SLEEP_STEPS, rows
         drafts: list[list[int]] = [[] for _ in range(rows)]
-        if total:
-            given = live[counts > 0]
-            width = int(counts.max())
-            for r, n, row in zip(given.tolist(), counts[counts > 0].tolist(), self.rows.cand[given, :width].tolist()):
-                drafts[r] = row[:n]
+        if total:  # the rows given a draft, each its candidate's first `count` tokens
+            given = np.flatnonzero(counts)
+            for r, count, row in zip(given.tolist(), counts[given].tolist(), state.cand[given, :most].tolist()):
+                del row[count:]
+                drafts[r] = row
         return drafts

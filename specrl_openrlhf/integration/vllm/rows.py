@@ -38,7 +38,7 @@ class RowOutputs(NamedTuple):
     accepted: np.ndarray  # [capacity] int32, the draft slots accepted (NONE: no draft was given)
     cand: np.ndarray  # [capacity, k] int32, the candidate draft's tokens
     support: np.ndarray  # [capacity, k] float64, each candidate token's support
-    length: np.ndarray  # [capacity] int32, the candidate's length
+    length: np.ndarray  # [capacity] int64, the candidate's length
     cand_bucket: np.ndarray  # [capacity, k] int64, each candidate token's acceptance bucket (`budget.bucket`)
     cand_accept: np.ndarray  # [capacity, k] float64, each candidate token's predicted acceptance
     judged: np.ndarray  # [1] int64, the verdicts gathered this step
@@ -65,7 +65,7 @@ class RowState:
         fresh["hash"] = np.zeros(capacity, np.int64)
         fresh["status"], fresh["accepted"] = np.zeros(capacity, np.int32), np.zeros(capacity, np.int32)
         fresh["cand"], fresh["support"] = np.zeros((capacity, self.k), np.int32), np.zeros((capacity, self.k))
-        fresh["length"] = np.zeros(capacity, np.int32)
+        fresh["length"] = np.zeros(capacity, np.int64)
         fresh["cand_bucket"], fresh["cand_accept"] = (
             np.zeros((capacity, self.k), np.int64),
             np.zeros((capacity, self.k)),
@@ -80,6 +80,9 @@ class RowState:
                 values[: self.capacity] = getattr(self, name)
             setattr(self, name, values)
         self.capacity = capacity
+        self.index = np.arange(capacity, dtype=np.int64)  # every row's index, for `Sampled.indices`
+        self._args = RowArrays(*(getattr(self, name) for name in self.INTS), self.hash)
+        self._outputs = RowOutputs(*(getattr(self, name) for name in RowOutputs._fields))
 
     def move(self, source: int, target: int) -> None:
         """The request followed in row `source` is in row `target` now (vLLM condensed its batch)."""
@@ -89,12 +92,12 @@ class RowState:
         self.seen[source] = 0
 
     def kernel_args(self) -> RowArrays:
-        """What `follow` and `anchor` read and write of each row."""
-        return RowArrays(*(getattr(self, name) for name in self.INTS), self.hash)
+        """What `follow` and `anchor` read and write of each row (built once per growth: the arrays stay)."""
+        return self._args
 
     @property
     def outputs(self) -> RowOutputs:
-        return RowOutputs(*(getattr(self, name) for name in RowOutputs._fields))
+        return self._outputs
 
     def moved(self, new, vanished, seen_before, token_ids) -> np.ndarray:
         """Which `new` rows (not recognised where they are) hold a request followed at the last step in one of the

@@ -1,12 +1,26 @@
 """The kernels that follow every row (`vllm.follow`): a row followed from one that holds a new request, drafts judged
-where they were given, candidates anchored in the history."""
+where they were given, candidates anchored in the history; the step's survey; the core's definitions, compiled."""
 
 import numpy as np
+import pytest
 
 from specrl_openrlhf import budget
 from specrl_openrlhf.integration.vllm.arena import NONE, Arena
-from specrl_openrlhf.integration.vllm.follow import Arrivals, Sampled, Settings, anchor, follow
+from specrl_openrlhf.integration.vllm.follow import (
+    Arrivals,
+    Sampled,
+    Settings,
+    anchor,
+    decayed_sums,
+    fit_step_cost,
+    follow,
+    goodput_allocate,
+    record_step,
+    record_verdicts,
+    survey,
+)
 from specrl_openrlhf.integration.vllm.rows import FOLLOWED, IDLE, NEW, RowState
+from specrl_openrlhf.pricing.online import OnlineStepCost
 
 
 def test_follow_tells_followed_rows_from_new_requests_and_judges_drafts():
@@ -28,10 +42,48 @@ def test_follow_tells_followed_rows_from_new_requests_and_judges_drafts():
     state.drafted[0] = 2  # the first two of its candidate were given
     tokens[0, 3:5], tokens[1, :4] = [11, 99], [7, 7, 7, 7]  # row 0 kept 11, drew 99; row 1 holds a new request
     num[:] = [5, 4, 0]
-    flat, offsets = np.array([11, 99, 7], np.int32), np.array([0, 2, 3, 3], np.int64)
     arena.reserve(8)
-    step = Sampled(np.arange(3, dtype=np.int64), flat, offsets, num, tokens)
+    step = Sampled(np.arange(3, dtype=np.int64), np.array([2, 1, 0], np.int32), num, tokens)  # tokens sampled
     arena.size = follow(arena.arrays, arena.size, step, state.kernel_args(), settings, out)
     assert out.status.tolist() == [FOLLOWED, NEW, IDLE] and out.accepted[0] == 1  # one draft slot accepted
     assert state.judged[0] == 2 and state.judged_hit[:2].tolist() == [True, False]  # the second one rejected
     assert state.cursor[0] == NONE and out.length[0] == 0  # [11, 99] is nowhere: nothing to propose
+
+
+def test_survey_tells_a_decoding_step_from_one_that_started_a_row():
+    seen, drafted = np.array([5, 7, 0], np.int32), np.array([2, 0, 0], np.int32)
+    new, num_tokens = np.array([2, 1, 0], np.int32), np.array([7, 8, 0], np.int32)
+    assert survey(seen, drafted, new, num_tokens, 2) == (True, 2, 3, 12.0)  # both rows followed: a decode's step
+    assert survey(seen, drafted, new, num_tokens, 3)[0] is False  # the third row holds a request in prefill
+    num_tokens[1] = 9  # the second row's request is not the one followed there
+    assert survey(seen, drafted, new, num_tokens, 2)[0] is False
+
+
+def test_the_compiled_definitions_agree_with_their_plain_python():
+    """What the proposer compiles from the core modules (`follow`'s copies) gives what their plain Python gives."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(1, 9))
+        acceptance, lengths = rng.choice([0.2, 0.5, 0.9, 1.0], (n, k)), rng.integers(0, k + 1, n).astype(np.int64)
+        cost = (0.005, 1e-5, float(rng.uniform(1e-6, 1e-3)))
+        floor = budget.survival_floor(n, *cost)
+        ours, theirs = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        gain = goodput_allocate(acceptance, lengths, n, *cost, floor, False, ours)
+        assert gain == budget.goodput_allocate(acceptance, lengths, n, *cost, floor, False, theirs)
+        assert ours.tolist() == theirs.tolist()
+    verdicts = rng.integers(0, int(np.prod(budget.SHAPE)), 500), rng.random(500) < 0.6, rng.random(500)
+    compiled, plain = budget.AcceptanceModel(record=record_verdicts), budget.AcceptanceModel()
+    for model in (compiled, plain):
+        for chunk in np.array_split(np.arange(500), 7):
+            model.observe(*(v[chunk] for v in verdicts))
+    np.testing.assert_allclose(compiled.table, plain.table, rtol=1e-12)
+    np.testing.assert_allclose(compiled.deciles, plain.deciles, rtol=1e-12)
+    _, hits, predicted = verdicts
+    assert decayed_sums(0.9, predicted, hits) == pytest.approx(budget.decayed_sums(0.9, predicted, hits))
+    fitted, reference = OnlineStepCost(record=record_step, fit=fit_step_cost), OnlineStepCost()
+    for _ in range(40):
+        rows = int(rng.integers(1, 256))
+        tokens, seconds, context = rows + int(rng.integers(0, 3 * rows)), rng.uniform(0.005, 0.02), rng.uniform(0, 1e5)
+        for cost in (fitted, reference):
+            cost.observe(rows, tokens, float(seconds), float(context))
+    np.testing.assert_allclose(fitted.params, reference.params, rtol=1e-9, atol=1e-15)

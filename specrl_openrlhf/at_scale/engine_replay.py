@@ -49,7 +49,7 @@ def engine_kept(params: LosslessParams, visits: list[tuple[list, list]]) -> list
         corpus = Corpus([[STAND_IN] * 4], [[[list(r) for r in history]], [[list(r) for r in samples]]])
         longest = max(len(r) for r in [*history, *samples])
         schedule = Schedule(max_num_seqs=len(samples), prompts_per_step=1, max_num_batched_tokens=STEP_TOKENS)
-        proposer = Counting(4 + longest + 64, len(samples), None, params)
+        proposer = Counting(4 + longest + 64, schedule, None, params)
         EngineSimulator(corpus, schedule, proposer).run(first_epoch=1)
         out.append([proposer.verified[f"e1-p0-s{s}"] for s in range(len(samples))])
     return out

@@ -22,12 +22,12 @@ from ..simulator.requests import Request
 SUFFIX_DEPTH, NGRAM_K = 24, 8  # vLLM's defaults (suffix: its tree's depth and k; n-gram: our k)
 
 
-def vllm_config(k: int, max_model_len: int, max_num_seqs: int, **speculative) -> SimpleNamespace:
-    """The fields of vLLM's `VllmConfig` the proposers read."""
+def vllm_config(k: int, max_model_len: int, max_num_seqs: int, max_num_batched_tokens=0, **speculative):
+    """The fields of vLLM's `VllmConfig` the proposers read (`max_num_batched_tokens` 0: not read)."""
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k, **speculative),
         model_config=SimpleNamespace(max_model_len=max_model_len),
-        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
         parallel_config=SimpleNamespace(tensor_parallel_size=1),
     )
 
@@ -56,7 +56,7 @@ class Lossless:
     name, async_scheduling = "lossless", False
 
     def __init__(
-        self, max_model_len: int, max_num_seqs: int, curve: StepCurve | None, params: LosslessParams, cost_scale=1
+        self, max_model_len: int, schedule: Schedule, curve: StepCurve | None, params: LosslessParams, cost_scale=1
     ):
         from ..cache import prompt_key
         from ..integration.vllm import histories
@@ -67,7 +67,10 @@ class Lossless:
         priced = params.cost_curve if curve is None else curve.as_data()
         rule = replace(params, cost_curve=priced, cost_scale=cost_scale)
         self.params = histories.params_message(rule)
-        self.proposer = HistoryProposer(vllm_config(rule.num_speculative_tokens, max_model_len, max_num_seqs))
+        config = vllm_config(
+            rule.num_speculative_tokens, max_model_len, schedule.max_num_seqs, schedule.max_num_batched_tokens
+        )
+        self.proposer = HistoryProposer(config)
         self.keys: dict[int, bytes] = {}
 
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
@@ -184,7 +187,7 @@ def build(policy: ReusePolicy, corpus: Corpus, schedule: Schedule, curve: StepCu
     if kind is None:
         return Stock()
     if kind == "lossless":  # the curve's host column: a fixed cost
-        return Lossless(max_model_len, schedule.max_num_seqs, curve, policy.params, cost_scale)
+        return Lossless(max_model_len, schedule, curve, policy.params, cost_scale)
     config = policy.params.speculative_config
     if kind == "suffix":
         return Suffix(max_model_len, schedule.max_num_seqs, suffix_cache, config)

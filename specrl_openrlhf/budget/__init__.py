@@ -48,7 +48,15 @@ from .acceptance import (
     features,
     record_verdicts,
 )
-from .allocation import BUDGET_MODES, EXPLORE_EVERY, EXPLORE_MARGIN, DraftBudget, goodput_allocate, survival_floor
+from .allocation import (
+    BUDGET_MODES,
+    EXPLORE_EVERY,
+    EXPLORE_MARGIN,
+    DraftBudget,
+    goodput_allocate,
+    survival_floor,
+    within_room,
+)
 from .drafting_check import CHECK_HALF_LIFE_STEPS, FIRST_PROBE, PROBE_EVERY, DraftingCheck
 from .proposer_report import REPORT_HALF_LIFE_STEPS, BudgetReport, decayed_sums
 
@@ -80,4 +88,5 @@ __all__ = [
     "goodput_allocate",
     "record_verdicts",
     "survival_floor",
+    "within_room",
 ]

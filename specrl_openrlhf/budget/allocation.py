@@ -21,12 +21,13 @@ def survival_floor(rows, base, per_row, per_token):
     return per_token * rows / max(base + (per_row + per_token) * rows, 1e-12)
 
 
-def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor, admit_all, counts):
+def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor, admit_all, counts, room=-1):
     """Adds to `counts` ([n]) each row's count in the goodput-maximising set of slots (`admit_all`: every slot) and
     returns the set's predicted gain: slots by survival (the product of a row's acceptances up to the slot), best
     first, while the next one raises (rows + expected tokens) / step time; slots at or below `floor` never pay
-    (`survival_floor`; -1 with `admit_all`). `lengths`: [n] int64. Plain Python over arrays, which the proposer
-    compiles (`integration.vllm.follow`).
+    (`survival_floor`; -1 with `admit_all`). `room`: the most slots the step carries (the engine's token budget
+    less its rows; -1: no limit), the likeliest that many where the set holds more. `lengths`: [n] int64. Plain Python
+    over arrays, which the proposer compiles (`integration.vllm.follow`).
 
     No sort: a slot raises the goodput g of the slots before it where its survival exceeds per_token x g, and g only
     rises while slots are admitted, so the set is every slot whose survival exceeds per_token x the set's own
@@ -60,10 +61,40 @@ def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor,
         if admit_all:
             break
         threshold = per_token * goodput
+    if 0 <= room < admitted:  # the likeliest `room` slots: those above the room-th survival, then its equals in turn
+        if room == 0:
+            return 0.0
+        threshold = np.sort(survival[:total])[total - room]
+        ties = room
+        for j in range(total):
+            if survival[j] > threshold:
+                ties -= 1
+        gained = 0.0
+        for j in range(total):
+            if survival[j] > threshold or (ties > 0 and survival[j] == threshold):
+                if survival[j] == threshold:
+                    ties -= 1
+                counts[owner[j]] += 1
+                gained += survival[j]
+        goodput = (rows + gained) / max(fixed + per_token * (rows + room), 1e-12)
+        return goodput / plain - 1.0
     for j in range(total):
         if survival[j] > threshold:
             counts[owner[j]] += 1
     return goodput / plain - 1.0
+
+
+def within_room(counts: np.ndarray, room: int) -> np.ndarray:
+    """`counts` [n] cut to `room` slots in all (-1: no limit) row by row, as the engine cuts drafts its token budget
+    can't carry.
+
+    >>> within_room(np.array([3, 2, 4]), 4).tolist()
+    [3, 1, 0]
+    """
+    if room < 0:
+        return counts.copy()
+    before = np.cumsum(counts) - counts  # slots of the rows before each
+    return np.clip(room - before, 0, counts)
 
 
 class DraftBudget:
@@ -93,22 +124,24 @@ class DraftBudget:
         cost: np.ndarray,
         mode: str = "goodput",
         margin: float = 0.0,
+        room: int = -1,
     ) -> np.ndarray:
         """`acceptance`: [n, k] the conditional acceptance of each candidate row's slots, the first `lengths[i]` of
         row i valid; `rows`: the rows the step serves (each produces one token whatever is drafted); `cost`: [3]
         (base, per_row, per_token), the step's linear cost (`pricing.online.OnlineStepCost.at`, or a GPU price's
         `budget_cost`); `mode`: one of `BUDGET_MODES`; `margin`: the predicted gain a goodput step's drafts must
-        clear (`DraftingCheck.margin`; inf: a probe, nothing drafted). Returns each candidate row's count ([n])."""
+        clear (`DraftingCheck.margin`; inf: a probe, nothing drafted); `room`: the most slots the step carries (-1:
+        no limit; `static` fills it row by row, as the engine would cut). Returns each candidate row's count ([n])."""
         lengths = np.asarray(lengths, np.int64)
         if mode == "static":
             self.predicted_gain = None
-            return lengths.copy()
-        counts, gain = self.goodput_counts(acceptance, lengths, rows, cost)
+            return within_room(lengths, room)
+        counts, gain = self.goodput_counts(acceptance, lengths, rows, cost, room=room)
         if gain <= margin:
             counts, gain = np.zeros_like(lengths), 0.0
         if len(lengths) and not counts.any():
             self.idle_steps += 1
-            if self.idle_steps >= self.explore_every and margin <= EXPLORE_MARGIN and lengths.any():
+            if self.idle_steps >= self.explore_every and margin <= EXPLORE_MARGIN and lengths.any() and room != 0:
                 first = np.where(lengths > 0, acceptance[:, 0], -1.0)
                 best = int(np.argmax(first))  # the likeliest slot
                 counts[best], self.idle_steps = 1, 0
@@ -118,12 +151,13 @@ class DraftBudget:
         self.predicted_gain = gain
         return counts
 
-    def goodput_counts(self, acceptance, lengths, rows: int, cost: np.ndarray, admit_all: bool = False):
-        """Each row's count in the goodput-maximising set of slots (`admit_all`: every slot), and their gain."""
+    def goodput_counts(self, acceptance, lengths, rows: int, cost: np.ndarray, admit_all: bool = False, room=-1):
+        """Each row's count in the goodput-maximising set of slots (`admit_all`: every slot; at most `room` of
+        them, -1: no limit), and their gain."""
         counts = np.zeros(len(lengths), np.int64)
         if not len(lengths) or not lengths.any():
             return counts, 0.0
         base, per_row, per_token = (float(x) for x in cost)
         floor = -1.0 if admit_all else survival_floor(rows, base, per_row, per_token)
-        gain = self.goodput(acceptance, lengths, rows, base, per_row, per_token, floor, admit_all, counts)
+        gain = self.goodput(acceptance, lengths, rows, base, per_row, per_token, floor, admit_all, counts, int(room))
         return counts, float(gain)

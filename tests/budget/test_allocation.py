@@ -64,6 +64,34 @@ def test_it_admits_what_the_sorted_scan_admits_ties_included():
         assert allocate(DraftBudget(), acceptance, rows, np.array([base, per_row, per_token])) == counts
 
 
+def test_within_the_engines_room_it_keeps_the_likeliest_slots_of_the_set_ties_in_row_order():
+    """`room` slots at most (the engine's token budget less its rows): of the goodput set, the likeliest that many,
+    equal survivals taken in row order (so each row keeps a prefix); its gain is that set's."""
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        acceptance = [rng.choice([0.3, 0.6, 0.9, 1.0], rng.integers(0, 6)) for _ in range(int(rng.integers(1, 30)))]
+        rows, cost = len(acceptance) * int(rng.integers(1, 4)), CPU * rng.uniform(0.2, 5.0, 3)
+        free = allocate(DraftBudget(), acceptance, rows, cost)
+        room = int(rng.integers(0, sum(free) + 2))
+        budget = DraftBudget()
+        counts = allocate(budget, acceptance, rows, cost, room=room)
+        slots = sorted(
+            (-s, i, j) for i, a in enumerate(acceptance) for j, s in enumerate(np.cumprod(a)) if j < free[i]
+        )
+        expected = [0] * len(acceptance)
+        for _, i, _ in slots[:room]:
+            expected[i] += 1
+        assert counts == expected
+        if sum(expected):
+            plain = rows / (cost[0] + (cost[1] + cost[2]) * rows)
+            assert budget.predicted_gain == pytest.approx(goodput(acceptance, expected, rows, cost) / plain - 1)
+
+
+def test_the_static_mode_fills_the_room_row_by_row():
+    static = allocate(DraftBudget(), [[0.01, 0.01], [0.9], [0.5]], rows=256, cost=CPU, mode="static", room=2)
+    assert static == [2, 0, 0]
+
+
 def test_it_drafts_nothing_when_no_slot_pays():
     unlikely = [np.full(8, 0.02) for _ in range(32)]
     assert allocate(DraftBudget(), unlikely, 32, CPU) == [0] * 32

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, survival_floor
+from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, survival_floor, within_room
 from ...pricing.online import OnlineStepCost
 from . import histories, plugin
 from .arena import NONE, warn_if_interpreted
@@ -63,7 +63,7 @@ class HistoryProposer:
     draft token ids of every batch row (empty where nothing is proposed)."""
 
     def __init__(self, vllm_config):
-        self.k, self.max_model_len, self.failed = 0, 0, False
+        self.k, self.max_model_len, self.token_budget, self.failed = 0, 0, 0, False
         self.lookahead = LOOKAHEAD  # slots a candidate is priced for: the budget never took more than half of them
         self.idle, self.asleep, self.idle_rows = 0, 0, 0  # steps given nothing in a row; asleep for; at batch size
         self.cost = OnlineStepCost(record=record_step, fit=fit_step_cost)
@@ -78,6 +78,10 @@ class HistoryProposer:
         try:
             self.k = int(vllm_config.speculative_config.num_speculative_tokens)
             self.max_model_len = int(vllm_config.model_config.max_model_len)
+            # vLLM cuts drafts past its token budget in queue order, and a row left no token waits the step out: the
+            # slots are held to what a step carries once every row has its token (0: no budget read)
+            scheduler = getattr(vllm_config, "scheduler_config", None)
+            self.token_budget = int(getattr(scheduler, "max_num_batched_tokens", 0) or 0)
             self.rows = RowState(self.k)
             histories.BOARD.proposers += 1
             histories.BOARD.reports.append(self.report)
@@ -218,14 +222,15 @@ class HistoryProposer:
         them at the next step)."""
         state, params = self.rows, histories.BOARD.params
         length = state.length[:rows]  # 0 where a row has no candidate
+        room = max(self.token_budget - rows, 0) if self.token_budget else -1
         if not length.any():
             counts = np.zeros(rows, np.int64)
         elif params.budget == "static":  # every slot while the paths' share of the history says it may be kept
             valid = np.arange(self.k)[None, :] < length[:, None]
             kept = np.cumprod(np.where(valid, state.support[:rows], 0.0), axis=1) >= params.min_accept_prob
-            counts, self.budget.predicted_gain = (kept & valid).sum(axis=1), None
+            counts, self.budget.predicted_gain = within_room((kept & valid).sum(axis=1), room), None
         else:
-            counts = self.budget.allocate(state.cand_accept[:rows], length, rows, cost, params.budget, margin)
+            counts = self.budget.allocate(state.cand_accept[:rows], length, rows, cost, params.budget, margin, room)
         state.drafted[:rows] = counts
         total, most = int(counts.sum()), int(counts.max(initial=0))
         self.report.step(total)

@@ -37,9 +37,11 @@ MAX_LEN = 64
 class Config:
     """The part of vLLM's config the proposer reads."""
 
-    def __init__(self, k=4, max_model_len=MAX_LEN):
+    def __init__(self, k=4, max_model_len=MAX_LEN, max_num_batched_tokens=None):
         self.speculative_config = type("S", (), {"num_speculative_tokens": k})()
         self.model_config = type("M", (), {"max_model_len": max_model_len})()
+        if max_num_batched_tokens is not None:
+            self.scheduler_config = type("C", (), {"max_num_batched_tokens": max_num_batched_tokens})()
 
 
 @pytest.fixture
@@ -534,3 +536,21 @@ def test_a_proposer_whose_budget_gives_nothing_sleeps_and_wakes_for_the_tail(boa
     tail = Batch(rows=1)  # the tail: one row, back inside its history
     tail.put(0, prompt + [20, 21])
     assert step(proposer, tail, [[21]]) == [[22, 23, 24, 25]] and proposer.asleep == 0
+
+
+@pytest.mark.parametrize("budget", ["static", "goodput"])
+def test_drafts_fit_the_engines_token_budget_once_every_row_has_its_token(board, budget):
+    """Two rows inside their history, 4 slots each: an engine of 2 + 5 batched tokens carries 5 draft tokens in
+    all, so no row is left without its own token (vLLM cuts past the budget in queue order); `static` fills the
+    budget row by row, the goodput budget with the likeliest slots; without a budget read, every slot."""
+    prompt = [1, 4, 4]
+    board.update(prompt_key(prompt), 3, True, rule(min_match=2, budget=budget), [list(range(20, 60))], [[0.0] * 40])
+    counts = {}
+    for tokens in (None, 7):
+        proposer, batch = HistoryProposer(Config(k=4, max_num_batched_tokens=tokens)), Batch(rows=2)
+        proposer.check.probe = lambda: False  # no probe step: the goodput budget drafts at once
+        for row in range(2):
+            batch.put(row, prompt + [20])
+        counts[tokens] = [len(d) for d in step(proposer, batch, [[20], [20]])]
+    assert counts[None] == [4, 4]
+    assert sum(counts[7]) == 5 and (counts[7] == [4, 1] if budget == "static" else max(counts[7]) <= 4)

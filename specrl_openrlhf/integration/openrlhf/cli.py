@@ -31,6 +31,7 @@ from pathlib import Path
 from ... import config as reuse_config
 from ...config import ReuseConfig
 from ...policies import PluginError, ReusePolicy, UnknownPolicyError
+from ...policies.builtin import HISTORY_PROPOSER
 from ...policies.sampling import UnsupportedSamplingError, check_sampling
 from .eval import WORKER_SETUP_HOOK
 
@@ -125,17 +126,23 @@ def engine_size_notes(namespace, config: ReuseConfig, policy: ReusePolicy) -> tu
         f"({origin['max_num_seqs']}) and {size.max_num_batched_tokens} tokens a step "
         f"({origin['max_num_batched_tokens']})"
     )
-    k = policy.engine_arguments().get("speculative_config", {}).get("num_speculative_tokens")
+    speculative = policy.engine_arguments().get("speculative_config", {})
+    k = speculative.get("num_speculative_tokens")
     if not k or size.carries_drafts(k):
         return line, []
     need, rows = size.tokens_for_drafts(k), size.rows_carrying_drafts(k)
     fewer_rows = f", or fewer rows: --vllm.max_num_seqs {rows}" if rows else ""
+    cut = (
+        f"so our proposer drafts at most {size.max_num_batched_tokens - size.max_num_seqs} tokens a full step in all "
+        "(the likeliest slots)"
+        if speculative.get("model") == HISTORY_PROPOSER
+        else "so vLLM cuts the drafts of the rows it schedules last and leaves the rest for the next step"
+    )
     return line, [
         f"--rollout_reuse {config.policy} drafts up to k = {k} tokens a row: a full step of {size.max_num_seqs} rows "
         f"x (1 + {k}) = {need} tokens is over the engine's budget of {size.max_num_batched_tokens} "
-        "(max_num_batched_tokens), so vLLM cuts the drafts of the rows it schedules last and leaves the rest for the "
-        f"next step. Fix: --vllm.max_num_batched_tokens {need} (or more){fewer_rows}, or fewer draft tokens a step "
-        "(num_speculative_tokens)"
+        f"(max_num_batched_tokens), {cut}. Fix: --vllm.max_num_batched_tokens {need} (or more){fewer_rows}, or "
+        "fewer draft tokens a step (num_speculative_tokens)"
     ]
 
 

@@ -114,6 +114,7 @@ def test_the_literal_command_takes_our_flags_and_gives_lossless_engines_our_prop
     assert f"{ENGINE_SIZE} and 2048 tokens a step (max_num_batched_tokens, vLLM's default)" in literal.stderr
     warning = "warning: --rollout_reuse lossless drafts up to k = 16 tokens a row: a full step of 128 rows x (1 + 16)"
     assert f"{warning} = 2176 tokens is over the engine's budget of 2048" in literal.stderr
+    assert "so our proposer drafts at most 1920 tokens a full step in all (the likeliest slots)" in literal.stderr
     assert (
         "Fix: --vllm.max_num_batched_tokens 2176 (or more), or fewer rows: --vllm.max_num_seqs 120" in literal.stderr
     )
@@ -171,6 +172,20 @@ def test_the_draft_budget_is_warned_for_rules_verified_in_the_engine_only(args, 
     result = run_in_process(BASE + args + ["--reuse.dry_run"])
     assert result.returncode == 0, result.stderr
     assert ("tokens is over the engine's budget" in result.stderr) == warned, result.stderr
+
+
+def test_a_peers_drafts_past_the_budget_are_said_to_be_cut_by_vllm():
+    """vLLM's suffix decoding at k = 16 drafts past the budget too: vLLM cuts its drafts, where ours fit the budget."""
+    peer = [
+        "--rollout_reuse",
+        "suffix",
+        "--reuse.params",
+        '{"speculative_config": {"method": "suffix", "num_speculative_tokens": 16}}',
+        "--reuse.dry_run",
+    ]
+    result = run_in_process(BASE + peer)
+    assert result.returncode == 0, result.stderr
+    assert "so vLLM cuts the drafts of the rows it schedules last" in result.stderr, result.stderr
 
 
 def test_our_engine_size_reaches_openrlhfs_engines_without_a_rule(monkeypatch):

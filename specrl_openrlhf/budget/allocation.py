@@ -33,7 +33,7 @@ def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor,
     rises while slots are admitted, so the set is every slot whose survival exceeds per_token x the set's own
     goodput (best first, the goodput rises, then never again; equal survivals stay together). Dinkelbach's iteration
     finds it: from the goodput without drafts, the slots above per_token x g, then g of those, until they stay the
-    same (each set holds the next one, so a few passes)."""
+    same (each set holds the next one, so a few passes). A `room` smaller than the set sorts its slots once."""
     survival, owner = np.empty(lengths.sum()), np.empty(lengths.sum(), np.int64)  # the slots above `floor`, by row
     total = 0
     for i in range(len(lengths)):

@@ -29,12 +29,13 @@ import numpy as np
 
 def run(args, rows: int) -> dict:
     from specrl_openrlhf.cache import prompt_key
-    from specrl_openrlhf.integration.vllm import histories
-    from specrl_openrlhf.integration.vllm.proposer import HistoryProposer
+    from specrl_openrlhf.integration.vllm.histories import params_message
+    from specrl_openrlhf.integration.vllm.v1 import board as boards
+    from specrl_openrlhf.integration.vllm.v1.proposer import HistoryProposer
     from specrl_openrlhf.policies.builtin import LosslessParams
 
     rng = np.random.default_rng(0)
-    histories.BOARD = board = histories.HistoryBoard()  # every batch size afresh
+    boards.BOARD = board = boards.HistoryBoard()  # every batch size afresh
     prompts = [[1, *rng.integers(3, 100, 31).tolist()] for _ in range(args.prompts)]
     stems = {}
     for prompt in prompts:
@@ -47,7 +48,7 @@ def run(args, rows: int) -> dict:
             prompt_key(prompt),
             len(prompt),
             True,
-            histories.params_message(LosslessParams(budget=args.budget)),
+            params_message(LosslessParams(budget=args.budget)),
             responses,
             [[-0.5] * args.length] * args.responses,
         )

@@ -1,6 +1,6 @@
 """A prompt's history: the prefix tree (trie) of its previous responses, which every proposal off the engine reads
 (`proposal`): the request path's planner, the simulator's request workload and offline replay. The engine's proposer
-drafts from its own compiled form of it (`integration.vllm.arena`, followed by `integration.vllm.follow`).
+drafts from its own compiled form of it (`integration.vllm.v1.arena`, followed by `integration.vllm.v1.follow`).
 
 Terminology:
 - *history*: a prompt's previous responses (its last visit's n samples, with `history=2` the visit's before too).

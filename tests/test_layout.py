@@ -225,7 +225,7 @@ def test_the_folders_show_the_layers():
     )
     for folder in (*folders, "at_scale"):
         assert (PACKAGE / folder / "__init__.py").exists(), folder
-    for stem in ("proposer", "histories", "engine_args", "rows"):  # the engine's proposer, split by job
+    for stem in ("v1/proposer", "v1/board", "histories", "engine_args", "v1/rows"):  # the proposer, split by job
         lines = (PACKAGE / "integration" / "vllm" / f"{stem}.py").read_text().count("\n")
         assert lines <= MAX_PROPOSER_LINES, f"integration/vllm/{stem}.py: {lines} lines"
 
@@ -237,7 +237,8 @@ def test_tests_mirror_the_modules():
         "integration/rollout/request_path",
         "integration/rollout/driver",
         "integration/vllm/edge",
-        "integration/vllm/proposer",
+        "integration/vllm/v1/proposer",
+        "integration/vllm/v1/board",
         "request_path/planner",
         "request_path/scoring",
         "request_path/chunking",
@@ -266,7 +267,7 @@ def test_tests_mirror_the_modules():
 
 def test_each_folder_that_lists_its_modules_names_every_one():
     """A folder's docstring that says what each of its modules is for names them all."""
-    for folder in ("at_scale", "budget", "miniature", "pricing", "simulator"):
+    for folder in ("at_scale", "budget", "miniature", "pricing", "simulator", "integration/vllm/v1"):
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
         named = set(re.findall(r"`(\w+)`", doc))
         stems = {p.stem for p in (PACKAGE / folder).glob("*.py")} - {"__init__"}

@@ -59,14 +59,15 @@ class Lossless:
         self, max_model_len: int, schedule: Schedule, curve: StepCurve | None, params: LosslessParams, cost_scale=1
     ):
         from ..cache import prompt_key
-        from ..integration.vllm import histories
-        from ..integration.vllm.proposer import HistoryProposer
+        from ..integration.vllm.histories import params_message
+        from ..integration.vllm.v1 import board as boards
+        from ..integration.vllm.v1.proposer import HistoryProposer
 
-        histories.BOARD = self.board = histories.HistoryBoard()
+        boards.BOARD = self.board = boards.HistoryBoard()
         self.key = prompt_key
         priced = params.cost_curve if curve is None else curve.as_data()
         rule = replace(params, cost_curve=priced, cost_scale=cost_scale)
-        self.params = histories.params_message(rule)
+        self.params = params_message(rule)
         config = vllm_config(
             rule.num_speculative_tokens, max_model_len, schedule.max_num_seqs, schedule.max_num_batched_tokens
         )

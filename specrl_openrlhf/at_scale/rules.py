@@ -85,7 +85,7 @@ def bench_rules(labels: list[str], corpus: Corpus | None = None) -> list[BenchRu
 
 def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:
     """The arena bytes the largest RL step's previous-epoch histories take (`Arena.BYTES_PER_NODE` a token)."""
-    from ..integration.vllm.arena import Arena
+    from ..integration.vllm.v1.arena import Arena
 
     largest = 0
     for epoch in range(1, corpus.epochs):

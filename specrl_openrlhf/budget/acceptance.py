@@ -11,7 +11,7 @@ import numpy as np
 
 ACCEPTANCE_HALF_LIFE_VERDICTS = 20_000.0  # the counts fade: the policy moves; a verdict is one slot's accepted-or-not
 
-ANCHORED, REENTERED, SHARED, OWN = 0, 1, 2, 3  # how a draft was found (integration.vllm.follow)
+ANCHORED, REENTERED, SHARED, OWN = 0, 1, 2, 3  # how a draft was found (integration.vllm.v1.follow)
 POSITION_EDGES = (1, 2, 3, 4, 8)  # positions 0, 1, 2, 3, 4-7, 8+
 SUPPORT_EDGES = (0.25, 0.5, 0.75, 0.999)  # share of the paths at the cursor that take the token
 MATCH_EDGES = (8, 16)  # a re-entry's match length: < 8, 8-15, 16+
@@ -23,7 +23,7 @@ def bucket(kind, position, support, match_length):
     """A slot's bucket (a flat index into `SHAPE`): how its draft was found (ANCHORED: the row's whole response is a
     path of the history; REENTERED: a suffix match in it; SHARED: in another prompt's responses; OWN: in the prompt's
     own text), its position in the draft, its support and the match length (anchored: the longest). Plain Python
-    over scalars, which the proposer's kernels compile (`integration.vllm.follow`)."""
+    over scalars, which the proposer's kernels compile (`integration.vllm.v1.follow`)."""
     p = 0
     while p < len(POSITION_EDGES) and position >= POSITION_EDGES[p]:
         p += 1
@@ -50,7 +50,7 @@ def record_verdicts(fine, coarse, total, deciles, table, weight, decay, strength
     """An `AcceptanceModel`'s update by verdicts ([n] `buckets`, `hits`, and `predicted`, empty where not known):
     each weighs 1/decay more than the last (the first: `weight` / decay), counts are rescaled where the weight
     passes RESCALE_AT, and every bucket's prediction is computed anew into `table`. Returns the last verdict's
-    weight. Plain Python over arrays, which the proposer compiles (`integration.vllm.follow`)."""
+    weight. Plain Python over arrays, which the proposer compiles (`integration.vllm.v1.follow`)."""
     for i in range(len(buckets)):
         weight /= decay
         b, hit = buckets[i], 1.0 if hits[i] else 0.0

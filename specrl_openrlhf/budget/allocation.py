@@ -27,7 +27,7 @@ def goodput_allocate(acceptance, lengths, rows, base, per_row, per_token, floor,
     first, while the next one raises (rows + expected tokens) / step time; slots at or below `floor` never pay
     (`survival_floor`; -1 with `admit_all`). `room`: the most slots the step carries (the engine's token budget
     less its rows; -1: no limit), the likeliest that many where the set holds more. `lengths`: [n] int64. Plain Python
-    over arrays, which the proposer compiles (`integration.vllm.follow`).
+    over arrays, which the proposer compiles (`integration.vllm.v1.follow`).
 
     No sort: a slot raises the goodput g of the slots before it where its survival exceeds per_token x g, and g only
     rises while slots are admitted, so the set is every slot whose survival exceeds per_token x the set's own

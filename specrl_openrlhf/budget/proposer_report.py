@@ -15,7 +15,7 @@ REPORT_HALF_LIFE_STEPS = 2048.0  # the sums reported to the rollout fade over ab
 
 def decayed_sums(decay, predicted, hits):
     """Over verdicts i of n, the sums of decay^(n - 1 - i) (the newest weighs 1) times 1, `predicted[i]` and
-    `hits[i]`. Plain Python over arrays, which the proposer compiles (`integration.vllm.follow`)."""
+    `hits[i]`. Plain Python over arrays, which the proposer compiles (`integration.vllm.v1.follow`)."""
     verdicts, weighted_predicted, weighted_hits = 0.0, 0.0, 0.0
     for i in range(len(predicted)):
         verdicts = verdicts * decay + 1.0

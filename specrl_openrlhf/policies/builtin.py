@@ -94,7 +94,7 @@ class Full(ReusePolicy):
         return batch.lengths.clone()
 
 
-HISTORY_PROPOSER = "specrl_openrlhf.integration.vllm.proposer.HistoryProposer"  # vLLM imports it by this name
+HISTORY_PROPOSER = "specrl_openrlhf.integration.vllm.v1.proposer.HistoryProposer"  # vLLM imports it by this name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +111,7 @@ class LosslessParams:
     """How many of the prompt's last visits the proposal draws on; 2 needs draft "majority" or "tree"."""
 
     verify: Literal["engine", "requests"] = "engine"
-    """Where drafts are verified. "engine": inside vLLM, at every decoding step (`integration.vllm.proposer`); the
+    """Where drafts are verified. "engine": inside vLLM, at every decoding step (`integration.vllm.v1.proposer`); the
     engine proposes from the tree of the prompt's previous responses (and its finished siblings) while the sample
     stays in it, and after a rejection from the longest suffix match of at least `min_match` tokens. "requests": on
     our request path, once per visit up to the first rejection (scoring requests, then a continuation), with `draft`

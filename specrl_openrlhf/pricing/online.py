@@ -20,7 +20,7 @@ COST_HALF_LIFE_STEPS = 512.0
 def record_step(xtx, xty, rows, tokens, context, seconds, decay):
     """Adds a step, x = (1, rows, tokens, context) and its `seconds`, to the decayed normal equations: `xtx` ([4, 4])
     and `xty` ([4]) decay, then gain x x^T and x seconds. Plain Python over arrays, which the proposer compiles
-    (`integration.vllm.follow`), as `fit_step_cost`."""
+    (`integration.vllm.v1.follow`), as `fit_step_cost`."""
     x = np.array([1.0, float(rows), float(tokens), float(context)])
     for i in range(len(x)):
         xty[i] = decay * xty[i] + x[i] * seconds

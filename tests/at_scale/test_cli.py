@@ -132,7 +132,7 @@ def test_a_plugin_is_priced_through_its_own_cut(tmp_path, capsys, monkeypatch):
 
 
 def test_a_memory_budget_too_small_for_one_step_is_refused(tmp_path, capsys, monkeypatch):
-    from specrl_openrlhf.integration.vllm.arena import Arena
+    from specrl_openrlhf.integration.vllm.v1.arena import Arena
 
     monkeypatch.setattr(Arena, "BYTES_PER_NODE", 1 << 20)  # a MiB a token: 1 MiB holds less than a step
     host = tmp_path / "host.json"

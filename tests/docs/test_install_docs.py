@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 import _specrl_openrlhf_hook
-from specrl_openrlhf.integration.vllm import sampler_fix
+from specrl_openrlhf.integration.vllm.v1 import sampler_fix
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "install.md"

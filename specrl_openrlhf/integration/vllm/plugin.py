@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def register() -> None:
-    from . import cpu_fix, sampler_fix
+    from .v1 import cpu_fix, sampler_fix
 
     for fix in (cpu_fix, sampler_fix):
         try:
@@ -30,6 +30,6 @@ def register() -> None:
 
 def installed(worker=None) -> tuple[bool, bool]:
     """Whether each fix runs in this process (the CPU fix, the sampler fix); `collective_rpc` entry too."""
-    from . import cpu_fix, sampler_fix
+    from .v1 import cpu_fix, sampler_fix
 
     return cpu_fix.installed(), sampler_fix.installed()

@@ -22,7 +22,7 @@ def test_the_proposer_named_to_vllm_is_ours():
     import importlib
 
     from specrl_openrlhf.integration.vllm.engine_args import PROPOSER
-    from specrl_openrlhf.integration.vllm.proposer import HistoryProposer
+    from specrl_openrlhf.integration.vllm.v1.proposer import HistoryProposer
 
     module, _, name = PROPOSER.rpartition(".")
     assert getattr(importlib.import_module(module), name) is HistoryProposer

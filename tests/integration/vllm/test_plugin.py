@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 
 CHECK = (
     "from vllm.plugins import load_general_plugins; load_general_plugins(); "
-    "from specrl_openrlhf.integration.vllm import cpu_fix, sampler_fix; "
+    "from specrl_openrlhf.integration.vllm.v1 import cpu_fix, sampler_fix; "
     "print(cpu_fix.installed(), sampler_fix.installed())"
 )
 
@@ -27,7 +27,8 @@ def fixes_after_vllm_loads_its_plugins(**env) -> str:
 @pytest.mark.engine
 def test_vllm_loads_the_fixes_in_its_engine_process(async_engine):
     """The shared engine's core process, where the model runs, has both fixes: vLLM loaded our plugin there."""
-    from specrl_openrlhf.integration.vllm import cpu_fix, plugin
+    from specrl_openrlhf.integration.vllm import plugin
+    from specrl_openrlhf.integration.vllm.v1 import cpu_fix
 
     if not cpu_fix.needed():
         pytest.skip("the CPU fixes apply to vLLM's CPU platform")
@@ -35,9 +36,9 @@ def test_vllm_loads_the_fixes_in_its_engine_process(async_engine):
     assert [tuple(answer) for answer in runner.run(engine.collective_rpc(plugin.installed))] == [(True, True)]
 
 
-@pytest.mark.slow  # a process of its own loading vLLM; tests/integration/vllm/test_sampler_fix.py covers the switch
+@pytest.mark.slow  # a process of its own loading vLLM; tests/integration/vllm/v1/test_sampler_fix.py covers the switch
 def test_the_switch_turns_the_sampler_fix_off():
-    from specrl_openrlhf.integration.vllm import cpu_fix
+    from specrl_openrlhf.integration.vllm.v1 import cpu_fix
 
     if not cpu_fix.needed():
         pytest.skip("the CPU fixes apply to vLLM's CPU platform")

@@ -11,8 +11,9 @@ from tests.helpers import chi2_detects, chi2_passes, joint_after
 pytestmark = [pytest.mark.engine, pytest.mark.peers]
 vllm = pytest.importorskip("vllm")
 
-from specrl_openrlhf.integration.vllm import cpu_fix, plugin  # noqa: E402
+from specrl_openrlhf.integration.vllm import plugin  # noqa: E402
 from specrl_openrlhf.integration.vllm.edge import engine_generate  # noqa: E402
+from specrl_openrlhf.integration.vllm.v1 import cpu_fix  # noqa: E402
 
 PATTERN = [int(t) for t in np.random.default_rng(7).permutation(np.arange(10, 120))[:24]]
 PROMPT = [1] + PATTERN * 3  # after any token of the pattern, the suffix tree proposes the one that followed it

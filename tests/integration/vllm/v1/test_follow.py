@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from specrl_openrlhf import budget
-from specrl_openrlhf.integration.vllm.arena import NONE, Arena
-from specrl_openrlhf.integration.vllm.follow import (
+from specrl_openrlhf.integration.vllm.v1.arena import NONE, Arena
+from specrl_openrlhf.integration.vllm.v1.follow import (
     Arrivals,
     Sampled,
     Settings,
@@ -19,7 +19,7 @@ from specrl_openrlhf.integration.vllm.follow import (
     record_verdicts,
     survey,
 )
-from specrl_openrlhf.integration.vllm.rows import FOLLOWED, IDLE, NEW, RowState
+from specrl_openrlhf.integration.vllm.v1.rows import FOLLOWED, IDLE, NEW, RowState
 from specrl_openrlhf.pricing.online import OnlineStepCost
 
 

@@ -12,7 +12,7 @@ every row's draft to the slots whose expected tokens pay for what they add to th
 the budget gives nothing for `IDLE_STEPS` steps it sleeps (it still follows the rows, drafting nothing): a full batch
 that drafts nothing pays little for it, and a shrinking batch (the tail) wakes it.
 
-Histories reach it through `histories` (queued over `collective_rpc`, inserted between steps; a row's prompt is found
+Histories reach it through `board` (queued over `collective_rpc`, inserted between steps; a row's prompt is found
 by the digest of its leading tokens). A proposal never depends on the row's own randomness to come, so a late,
 missing or wrong history costs speed, never exactness, and so does a budget.
 
@@ -28,9 +28,10 @@ import time
 
 import numpy as np
 
-from ...budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, survival_floor, within_room
-from ...pricing.online import OnlineStepCost
-from . import histories, plugin
+from ....budget import AcceptanceModel, BudgetReport, DraftBudget, DraftingCheck, survival_floor, within_room
+from ....pricing.online import OnlineStepCost
+from .. import plugin
+from . import board as boards
 from .arena import NONE, warn_if_interpreted
 from .follow import (
     Arrivals,
@@ -74,7 +75,7 @@ class HistoryProposer:
         self.clock = time.perf_counter  # what step times are read from
         self.last_call: float | None = None  # when the previous step's `propose` began
         self.followed = 0  # rows followed at the last step
-        self.version = histories.BOARD.version
+        self.version = boards.BOARD.version
         try:
             self.k = int(vllm_config.speculative_config.num_speculative_tokens)
             self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -83,8 +84,8 @@ class HistoryProposer:
             scheduler = getattr(vllm_config, "scheduler_config", None)
             self.token_budget = int(getattr(scheduler, "max_num_batched_tokens", 0) or 0)
             self.rows = RowState(self.k)
-            histories.BOARD.proposers += 1
-            histories.BOARD.reports.append(self.report)
+            boards.BOARD.proposers += 1
+            boards.BOARD.reports.append(self.report)
             warn_if_interpreted()
             warm_up(self.k, self.max_model_len)
         except Exception as error:  # the engine must start whatever happens here
@@ -98,7 +99,7 @@ class HistoryProposer:
         if not self.failed:
             logger.warning("history proposer disabled (%s: %s): rows decode as usual", type(error).__name__, error)
         self.failed = True
-        histories.BOARD.proposers = 0
+        boards.BOARD.proposers = 0
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_) -> list:
         # sampled_token_ids: [B] lists of the tokens each row sampled this step (empty: still in prefill)
@@ -115,7 +116,7 @@ class HistoryProposer:
             return [[] for _ in sampled_token_ids]
 
     def _propose(self, sampled, num_tokens, token_ids) -> list:
-        now, rows, board, state = self.clock(), len(sampled), histories.BOARD, self.rows
+        now, rows, board, state = self.clock(), len(sampled), boards.BOARD, self.rows
         if state.capacity < rows:
             state.grow(2 * rows)
         if board.version != self.version:  # the arena was rebuilt: every row afresh
@@ -180,7 +181,7 @@ class HistoryProposer:
     def _leave(self, rows: int, new: np.ndarray) -> None:
         """Requests no longer followed where they were (finished, or moved): their responses were inserted in flight,
         so the same response registered later is skipped (`Slot.in_flight`)."""
-        state, by_id = self.rows, histories.BOARD.by_id
+        state, by_id = self.rows, boards.BOARD.by_id
         gone = np.concatenate([new, state.index[rows : self.followed]])
         for r in gone[state.seen[gone] > 0].tolist():
             slot = by_id.get(int(state.slot[r]))
@@ -189,7 +190,7 @@ class HistoryProposer:
 
     def _anchor(self, fresh, lengths, num_tokens, token_ids, settings: Settings) -> None:
         """Requests new to their rows: their prompt's slot (found by digest), their response so far a path of it."""
-        board, state = histories.BOARD, self.rows
+        board, state = boards.BOARD, self.rows
         roots, slots = np.full(len(fresh), NONE, np.int64), np.full(len(fresh), NONE, np.int64)
         for i, r in enumerate(fresh.tolist()):
             slot, prompt_len = board.find(token_ids[r], int(num_tokens[r]), int(lengths[r]))
@@ -212,7 +213,7 @@ class HistoryProposer:
     def _cost(self, rows: int, context: float) -> tuple[np.ndarray, float]:
         """The step's cost model (base, per row, per token) at its rows' KV `context` (summed), and the gain its
         drafts must clear (`DraftingCheck`)."""
-        params, curve = histories.BOARD.params, histories.BOARD.curve
+        params, curve = boards.BOARD.params, boards.BOARD.curve
         if curve is not None:  # slots priced on a GPU's curve: this machine's steps are set aside, the check too
             return curve.budget_cost(rows, params.cost_scale, context / max(rows, 1)), 0.0
         return self.cost.at(context), math.inf if self.check.probe() else self.check.margin
@@ -220,7 +221,7 @@ class HistoryProposer:
     def _allocate(self, rows: int, cost: np.ndarray, margin: float) -> list[list[int]]:
         """Every row's draft, cut to the step's budget (`DraftBudget`): its candidate's first slots (`follow` judges
         them at the next step)."""
-        state, params = self.rows, histories.BOARD.params
+        state, params = self.rows, boards.BOARD.params
         length = state.length[:rows]  # 0 where a row has no candidate
         room = max(self.token_budget - rows, 0) if self.token_budget else -1
         if not length.any():

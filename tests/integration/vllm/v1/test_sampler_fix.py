@@ -1,5 +1,6 @@
-"""The rejection sampler's recovered-token noise, drawn only for requests with drafts (`integration.vllm.sampler_fix`):
-against vLLM's own function on the same inputs, with a reference kernel standing in for the platform's."""
+"""The rejection sampler's recovered-token noise, drawn only for requests with drafts
+(`integration.vllm.v1.sampler_fix`): against vLLM's own function on the same inputs, with a reference kernel
+standing in for the platform's."""
 
 import types
 
@@ -10,7 +11,7 @@ vllm = pytest.importorskip("vllm")
 
 import vllm.v1.sample.rejection_sampler as rejection_sampler  # noqa: E402
 
-from specrl_openrlhf.integration.vllm import sampler_fix  # noqa: E402
+from specrl_openrlhf.integration.vllm.v1 import sampler_fix  # noqa: E402
 
 VOCAB = 50
 

@@ -13,9 +13,12 @@ import pytest
 
 import specrl_openrlhf as sr
 from specrl_openrlhf.cache import prompt_key
-from specrl_openrlhf.integration.vllm import cpu_fix, histories, plugin
-from specrl_openrlhf.integration.vllm.histories import HistoryBoard, params_message
-from specrl_openrlhf.integration.vllm.proposer import IDLE_STEPS, SLEEP_STEPS, HistoryProposer
+from specrl_openrlhf.integration.vllm import histories, plugin
+from specrl_openrlhf.integration.vllm.histories import params_message
+from specrl_openrlhf.integration.vllm.v1 import board as boards
+from specrl_openrlhf.integration.vllm.v1 import cpu_fix
+from specrl_openrlhf.integration.vllm.v1.board import HistoryBoard
+from specrl_openrlhf.integration.vllm.v1.proposer import IDLE_STEPS, SLEEP_STEPS, HistoryProposer
 from specrl_openrlhf.policies.builtin import LosslessParams
 from tests.helpers import chi2_detects, chi2_passes, joint_after, probs
 
@@ -47,7 +50,7 @@ class Config:
 @pytest.fixture
 def board(monkeypatch):
     board = HistoryBoard()
-    monkeypatch.setattr(histories, "BOARD", board)
+    monkeypatch.setattr(boards, "BOARD", board)
     return board
 
 
@@ -201,7 +204,7 @@ def test_a_resumed_row_is_found_at_its_prompt_length(board):
 
 def test_a_broken_proposer_never_stops_the_engine(board, caplog):
     proposer = HistoryProposer(object())  # a config it can't read
-    assert proposer.failed and histories.BOARD.proposers == 0
+    assert proposer.failed and boards.BOARD.proposers == 0
     assert proposer.propose([[1], []], np.array([3, 0]), np.zeros((2, 8), np.int32)) == [[], []]
     assert histories.update_histories(None, [])["proposers"] == 0  # the rollout reads this as "no proposer"
     assert "history proposer disabled" in caplog.text
@@ -229,7 +232,7 @@ def simulate(costs, acceptance: float, *, rows=32, steps=600, draft=True, seed=0
     tokens[:, : len(prompt)] = prompt
     tokens[:, len(prompt)] = history[0][0]
     produced, drafts = 0, [[]] * rows
-    histories_before, histories.BOARD = histories.BOARD, board
+    histories_before, boards.BOARD = boards.BOARD, board
     try:
         sampled = [[history[0][0]]] * rows
         for _ in range(steps):
@@ -252,7 +255,7 @@ def simulate(costs, acceptance: float, *, rows=32, steps=600, draft=True, seed=0
             clock.now += costs(rows, rows + drafted, drafted) * rng.lognormal(0.0, 0.1)
             produced += sum(len(s) for s in sampled)
     finally:
-        histories.BOARD = histories_before
+        boards.BOARD = histories_before
     return produced / clock.now
 
 

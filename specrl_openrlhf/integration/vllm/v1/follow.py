@@ -26,9 +26,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ... import budget
-from ...budget import ANCHORED, OWN, REENTERED, SHARED
-from ...pricing import online
+from .... import budget
+from ....budget import ANCHORED, OWN, REENTERED, SHARED
+from ....pricing import online
 from .arena import (
     BELOW,
     BEST,

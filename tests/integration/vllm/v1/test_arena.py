@@ -9,8 +9,18 @@ import textwrap
 
 import numpy as np
 
-from specrl_openrlhf.integration.vllm import arena as arena_module
-from specrl_openrlhf.integration.vllm.arena import BELOW, BEST, COUNT, DEPTH, NONE, TOKEN, Arena, path_score, reentry
+from specrl_openrlhf.integration.vllm.v1 import arena as arena_module
+from specrl_openrlhf.integration.vllm.v1.arena import (
+    BELOW,
+    BEST,
+    COUNT,
+    DEPTH,
+    NONE,
+    TOKEN,
+    Arena,
+    path_score,
+    reentry,
+)
 
 
 def tokens(*values):
@@ -58,7 +68,7 @@ FALLBACK = textwrap.dedent(
     import sys
     sys.modules["numba"] = None  # as where numba is missing: the kernels run as plain Python
     import numpy as np
-    from specrl_openrlhf.integration.vllm import arena
+    from specrl_openrlhf.integration.vllm.v1 import arena
     assert not arena.COMPILED
     a = arena.Arena(8)
     root = a.new_root(0)

@@ -1,6 +1,6 @@
 """A row's state between steps (`vllm.rows`): its arrays grow and move with the request."""
 
-from specrl_openrlhf.integration.vllm.rows import RowState
+from specrl_openrlhf.integration.vllm.v1.rows import RowState
 
 
 def test_row_state_grows_and_moves_with_its_request():

@@ -1,14 +1,16 @@
-"""The board (`vllm.histories`): updates are queued and inserted between steps, a bounded slice at a time; a new visit
-starts its prompt's slot afresh unless its rows are already in flight; memory stays within `history_mb`, the prompts
-whose rows are in flight and the latest registered kept."""
+"""The V1 board (`vllm.v1.board`): updates are queued and inserted between steps, a bounded slice at a time; a new
+visit starts its prompt's slot afresh unless its rows are already in flight; memory stays within `history_mb`, the
+prompts whose rows are in flight and the latest registered kept."""
 
 import logging
 
 import numpy as np
 
 from specrl_openrlhf.cache import prompt_key
-from specrl_openrlhf.integration.vllm.arena import BEST, COUNT
-from specrl_openrlhf.integration.vllm.histories import HistoryBoard, params_message, response_hash, update_histories
+from specrl_openrlhf.integration.vllm.hashing import token_hash as response_hash
+from specrl_openrlhf.integration.vllm.histories import params_message, update_histories
+from specrl_openrlhf.integration.vllm.v1.arena import BEST, COUNT
+from specrl_openrlhf.integration.vllm.v1.board import HistoryBoard
 from specrl_openrlhf.policies.builtin import LosslessParams
 
 
@@ -70,9 +72,9 @@ def test_a_returning_prompts_history_survives_the_memory_budget(caplog):
 
 
 def test_the_rpc_answers_the_proposers_and_the_histories_memory(monkeypatch):
-    from specrl_openrlhf.integration.vllm import histories
+    from specrl_openrlhf.integration.vllm.v1 import board as boards
 
     board = HistoryBoard()
-    monkeypatch.setattr(histories, "BOARD", board)
+    monkeypatch.setattr(boards, "BOARD", board)
     answer = update_histories(None, [(prompt_key([1]), 1, True, params(), [[5, 6]], [None])])
     assert answer["proposers"] == 0 and "history_mb" in answer and len(board.pending) == 1

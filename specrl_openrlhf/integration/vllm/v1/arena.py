@@ -26,6 +26,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..hashing import HASH_MULTIPLIER, MASK
+from ..hashing import sequence_hash as _sequence_hash
+
 logger = logging.getLogger(__name__)
 
 try:
@@ -42,8 +45,6 @@ except ImportError:  # the kernels run as plain Python: correct, and far slower
 NONE = -1
 TOKEN, PARENT, COUNT, BELOW, CHILD, SIBLING, BEST, DEPTH, OWNER, CHAIN = range(10)
 FIELDS = 10
-HASH_MULTIPLIER = 0x1E3779B97F4A7C15  # odd; grams hash as a polynomial in it, modulo 2^63
-MASK = 0x7FFFFFFFFFFFFFFF
 MAX_CHAIN = 4  # re-entry candidates a re-entry scores at most (the newest first)
 SCORED = 8  # tokens of a candidate's path its score sums at most
 MAX_VISITS = 64  # gram-index entries it walks at most (leaves and other grams of the bucket included)
@@ -68,12 +69,7 @@ def node_gram(nodes, node, m):
     return h
 
 
-@njit(cache=True)
-def sequence_hash(h, tokens, start, stop):
-    """`h` extended by tokens[start:stop]: a response's identity, built up as its tokens come (start from 0)."""
-    for i in range(start, stop):
-        h = (h * HASH_MULTIPLIER + int(tokens[i]) + 1) & MASK
-    return h
+sequence_hash = njit(cache=True)(_sequence_hash)  # `hashing.sequence_hash`, compiled
 
 
 @njit(cache=True)

@@ -94,7 +94,10 @@ class Full(ReusePolicy):
         return batch.lengths.clone()
 
 
-HISTORY_PROPOSER = "specrl_openrlhf.integration.vllm.v1.proposer.HistoryProposer"  # vLLM imports it by this name
+HISTORY_PROPOSER = "specrl_openrlhf.integration.vllm.v1.proposer.HistoryProposer"  # vLLM <= 0.33 imports it so
+# vLLM >= 0.34: our speculator's method name in vLLM's registry, and its config, which vLLM imports by this name
+HISTORY_SPECULATOR = "specrl_history"
+HISTORY_SPECULATOR_CONFIG = "specrl_openrlhf.integration.vllm.v2.config.HistorySpeculatorConfig"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -217,3 +217,45 @@ def joint_after(engine_pair, prompt, tokens, temperature):
     for t1, t2 in tokens:
         counts[index[t1] * 128 + t2 if t1 in index else -1] += 1
     return counts, law
+
+
+class NoHostSync:
+    """A context in which any torch op that makes the host wait for the device fails the test: reading a value
+    (`.item()`, `int(t)`, `.tolist()`), `nonzero`, indexing with a boolean mask, `unique`, `masked_select`. On CPU
+    tensors nothing waits, so this is how a CPU test sees a host sync that a GPU would pay (CUDA's sync debug mode is
+    the GPU's own check: `scripts/bench_speculator_gpu.py`)."""
+
+    SYNCING = {
+        "aten::_local_scalar_dense",
+        "aten::nonzero",
+        "aten::nonzero_static",
+        "aten::masked_select",
+        "aten::is_nonzero",
+        "aten::equal",
+        "aten::_unique2",
+        "aten::unique_consecutive",
+        "aten::unique_dim",
+    }
+
+    def __enter__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        syncing = self.SYNCING
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func._schema.name
+                boolean_index = name == "aten::index" and any(
+                    getattr(i, "dtype", None) in (torch.bool, torch.uint8) for i in (args[1] if len(args) > 1 else ())
+                )
+                if name in syncing or boolean_index:
+                    raise AssertionError(f"a host sync in the step: {func}")
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)

@@ -12,13 +12,19 @@ updates go to it, and it applies them by count (every tensor-parallel rank sees 
 boundary, so every rank drafts the same); elsewhere they go to this process's V1 board (`v1.board`, vLLM <= 0.33's
 `custom_class` proposer). Either answers what `report` gives: "proposers" 0 means none runs here, and the rollout then
 says so and generates normally.
+
+The V2 speculator learns a request's prompt from its id (`request_id`: the rollout names its requests so; vLLM adds a
+suffix of its own), where the V1 proposer finds it by the digest of the row's leading tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 from ...policies.builtin import LosslessParams
+
+REQUEST_PREFIX = "specrl-"  # a request id that carries its prompt's digest: `request_id`
 
 
 def receiver(worker):
@@ -48,3 +54,23 @@ def budget_details(worker) -> dict:
 def params_message(params: LosslessParams) -> dict:
     """The rule's parameters as `update_histories` carries them."""
     return dataclasses.asdict(params)
+
+
+def request_id(key: bytes) -> str:
+    """A fresh request id for a sample of the prompt with digest `key` (`cache.prompt_key`), which `key_of` reads."""
+    return f"{REQUEST_PREFIX}{key.hex()}-{uuid.uuid4().hex[:12]}"
+
+
+def key_of(request_id: str) -> bytes | None:
+    """The prompt digest a request id carries (`request_id`; vLLM's n samples of a request are "{i}_{id}"), or None
+    where it carries none."""
+    head, underscore, rest = request_id.partition("_")
+    if underscore and head.isdigit():
+        request_id = rest
+    if not request_id.startswith(REQUEST_PREFIX):
+        return None
+    digest = request_id[len(REQUEST_PREFIX) :].partition("-")[0]
+    try:
+        return bytes.fromhex(digest) if digest else None
+    except ValueError:
+        return None

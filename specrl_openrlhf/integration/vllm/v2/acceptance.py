@@ -31,7 +31,8 @@ class DeviceAcceptance:
         self.fine = torch.zeros(BUCKETS, 2, dtype=torch.float64, device=device)  # [accepted, seen], weighted
         self.coarse = torch.zeros(SHAPE[0] * SHAPE[2], 2, dtype=torch.float64, device=device)
         self.total = torch.zeros(2, dtype=torch.float64, device=device)
-        self.weight = torch.ones((), dtype=torch.float64, device=device)  # the latest verdicts' weight
+        # the latest verdicts' weight, [1], changed in place (a 0-dim tensor's in-place change is lost when compiled)
+        self.weight = torch.ones(1, dtype=torch.float64, device=device)
         self.table = torch.full((BUCKETS,), self.prior, dtype=torch.float32, device=device)  # [BUCKETS]
 
     def reset(self) -> None:
@@ -51,7 +52,7 @@ class DeviceAcceptance:
         seen = torch.zeros(BUCKETS, dtype=torch.int64, device=b.device).index_add_(0, b, judged.long())
         took = torch.zeros(BUCKETS, dtype=torch.int64, device=b.device).index_add_(0, b, (judged & hit).long())
         n = seen.sum()
-        self.weight = self.weight * torch.exp(-self.log_decay * n.double())
+        self.weight.mul_(torch.exp(-self.log_decay * n.double()))
         fine = torch.stack([took, seen], dim=1)  # [BUCKETS, 2] int64: sums in any order are the same
         coarse = torch.zeros(self.coarse.shape, dtype=torch.int64, device=b.device).index_add_(0, self.coarse_of, fine)
         self.fine += fine.double() * self.weight
@@ -60,7 +61,7 @@ class DeviceAcceptance:
         factor = torch.where(self.weight > RESCALE_AT, 1.0 / self.weight, torch.ones_like(self.weight))
         for counts in (self.fine, self.coarse, self.total):
             counts.mul_(factor)
-        self.weight = self.weight * factor
+        self.weight.mul_(factor)
         self._predict()
 
     def _predict(self) -> None:

@@ -49,6 +49,9 @@ class DrafterSettings:
     min_match: int = field(default=4, metadata=limits(at_least=1, at_most=WINDOW))
     shared: bool = True
     lookup: bool = True
+    compile: bool = False
+    """Compile the step's ops into fused kernels (`torch.compile`), as on a GPU, where a launch costs more than a small
+    op's work; on CPU the ops run one by one."""
 
     def __post_init__(self):
         check_fields(self, owner="the V2 speculator")
@@ -85,6 +88,20 @@ class HistoryDrafter:
         self.edges = kernels.bucket_edges(self.device)
         self.pending = Pending()
         self.steps = 0
+        # the step compiled into fused kernels where asked (`compile`: a GPU's default), else op by op
+        self.compiled = torch.compile(self._step, dynamic=True, fullgraph=True) if settings.compile else None
+
+    def warm_up(self) -> None:
+        """Compile the step before the engine's first (a few seconds to a minute), on a few rows that sampled nothing,
+        then forget them: `dynamic` shapes, so no batch size compiles again."""
+        if self.compiled is None:
+            return
+        rows = torch.arange(min(3, self.settings.max_num_reqs), device=self.device)
+        zeros = torch.zeros_like(rows)
+        self.compiled(
+            rows, zeros, zeros, torch.zeros(self.settings.max_num_reqs, dtype=torch.int64, device=self.device)
+        )
+        self.reset_state()
 
     # vLLM's calls ------------------------------------------------------------------------------------------------
 
@@ -120,38 +137,41 @@ class HistoryDrafter:
         """rows: [B] vLLM's idx_mapping (request slot of each batch row); num_sampled, num_rejected: [B];
         last_sampled: [max_num_reqs] or [max_num_reqs, 1], each request's last token. Returns [B, k] drafts."""
         self._apply_pending()
+        inputs = (rows.long(), num_sampled.long(), num_rejected.long(), last_sampled.reshape(-1))
+        if self.compiled is not None:
+            try:
+                self.compiled(*inputs)
+            except Exception as error:  # a compiler that fails here costs speed only: the same ops, one at a time
+                logger.warning(
+                    "specrl_history: compiled step failed (%s: %s), runs eagerly", type(error).__name__, error
+                )
+                self.compiled = None
+                self._step(*inputs)
+        else:
+            self._step(*inputs)
+        self.steps += 1
+        return self.drafts[: rows.shape[0]]
+
+    def _step(self, rows, sampled, rejected, last) -> None:
+        """The step's device work, every op on the device: the verdicts, the new tokens, the drafts."""
         b = rows.shape[0]
-        rows = rows.long()
-        sampled, rejected = num_sampled.long(), num_rejected.long()
         self._judge(rows, sampled, rejected)
         token_ids = self.req.all_token_ids.gpu
         total, prompt = self.req.total_len.gpu[rows].long(), self.req.prompt_len.gpu[rows].long()
         slot, own = self.row_slot[rows], self.row_col[rows]
+        store = self.store
         written = kernels.append_sampled(
-            self.store.tokens,
-            self.store.length,
-            token_ids,
-            rows,
-            total,
-            prompt,
-            sampled,
-            slot,
-            own,
-            self.settings.k + 1,
+            store.tokens, store.length, token_ids, rows, total, prompt, sampled, slot, own, self.settings.k + 1
         )
-        self.store.index(*written)
+        store.index(*written)
         chain, support, length, kind, match = self._draft(token_ids, rows, total, prompt, slot, own)
         bucket = kernels.buckets(kind, support, match, self.edges)
-        active = (torch.arange(self.settings.k, device=self.device)[None, :] < length[:, None]) & (sampled > 0)[
-            :, None
-        ]
-        last = last_sampled.reshape(-1)[rows]
-        self.drafts[:b] = torch.where(active, chain, last[:, None])
+        positions = torch.arange(self.settings.k, device=self.device)[None, :]
+        active = (positions < length[:, None]) & (sampled > 0)[:, None]
+        self.drafts[:b] = torch.where(active, chain, last[rows][:, None])
         self.confidences[:b] = torch.where(active, self.acceptance.table[bucket], 0.0)
         self.prev_bucket[rows] = bucket
         self.prev_len[rows] = torch.where(sampled > 0, length, 0)
-        self.steps += 1
-        return self.drafts[:b]
 
     # the rollout's calls -----------------------------------------------------------------------------------------
 

@@ -36,11 +36,11 @@ NONE = -1
 
 def fold_hash(windows: torch.Tensor) -> torch.Tensor:
     """`hashing.sequence_hash` of each row of `windows` [..., m] int (oldest token first): [...] int64. int64 products
-    wrap modulo 2^64; the mask keeps the hash modulo 2^63, as the host computes it."""
+    wrap modulo 2^64, which 2^63 divides: one mask at the end gives the host's hash modulo 2^63."""
     h = torch.zeros(windows.shape[:-1], dtype=torch.int64, device=windows.device)
     for i in range(windows.shape[-1]):
-        h = ((h * HASH_MULTIPLIER) + windows[..., i].long() + 1) & MASK
-    return h
+        h = h * HASH_MULTIPLIER + (windows[..., i].long() + 1)
+    return h & MASK
 
 
 def bucket_of(h: torch.Tensor, buckets: int) -> torch.Tensor:
@@ -154,25 +154,22 @@ def vote_chain(cont: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, t
     """The chain the `alive` candidates [B, C] bool vote for over their continuations `cont` [B, C, k]: at each
     position the token most of them take (ties to the earliest candidate), after which only those that took it vote.
     Returns (chain [B, k] int64, support [B, k] float32: votes over voters, length [B] int64: positions voted)."""
-    k = cont.shape[2]
-    chain = torch.full(cont.shape[::2], NONE, dtype=torch.int64, device=cont.device)
-    support = torch.zeros(chain.shape, dtype=torch.float32, device=cont.device)
-    going = torch.ones(cont.shape[0], dtype=torch.bool, device=cont.device)
-    length = torch.zeros(cont.shape[0], dtype=torch.int64, device=cont.device)
-    for d in range(k):
+    chosen, most, voters = [], [], []
+    for d in range(cont.shape[2]):
         token = cont[:, :, d]  # [B, C]
         voting = alive & (token >= 0)
-        votes = ((token[:, :, None] == token[:, None, :]) & voting[:, None, :]).sum(dim=2)  # [B, C]
-        votes = torch.where(voting, votes, 0)
-        best = votes.argmax(dim=1, keepdim=True)  # the first of the most voted
-        most, voters = votes.gather(1, best).squeeze(1), voting.sum(dim=1)
-        going = going & (most > 0)
-        chosen = token.gather(1, best).squeeze(1)
-        chain[:, d] = torch.where(going, chosen, NONE)
-        support[:, d] = torch.where(going, most.float() / voters.clamp(min=1).float(), 0.0)
-        length += going.long()
-        alive = voting & (token == chosen[:, None])
-    return chain, support, length
+        votes = ((token[:, :, None] == token[:, None, :]) & voting[:, None, :]).sum(dim=2) * voting  # [B, C]
+        top, best = votes.max(dim=1, keepdim=True)  # the first of the most voted
+        pick = token.gather(1, best)
+        chosen.append(pick)
+        most.append(top)
+        voters.append(voting.sum(dim=1, keepdim=True))
+        alive = voting & (token == pick)
+    top, count = torch.cat(most, dim=1), torch.cat(voters, dim=1)  # [B, k]
+    going = (top > 0).long().cumprod(dim=1).bool()
+    chain = torch.where(going, torch.cat(chosen, dim=1), NONE)
+    support = torch.where(going, top.float() / count.clamp(min=1).float(), 0.0)
+    return chain, support, going.sum(dim=1)
 
 
 def bucket_edges(device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -18,13 +18,14 @@ from .drafter import DrafterSettings, HistoryDrafter
 
 logger = logging.getLogger(__name__)
 
-OPTIONS = ("history_mb", "min_match", "shared", "lookup")  # the `LosslessParams` the drafter is built with
+OPTIONS = ("history_mb", "min_match", "shared", "lookup", "compile")  # what `speculator_options` may set
 
 
-def settings_of(vllm_config) -> DrafterSettings:
-    """The drafter's settings from vLLM's config and our `speculator_options`."""
+def settings_of(vllm_config, device: torch.device) -> DrafterSettings:
+    """The drafter's settings from vLLM's config and our `speculator_options` (the step compiled on a GPU unless
+    they say `"compile": false`)."""
     spec = vllm_config.speculative_config
-    options = dict(spec.speculator_options or {})
+    options = {"compile": torch.device(device).type == "cuda"} | dict(spec.speculator_options or {})
     return DrafterSettings(
         max_num_reqs=int(vllm_config.scheduler_config.max_num_seqs),
         max_model_len=int(vllm_config.model_config.max_model_len),
@@ -51,8 +52,9 @@ class HistorySpeculator(BaseSpeculator):
         self.fallback = torch.zeros(rows, self.k, dtype=torch.int64, device=device)
         self.draft_token_confidence_probs = torch.zeros(rows, self.k, dtype=torch.float32, device=device)
         try:
-            self.drafter = HistoryDrafter(settings_of(vllm_config), req_states, device)
+            self.drafter = HistoryDrafter(settings_of(vllm_config, device), req_states, device)
             self.draft_token_confidence_probs = self.drafter.confidences
+            self.drafter.warm_up()
         except Exception as error:  # an engine must start whatever happens here
             self._fail(error)
         logger.info("specrl_history (vLLM's V2 runner): %s", budget_line(self.k, self.enable_adaptive_verification))

@@ -121,3 +121,28 @@ def step_inputs(runner, sampled):
         state.total_len.gpu[index] = n + len(new)
     counts = torch.tensor([len(sampled.get(r, [])) for r in runner.batch], dtype=torch.int32)
     return torch.tensor(rows, dtype=torch.int32), counts, torch.zeros_like(counts), runner.last
+
+
+@pytest.mark.slow  # compiling the step takes a minute on 2 cores
+def test_the_compiled_step_drafts_what_the_eager_one_does():
+    """`compile` (a GPU's default) fuses the step's ops: the same drafts, confidences and acceptance, bit for bit,
+    here with torch's CPU compiler (a GPU compiles the same graph to other kernels; untested here)."""
+    rng = np.random.default_rng(0)
+    runs = [drafter_runner(rows=6), drafter_runner(rows=6, compile=True)]
+    runs[1].speculator.warm_up()
+    assert runs[1].speculator.compiled is not None
+    histories = [rng.integers(20, 40, 60).tolist() for _ in range(4)]
+    ids = [request_id(prompt_key(PROMPT)) for _ in range(6)]
+    for run in runs:
+        run.speculator.update(prompt_key(PROMPT), len(PROMPT), True, RULE, histories, None)
+        run.schedule(added=[(r, PROMPT, []) for r in ids])
+    where = dict.fromkeys(ids, 0)
+    for step in range(12):
+        sampled = {}
+        for i, r in enumerate(ids):
+            n = int(rng.integers(1, K + 2))
+            sampled[r], where[r] = histories[i % 4][where[r] : where[r] + n] or [7], where[r] + n
+        drafts = [run.step(sampled, dict.fromkeys(ids, 1)) for run in runs]
+        one, two = (run.speculator for run in runs)
+        assert drafts[0] == drafts[1] and torch.equal(one.confidences, two.confidences), step
+        assert torch.equal(one.acceptance.fine, two.acceptance.fine) and torch.equal(one.store.table, two.store.table)

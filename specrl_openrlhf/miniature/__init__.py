@@ -18,6 +18,7 @@ replays. Every module, by what it is for:
   recorder and its presets), `corpus_sources` (the policies they are recorded from) and `walk_task` (the long
   corpus's task).
 - `gpu_smoke` (`bash scripts/gpu_smoke.sh`): every kind of rule for two steps on one GPU, the literal OpenRLHF command.
+- `v2_runner`: vLLM 0.34's V2 model runner in miniature, as our V2 speculator sees it (tests, the simulator).
 
 Nothing here is needed on a GPU cluster, where OpenRLHF starts the engines and DeepSpeed trains; the adapters users
 run there sit one level up, in `specrl_openrlhf.integration`. The rules at RL scale are in `specrl_openrlhf.at_scale`,

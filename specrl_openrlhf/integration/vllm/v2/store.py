@@ -26,7 +26,7 @@ from .kernels import NONE, index_positions
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = 33  # a slot's columns: its prompt's text, then 32 responses (two visits of 16 samples, or 8 x 4)
+COLUMNS = 25  # a slot's columns: its prompt's text, then 24 responses (two visits of 8 samples and 8 in flight)
 WAYS = 8  # index entries a gram bucket keeps (the newest of each column group)
 INDEX_SHARE = 1 / 3  # of `history_mb`, the index's
 

@@ -42,8 +42,8 @@ def test_a_step_takes_the_longer_of_its_kernels_and_launches_plus_what_is_expose
 
 def test_at_the_measured_points_the_model_reads_as_the_sources_did(graphs):
     """vLLM PR #10058's point (8B, batch 8) is kernel-bound on an H100, so its whole difference is exposed; at a
-    rollout's batch the same 1.9 ms is a few percent (NeMo-RL PR #498: about 3% at a large rollout batch; PR #116: 10-15%
-    at 8B's generation), far more at one row (SGLang PR #1401: 8.23 ms eager against 7.35 ms at batch 1)."""
+    rollout's batch the same 1.9 ms is a few percent (NeMo-RL PR #498: about 3% at a large rollout batch; PR #116:
+    10-15% at 8B's generation), far more at one row (SGLang PR #1401: 8.23 ms eager against 7.35 ms at batch 1)."""
     eager = graphs.with_eager(True).eager
     assert eager.layers == MODELS["qwen3-8b"]["layers"] == 36
     assert graphs.time(8, 1, 96) > eager.launch_s  # kernel-bound at the calibration point

@@ -28,12 +28,26 @@ STOCK = "off"  # the label every rule is projected against
 @dataclass(frozen=True)
 class BenchRule:
     """A rule of `--rules`: its spelling (`label`), its policy, and where it runs: `path` ("stock", "engine" or
-    "requests") and, on the engine path, its proposer (`method`: "lossless", "suffix" or "ngram")."""
+    "requests") and, on the engine path, its proposer (`method`: "lossless", "suffix" (vLLM <= 0.33's), "suffix_v2"
+    (vLLM 0.34's GPU speculator) or "ngram")."""
 
     label: str
     policy: ReusePolicy
     path: Literal["stock", "engine", "requests"]
     method: str | None = None
+
+    @property
+    def drafts_on_price(self) -> bool:
+        """Whether what it verifies depends on the step price (and whether the engine has CUDA graphs): our engine
+        proposer's budget, and vLLM's adaptive verification (`suffix,engine=v2,adaptive=on`)."""
+        adaptive = self.method == "suffix_v2" and getattr(self.policy.params, "adaptive", "off") == "on"
+        return self.method == "lossless" or adaptive
+
+    @property
+    def runs_on(self) -> str:
+        """Where it runs, as a table names it: the path, and for vLLM's suffix decoding the vLLM it is."""
+        peer = {"suffix": "vLLM <= 0.33, V1", "suffix_v2": "vLLM 0.34, V2 GPU"}.get(self.method or "")
+        return f"{self.path} ({peer})" if peer else self.path
 
     @property
     def proposer_key(self) -> str | None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..miniature.corpus import PRESETS, named
 from ..params import check_fields, check_value
-from ..pricing import rule_figures
+from ..pricing import rule_figures, speculator_kernels
 from ..pricing.curves import HostCurve, StepCurve, StepPrice
 from ..pricing.kernels import GPUS, MODELS, KernelStepModel
 from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, project
@@ -59,10 +59,13 @@ class Cell:
             check_value("--suffix-cache", self.suffix_cache, int, at_least=1)
 
     def kernels(self, attention: str | None = None) -> KernelStepModel:
+        """The kernel step model of the cell's GPU and model, an engine without CUDA graphs' where the regime is one
+        (`Regime.enforce_eager`: `KernelStepModel.with_eager`)."""
         try:
-            return KernelStepModel.build(self.gpu, self.model, attention or self.attention)
+            model = KernelStepModel.build(self.gpu, self.model, attention or self.attention)
         except ModuleNotFoundError as error:
             raise SystemExit(f"bench_at_scale.py: error: {error}") from None
+        return model.with_eager(True) if self.regime.enforce_eager else model
 
     def price(self, attention: str | None = None) -> tuple[StepPrice, int]:
         """The GPU's step price (the curve's where given, else the kernels' with a verification step's attention
@@ -129,6 +132,10 @@ def simulate(rule: BenchRule, corpus: Corpus, schedule: Schedule, price, suffix_
 def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
     """A simulated rule on `pricing`: its figures (`pricing.rule_figures`), costs, and its prefill seconds."""
     columns = {name: sim.column(name) for name in (*rule_figures.COLUMNS, *rule_figures.OPTIONAL)}
+    launched = getattr(proposer, "gpu_kernels", None)
+    if launched is not None:  # a GPU speculator: its kernels' GPU time, estimated, not this machine's time
+        seconds = speculator_kernels.kernel_seconds(launched)
+        columns |= {"proposer_s": seconds, "register_s": np.zeros_like(seconds)}
     costs = rule_figures.simulated_costs(columns, pricing)
     found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
     figures = rule_figures.figures(columns, costs, proposer.async_scheduling) | {
@@ -136,6 +143,7 @@ def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> Ru
         "found_previous": found,
     }
     figures["memory_mb"] = proposer.memory_bytes() / 2**20
+    figures["proposer_priced"] = speculator_kernels.SOURCE if launched is not None else "measured here"
     fit = figures["proposer_fit"]  # measured here: never missing
     cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
     kept = {epoch: sim.kept_in(epoch) for epoch in sorted(sim.epoch_tokens)}
@@ -159,9 +167,9 @@ def run_rules(
 ) -> dict[str, RuleRun]:
     """Every rule of `rule_names` (spellings, `rules.bench_rule`) priced in `cell`, by its spelling. Lossless's budget
     drafts on the `once` price whatever the cell's attention, so another attention prices the same simulations. A
-    simulation is reused across cells (`cache`) where it does not depend on the price (every rule but our engine
-    proposer, whose budget prices its drafts on it) and the regime and KV capacity are the same (a capacity above
-    `Simulation.peak_kv` changes nothing)."""
+    simulation is reused across cells (`cache`) where it does not depend on the price (`BenchRule.drafts_on_price`:
+    our engine proposer's budget, vLLM's adaptive verification) and the regime and KV capacity are the same (a
+    capacity above `Simulation.peak_kv` changes nothing)."""
     price, _ = cell.price()
     budget, _ = cell.price("once")
     schedule, scale = cell.schedule(corpus)
@@ -171,7 +179,7 @@ def run_rules(
     runs = {}
     for label in rule_names:
         rule = bench_rule(label)
-        key = (label, engine, (cell.model, cell.gpu) if rule.method == "lossless" else None)
+        key = (label, engine, (cell.model, cell.gpu, cell.regime.enforce_eager) if rule.drafts_on_price else None)
         sim, proposer = cache.get(key, (None, None))
         if sim is None or sim.peak_kv > (schedule.kv_capacity_tokens or math.inf):
             budget_price = budget.with_host(host)  # lossless's budget prices a step's host time too

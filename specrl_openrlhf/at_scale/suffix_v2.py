@@ -16,6 +16,7 @@ import numpy as np
 
 from ..pricing import speculator_kernels
 from ..pricing.curves import StepPrice
+from ..pricing.kernels import MODELS
 from ..pricing.projection import Pricing, step_costs
 from ..simulator.adaptive import AdaptiveVerification, StepShape
 from ..simulator.batch import BatchView
@@ -74,6 +75,7 @@ class SuffixV2:
         self.last: dict[str, tuple[int, int]] = {}  # a row's last draft: (stats bucket, valid tokens)
         self.drafted: dict[str, int] = {}  # a row's drafts verified, as of the last step
         self.gpu_kernels: list[list[int]] = []
+        self.note = ""  # what the simulation changed of the rule (`build_suffix_v2`)
         self.launching = np.zeros(len(speculator_kernels.KERNELS), np.int64)  # before the next step's propose
 
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
@@ -159,3 +161,23 @@ def max_drafts(vocab: int, scale: int):
     row, in simulated slots."""
     chunk = max(1, LOGITS_CHUNK_BYTES // (vocab * 4))
     return lambda rows: max(0, chunk - rows * scale) // scale
+
+
+def build_suffix_v2(params, price: StepPrice, scale: int = 1) -> SuffixV2:
+    """vLLM 0.34's suffix speculator of the rule's `params` (`policies.speculative.SuffixParams`) at `scale` of the
+    GPU's rows a simulated row: its corpus holds 1 / `scale` of the GPU's tokens (each simulated response stands for
+    `scale`), and its adaptive verification (`adaptive=on`) is priced on `price`, except in an engine without CUDA
+    graphs (`price.eager`), which vLLM refuses it in: there every row verifies its K slots (`SuffixV2.note`)."""
+    config = params.speculative_config
+    cached = config.get("suffix_decoding_max_cached_requests", 1) != 0
+    corpus = config.get("suffix_decoding_corpus_tokens", kernels.CORPUS_TOKENS) if cached else 0
+    k, depth = config["num_speculative_tokens"], config.get("suffix_decoding_max_tree_depth", kernels.DEPTH)
+    adaptive, note = None, ""
+    if params.adaptive == "on" and getattr(price, "eager", None) is not None:
+        note = "adaptive verification off: it needs full CUDA graphs, and this engine runs without (vLLM refuses it)"
+    elif params.adaptive == "on":
+        vocab = MODELS.get(getattr(price, "model", ""), MODELS["qwen3-8b"])["vocab"]  # a curve's: Qwen3's
+        adaptive = AdaptiveVerification(k, PricedAdmission(price, scale), max_drafts(vocab, scale))
+    speculator = SuffixV2(k, depth, max(corpus // scale, 1) if corpus else 0, adaptive)
+    speculator.note = note
+    return speculator

@@ -27,7 +27,17 @@ from ..simulator.request_workload import NoDrafts, request_workload
 from .proposers import build
 from .rules import BenchRule, bench_rule
 
-RULES = ("off", "lossless", "lossless,verify=requests", "spec@1.65", "exact", "suffix", "ngram")  # by default
+RULES = (  # by default; `suffix` is vLLM <= 0.33's, `suffix,engine=v2` vLLM 0.34's GPU speculator
+    "off",
+    "lossless",
+    "lossless,verify=requests",
+    "spec@1.65",
+    "exact",
+    "suffix",
+    "suffix,engine=v2",
+    "suffix,engine=v2,adaptive=on",
+    "ngram",
+)
 GOAL = {"corpus": "long", "model": "qwen3-8b", "gpu": "h100", "regime": DEFAULT_REGIME}  # the paper's hardware
 
 
@@ -144,6 +154,7 @@ def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> Ru
     }
     figures["memory_mb"] = proposer.memory_bytes() / 2**20
     figures["proposer_priced"] = speculator_kernels.SOURCE if launched is not None else "measured here"
+    figures["note"] = getattr(proposer, "note", "")  # what the simulation changed of the rule
     fit = figures["proposer_fit"]  # measured here: never missing
     cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
     kept = {epoch: sim.kept_in(epoch) for epoch in sorted(sim.epoch_tokens)}
@@ -179,7 +190,9 @@ def run_rules(
     runs = {}
     for label in rule_names:
         rule = bench_rule(label)
-        key = (label, engine, (cell.model, cell.gpu, cell.regime.enforce_eager) if rule.drafts_on_price else None)
+        eager = cell.regime.enforce_eager
+        priced = (cell.model, cell.gpu, eager) if rule.drafts_on_price(eager) else None
+        key = (label, engine, priced or (eager if rule.adaptive_verification else None))
         sim, proposer = cache.get(key, (None, None))
         if sim is None or sim.peak_kv > (schedule.kv_capacity_tokens or math.inf):
             budget_price = budget.with_host(host)  # lossless's budget prices a step's host time too

@@ -21,10 +21,11 @@ MODES = {False: "graphs", True: "eager"}
 
 @dataclass
 class Modes:
-    """Each rule's projection against stock in each mode (`projected[eager]`, by rule), and stock's seconds in each,
-    by each host reading."""
+    """Each rule's projection against stock in each mode (`projected[eager]`, by rule) and its kept share, and
+    stock's seconds in each."""
 
     projected: dict[bool, dict[str, Projection]]
+    kept: dict[bool, dict[str, float]]  # each rule's kept share of its response tokens, in each mode
 
     def stock_s(self, eager: bool) -> float:
         """Stock's projected seconds (it keeps async scheduling: the host hidden either way)."""
@@ -52,18 +53,24 @@ def mode_comparison(
     other_runs = run_rules(rules, corpus, other, host, cache)
     price, _ = other.price()
     other_result = projections(other_runs, host, price, other.regime.full_batch)
-    return Modes({cell.regime.enforce_eager: result, other.regime.enforce_eager: other_result})
+    kept = {
+        cell.regime.enforce_eager: {rule: r.figures["kept"] for rule, r in runs.items()},
+        other.regime.enforce_eager: {rule: r.figures["kept"] for rule, r in other_runs.items()},
+    }
+    return Modes({cell.regime.enforce_eager: result, other.regime.enforce_eager: other_result}, kept)
 
 
 def mode_table(modes: Modes) -> str:
     """Each rule against stock in each mode and its own time eager over with graphs, a markdown table, stock's too."""
-    head = ["rule", "x stock, graphs", "host hidden", "x stock, eager", "host hidden", "eager / graphs", "hidden"]
+    head = ["rule", "kept, graphs", "x stock, graphs", "host hidden", "kept, eager", "x stock, eager", "host hidden"]
+    head += ["eager / graphs", "hidden"]
     rows = []
     for rule in modes.projected[False]:
         graphs, eager = modes.projected[False][rule], modes.projected[True][rule]
         rows.append(
-            [rule, f"{graphs.projected:.2f}", f"{graphs.projected_async:.2f}", f"{eager.projected:.2f}"]
-            + [f"{eager.projected_async:.2f}", f"{modes.rule_loss(rule):.3f}", f"{modes.rule_loss(rule, 'async'):.3f}"]
+            [rule, f"{modes.kept[False][rule]:.1%}", f"{graphs.projected:.2f}", f"{graphs.projected_async:.2f}"]
+            + [f"{modes.kept[True][rule]:.1%}", f"{eager.projected:.2f}", f"{eager.projected_async:.2f}"]
+            + [f"{modes.rule_loss(rule):.3f}", f"{modes.rule_loss(rule, 'async'):.3f}"]
         )
     return (
         "each rule with CUDA graphs and without (enforce_eager), each against stock in the same engine; eager / "
@@ -75,13 +82,14 @@ def mode_table(modes: Modes) -> str:
 
 
 def mode_fields(modes: Modes) -> str:
-    """`stock_eager_over_graphs=.. projected_graphs[RULE]=.. projected_async_graphs[RULE]=.. projected_eager[RULE]=..
-    projected_async_eager[RULE]=..` for a RESULT line."""
+    """`stock_eager_over_graphs=.. projected_graphs[RULE]=.. projected_async_graphs[RULE]=.. kept_graphs[RULE]=..`
+    and the same `_eager` for a RESULT line."""
     fields = [f"stock_eager_over_graphs={modes.stock_loss:.4f}"]
     for eager, projected in sorted(modes.projected.items()):
         mode = MODES[eager]
         fields += [
-            f"projected_{mode}[{rule}]={p.projected:.3f} projected_async_{mode}[{rule}]={p.projected_async:.3f}"
+            f"projected_{mode}[{rule}]={p.projected:.3f} projected_async_{mode}[{rule}]={p.projected_async:.3f} "
+            f"kept_{mode}[{rule}]={modes.kept[eager][rule]:.3f}"
             for rule, p in projected.items()
             if rule != "off"
         ]

@@ -219,7 +219,7 @@ def test_each_rule_is_projected_with_cuda_graphs_and_without_and_vllms_two_suffi
     fields = result_fields(out.splitlines()[-1])
     assert fields["enforce_eager"] == "on" and float(fields["stock_eager_over_graphs"]) > 1.0
     for rule in rules[1:]:
-        for name in ("projected_graphs", "projected_async_graphs", "projected_eager", "projected_async_eager"):
+        for name in ("projected_graphs", "projected_async_graphs", "kept_graphs", "projected_eager", "kept_eager"):
             assert f"{name}[{rule}]" in fields
         assert fields[f"suffix_engine[{rule}]"] == "v2" and f"| {rule} | engine (vLLM 0.34, V2 GPU) |" in out
     assert fields["projected[suffix,engine=v2]"] == fields["projected_eager[suffix,engine=v2]"]

@@ -62,6 +62,7 @@ class SuffixV2:
     name, async_scheduling = "suffix_v2", True
 
     def __init__(self, k: int, depth: int, corpus_tokens: int, adaptive: AdaptiveVerification | None = None):
+        kernels.compile_kernels()
         self.k, self.depth, self.adaptive = k, depth, adaptive
         self.has_corpus = corpus_tokens > 0 and depth >= 2  # corpus matches need the 2-token key
         self.corpus = np.full(max(corpus_tokens, 1) if self.has_corpus else 1, -1, np.int32)

@@ -22,14 +22,13 @@ Terminology (vLLM's):
   or corpus), match-length bucket (`len_bucket`) and position, Laplace-smoothed, 0 for fillers; the counts are halved
   every `STATS_HALF_LIFE` steps.
 
-Core of the kernels: numba (as `integration/vllm/arena.py`), plain Python where it is missing.
+The kernels are compiled with numba on first use (`compile_kernels`: numba, which vLLM depends on, is imported there,
+not with the module), and run as plain Python, slowly, where it is missing.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-from ..integration.vllm.arena import njit
 
 HASH_MUL = np.uint64(0x9E3779B97F4A7C15)  # vLLM's _HASH_MUL, an odd 64-bit multiplier (its int64 bits)
 SLOTS = 8  # vLLM's _BUCKET_SLOTS
@@ -41,23 +40,19 @@ DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth default
 MAX_K = 8  # vLLM 0.34's default num_speculative_tokens for suffix: min(8, depth)
 
 
-@njit(cache=True)
 def _mix(hv, token):
     return (hv ^ np.uint64(token)) * HASH_MUL  # modulo 2^64, as the GPU's int64 product
 
 
-@njit(cache=True)
 def _bucket(hv, num_buckets):
     return np.int64(((hv >> np.uint64(29)) ^ hv) & np.uint64(num_buckets - 1))
 
 
-@njit(cache=True)
 def len_bucket(length):
     """vLLM's `_len_bucket`: match lengths 1-6 their own bucket, then 7-10, 11-20, 21 and more."""
     return length - 1 if length <= 6 else (6 if length <= 10 else (7 if length <= 20 else 8))
 
 
-@njit(cache=True)
 def ingest(corpus, table, head, doc_seq, doc, num_buckets):
     """One finished document `doc` [n] into the ring at `head` (`_suffix_ingest_kernel`, one document); returns
     (its start, the next head)."""
@@ -85,7 +80,6 @@ def ingest(corpus, table, head, doc_seq, doc, num_buckets):
     return head, head + n + 1
 
 
-@njit(cache=True)
 def local_match(row, seq_len, depth):
     """(match length, end) of the longest earlier occurrence of the row's suffix in itself
     (`_suffix_local_scan_kernel`): end is the exclusive end of the occurrence, where its draft starts; the latest of
@@ -100,7 +94,6 @@ def local_match(row, seq_len, depth):
     return best_len, best_pos
 
 
-@njit(cache=True)
 def corpus_draft(row, seq_len, corpus, table, num_buckets, depth, k):
     """(match length, chain [k], tokens drafted) from the corpus for one row (`_corpus_draft`; see the module's
     terminology)."""
@@ -182,7 +175,6 @@ def corpus_draft(row, seq_len, corpus, table, num_buckets, depth, k):
     return best_len, best_chain, best_n
 
 
-@njit(cache=True)
 def propose_rows(tokens, lengths, num_sampled, corpus, table, num_buckets, depth, k, stats, adaptive, has_corpus):
     """Every row's draft (`_suffix_finalize_kernel`): (drafts [R, k] int64, valid tokens [R], the stats bucket of
     each row's draft [R] (-1: none), confidences [R, k] float32 (adaptive only))."""
@@ -217,7 +209,6 @@ def propose_rows(tokens, lengths, num_sampled, corpus, table, num_buckets, depth
     return drafts, valid, buckets, confidences
 
 
-@njit(cache=True)
 def observe(stats, bucket, valid, num_sampled, num_rejected):
     """One row's verdict on its last draft into the stats (`_suffix_observe_kernel`): the accepted positions and the
     first rejected one were observed."""
@@ -229,3 +220,32 @@ def observe(stats, bucket, valid, num_sampled, num_rejected):
         if d <= accepted and d < verified and d < valid:
             stats[bucket, d, 0] += d < accepted
             stats[bucket, d, 1] += 1
+
+
+_COMPILED: bool | None = None  # None: not tried yet
+
+
+def compile_kernels() -> bool:
+    """Compile every kernel of the module with numba (imported here), in place of its plain Python, once; returns
+    whether they are compiled (False: numba is missing, the plain Python runs). Call it before the first kernel."""
+    global _COMPILED
+    if _COMPILED is None:
+        try:
+            from numba import njit
+        except ImportError:
+            _COMPILED = False
+        else:
+            names = (
+                "_mix",
+                "_bucket",
+                "len_bucket",
+                "ingest",
+                "local_match",
+                "corpus_draft",
+                "propose_rows",
+                "observe",
+            )
+            for name in names:  # each resolves the others by name when first compiled: all are compiled by then
+                globals()[name] = njit(cache=True)(globals()[name])
+            _COMPILED = True
+    return _COMPILED

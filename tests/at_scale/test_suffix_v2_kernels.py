@@ -19,6 +19,7 @@ import pytest
 from specrl_openrlhf.at_scale import suffix_v2_kernels as kernels
 
 NB = 64  # buckets of a 256-token corpus (vLLM: next power of 2 of max(16, 256 // 4))
+kernels.compile_kernels()  # as the simulator runs them
 
 
 def ring(cap=256):

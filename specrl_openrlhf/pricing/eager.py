@@ -22,7 +22,7 @@ constants' sources (docs/design.md, "Pricing", has the figures they were checked
   mode, so both pay them);
 - LAUNCH_US (5 µs): vllm-omni PR #6516's measured time inside one kernel launch call (DeepSpeed PR #8271 measured
   1,300 launches in a 5.22 ms OPT-1.3B step on an H100, flat from batch 1 to 32: 4.0 µs each);
-- EXPOSED_US_PER_LAYER (53.8 µs): vLLM PR #10058, Llama 3.1 8B (32 layers) at batch 8, 128 output tokens, on the V1
+- EXPOSED_US_PER_LAYER (53.7 µs): vLLM PR #10058, Llama 3.1 8B (32 layers) at batch 8, 128 output tokens, on the V1
   engine: 1.26 s without CUDA graphs against 1.04 s with them, 1.72 ms a step, over 32 layers. At that step the
   kernels (about 6.8 ms on an H100) outlast the launches (2.2 ms), so the difference is all exposed.
 
@@ -42,7 +42,7 @@ FIXED_LAUNCHES = 2  # the embedding and the final norm
 LAUNCH_US = 5.0  # vllm-omni PR #6516: about 5 µs inside each launch call
 EXPOSED_US_PER_LAYER = (1.26 - 1.04) / 128 * 1e6 / 32  # vLLM PR #10058: 1.72 ms a step over Llama 3.1 8B's 32 layers
 SOURCE = (
-    "eager: max(kernels, launches x 5 µs) + 53.8 µs a layer exposed (launches counted in vLLM 0.34's qwen3.py, "
+    "eager: max(kernels, launches x 5 µs) + 53.7 µs a layer exposed (launches counted in vLLM 0.34's qwen3.py, "
     "vllm-omni PR #6516's launch cost, vLLM PR #10058's eager step at 8B)"
 )
 

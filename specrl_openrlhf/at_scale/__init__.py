@@ -6,6 +6,9 @@ corpus in a named regime, and priced where RL runs: a named GPU and model, every
 - `run`: the rules run and priced, projected against stock, the fastest picked;
 - `proposers`: the engine's proposers as the simulator drives them (ours, vLLM's suffix decoding and n-gram);
 - `speculator_v2`: our V2 speculator (vLLM >= 0.34) as the simulator drives it: its own code, in vLLM 0.34's order;
+- `suffix_v2` and `suffix_v2_kernels`: vLLM 0.34's GPU suffix speculator, its kernels re-implemented on the CPU, as
+  the simulator drives it, with or without its adaptive verification;
+- `eager_modes`: each rule projected with CUDA graphs and without (`enforce_eager`), and what stock loses without;
 - `host_steps`: the engine's host time per step, measured on the tiny model (the shipped curve, or this machine's);
 - `map` and `heatmap`: `--map`, every corpus x model x GPU x regime, and its picture;
 - `lenience`: `--lenience-curve`, spec@ℓ beside the SPEC-RL paper's ablation;

@@ -45,10 +45,11 @@ from ..pricing.prices import load_price
 from ..pricing.projection import Projection, missing_field
 from ..references import split_rules
 from ..simulator.regime import DEFAULT_REGIME, HOSTS, REGIMES
+from .eager_modes import mode_comparison, mode_fields, mode_table
 from .heatmap import DEFAULT_IMAGE
 from .lenience import corpus_figures, curve_rules, lenience_curve
 from .map import run_map
-from .rules import bench_rules, history_budget_error
+from .rules import bench_rules, engine_fields, history_budget_error
 from .run import (
     GOAL,
     RULES,
@@ -129,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         regime.add_argument(flag, type=kind, default=None, help=text)
     regime.add_argument("--prefix-caching", default=None, choices=("on", "off"), help="vLLM's prefix cache")
     regime.add_argument(
+        "--enforce-eager",
+        default=None,
+        choices=("on", "off"),
+        help="vLLM's enforce_eager: the engine runs without CUDA graphs, each step paying its kernel launches "
+        "(openrlhf: on, as OpenRLHF's examples set it)",
+    )
+    regime.add_argument(
         "--host",
         default=None,
         metavar="|".join(HOSTS) + "|FILE",
@@ -166,6 +174,8 @@ def cell_of(args) -> Cell:
     given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in REGIME_FLAGS.items()}
     if args.prefix_caching is not None:
         given["prefix_caching"] = args.prefix_caching == "on"
+    if args.enforce_eager is not None:
+        given["enforce_eager"] = args.enforce_eager == "on"
     given["host"] = args.host
     regime = engine_regime(REGIMES[args.regime]).with_fields(**given)
     curve = load_price(args.curve) if args.curve else None
@@ -247,8 +257,9 @@ def main(argv=None) -> int:
         f"{host.describe() if host else 'none'}; proposers timed on {machine()}\n"
         f"[at-scale] the corpus, against an RL run: {corpus_figures(corpus)}"
     )
+    cache = {}  # simulations, shared with the other engine mode's
     try:
-        runs = run_rules(args.rules, corpus, cell, host, {})
+        runs = run_rules(args.rules, corpus, cell, host, cache)
     except ValueError as error:  # a rule that failed on the corpus's drafts
         print(f"\nbench_at_scale.py: error: {error}", file=sys.stderr)
         return 2
@@ -256,6 +267,8 @@ def main(argv=None) -> int:
     by_epoch = epoch_projections(runs, host, price, cell.regime.full_batch)
     print(at_scale_table(runs, result))
     print(epoch_table(runs, by_epoch))
+    modes = mode_comparison(args.rules, corpus, cell, host, cache, runs, result)
+    print(mode_table(modes))
     gain = stock_gain(corpus, cell, host, runs["off"])
     if gain is not None:
         print(
@@ -273,7 +286,7 @@ def main(argv=None) -> int:
     fits = {r.rule.proposer_key: r.figures["proposer_fit"] for r in runs.values() if r.rule.proposer_key}
     saved = measured.save_proposer_costs(fits, machine())
     print(f"[at-scale] proposer costs saved to {saved}")
-    print(result_line(args.corpus, runs, result, by_epoch, leaders, cell, scale, started))
+    print(result_line(args.corpus, runs, result, by_epoch, leaders, cell, scale, started, mode_fields(modes)))
     return 0
 
 
@@ -291,7 +304,7 @@ def stock_gain(corpus, cell: Cell, host, stock: RuleRun) -> dict[str, float] | N
     return {reading: getattr(result, reading) for reading in READINGS}
 
 
-def result_line(corpus, runs, result, by_epoch, leaders, cell: Cell, scale: int, started: float) -> str:
+def result_line(corpus, runs, result, by_epoch, leaders, cell: Cell, scale: int, started: float, extra="") -> str:
     off = runs["off"]
     fields = [
         f"{result[rule].fields(rule)} kept[{rule}]={r.figures['kept']:.3f} steps[{rule}]={r.figures['steps']}"
@@ -313,7 +326,8 @@ def result_line(corpus, runs, result, by_epoch, leaders, cell: Cell, scale: int,
     for reading, (rule, margin) in leaders.items():
         suffix = {"projected": "", "projected_async": "_async", "projected_no_host": "_no_host"}[reading]
         fields.append(f"fastest{suffix}={rule} fastest{suffix}_margin={margin:.3f}")
-    return "RESULT " + " ".join(fields) + f" wall_s={time.perf_counter() - started:.0f}"
+    fields += [engine_fields([r.rule for r in runs.values()]), extra]
+    return "RESULT " + " ".join(f for f in fields if f) + f" wall_s={time.perf_counter() - started:.0f}"
 
 
 def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection]) -> str:
@@ -324,7 +338,7 @@ def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection]) -> s
     rows = []
     for rule, r in runs.items():
         f, p = r.figures, result[rule]
-        path = r.rule.path
+        path = r.rule.runs_on
         breakeven = "-" if rule == "off" else f"{p.breakeven_host_ms:.2f}"  # stock against itself: no tie to find
         rows.append(
             [rule, path, f"{p.projected:.2f}", f"{p.projected_async:.2f}", f"{p.projected_no_host:.2f}", breakeven]
@@ -332,10 +346,16 @@ def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection]) -> s
             + [f"{f['proposer_s']:.2f}", f"{f['proposer_us']:.2f}", f"{f['tail']:.1%}", f"{f['memory_mb']:.0f}"]
             + [f"{f['found_previous']:.0%}"]
         )
+    notes = [f"{rule}: {r.figures['note']}" for rule, r in runs.items() if r.figures.get("note")]
+    notes += [
+        f"{rule}: proposer s {r.figures['proposer_priced']}"
+        for rule, r in runs.items()
+        if r.figures.get("proposer_priced", "measured here") != "measured here"
+    ]
     return (
         table(head, rows, numbers(2, len(head)))
         + f"\nhost measured: {result['off'].host_ms:.2f} ms a full-batch step; breakeven: the host time at which the "
-        "rule would tie stock (inf: wins at any; nan: loses at any)"
+        "rule would tie stock (inf: wins at any; nan: loses at any)" + "".join(f"\n{note}" for note in notes)
     )
 
 

@@ -163,13 +163,16 @@ class Ngram:
 
 def method(policy: ReusePolicy) -> str | None:
     """The engine proposer `policy` verifies with, by the speculative config it gives its engines: "lossless" (ours),
-    "suffix" or "ngram" (vLLM's); None: it verifies nothing in the engine. A ValueError names any other (a draft
+    "suffix" (vLLM <= 0.33's), "suffix_v2" (vLLM 0.34's GPU speculator) or "ngram" (vLLM's); None: it verifies
+    nothing in the engine. A ValueError names any other (a draft
     model's method: the simulator drives model-free proposers only)."""
     if not policy.verifies_in_engine:
         return None
     config = policy.engine_arguments().get("speculative_config") or {}
     if config.get("method") == "custom_class" and config.get("model") == HISTORY_PROPOSER:
         return "lossless"
+    if config.get("method") == "suffix" and getattr(policy.params, "runs_on", "v1") == "v2":
+        return "suffix_v2"  # vLLM 0.34's GPU speculator (`suffix_v2`)
     if config.get("method") in ("suffix", "ngram"):
         return config["method"]
     raise ValueError(
@@ -181,7 +184,8 @@ def method(policy: ReusePolicy) -> str | None:
 def build(policy: ReusePolicy, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffix_cache: int, cost_scale=1):
     """The engine proposer of `policy` (`method`; stock where it has none) for `corpus` on `schedule`: ours with its
     budget priced on `curve` at `cost_scale`, vLLM's suffix decoding with `suffix_cache` cached responses unless its
-    config names a number."""
+    config names a number, vLLM 0.34's GPU speculator with its corpus at `cost_scale` and its adaptive verification
+    priced on `curve` (`suffix_v2.build_suffix_v2`)."""
     max_model_len = max(len(p) for p in corpus.prompts) + max(len(r) for e in corpus.responses for p in e for r in p)
     max_model_len += 64
     kind = method(policy)
@@ -190,6 +194,10 @@ def build(policy: ReusePolicy, corpus: Corpus, schedule: Schedule, curve: StepCu
     if kind == "lossless":  # the curve's host column: a fixed cost
         return Lossless(max_model_len, schedule, curve, policy.params, cost_scale)
     config = policy.params.speculative_config
+    if kind == "suffix_v2":
+        from .suffix_v2 import build_suffix_v2
+
+        return build_suffix_v2(policy.params, curve, cost_scale)
     if kind == "suffix":
         return Suffix(max_model_len, schedule.max_num_seqs, suffix_cache, config)
     return Ngram(max_model_len, schedule.max_num_seqs, config)

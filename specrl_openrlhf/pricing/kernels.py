@@ -17,7 +17,9 @@ Terminology:
   KV read dominates; the extra queries ride in the same tiles), a lower bound. "per_token": t one-query rows, each
   reading the cache (rows x t rows at context + (t + 1) / 2), an upper bound;
 - *KV capacity* (`kv_capacity_tokens`): the KV tokens vLLM's cache holds for the model on the GPU, at vLLM's default
-  `gpu_memory_utilization` (`GPU_MEMORY_UTILIZATION`) or another share of the GPU's memory (`kv_capacity_at`).
+  `gpu_memory_utilization` (`GPU_MEMORY_UTILIZATION`) or another share of the GPU's memory (`kv_capacity_at`);
+- *eager* (`with_eager`): the kernels were timed inside CUDA graphs; an engine without them (`enforce_eager`) pays its
+  launches on top (`eager.EagerLaunches`), which the model carries for whoever prices a whole step.
 
 `build` tabulates each part once on a grid with aiconfigurator (seconds; cached in process), so that pricing is numpy
 interpolation, and the model travels as JSON data (`as_data`, `from_data`) that needs no aiconfigurator to read.
@@ -40,6 +42,7 @@ import numpy as np
 
 from . import linear
 from .curves import HostCurve
+from .eager import EagerLaunches
 from .interpolation import line, plane
 
 # Published config.json values (Hugging Face Qwen/Qwen3-*): hidden size, layers, query and key-value heads, head
@@ -92,8 +95,9 @@ class KernelStepModel:
             self.prefill_tokens = np.array(prefill["tokens"], np.float64)  # [P]
             self.prefill_context = np.array(prefill["context"], np.float64)  # [C]
             self.prefill = np.array(prefill["seconds"], np.float64)  # [P, C]
-            host = data.get("host")
+            host, eager = data.get("host"), data.get("eager")
             self.host = HostCurve.from_data(host, where) if host is not None else None
+            self.eager = EagerLaunches.from_data(eager, where) if eager is not None else None
             self._budget_ends: dict[tuple, np.ndarray] = {}  # `budget_cost` at (rows, scale, a stretch's end)
         except (TypeError, KeyError, ValueError) as error:
             raise ValueError(
@@ -140,6 +144,7 @@ class KernelStepModel:
                 "seconds": self.prefill.tolist(),
             },
             **({"host": self.host.as_data()} if self.host is not None else {}),
+            **({"eager": self.eager.as_data()} if self.eager is not None else {}),
         }
 
     def kv_capacity_at(self, utilization: float) -> int:
@@ -154,6 +159,17 @@ class KernelStepModel:
         data = self.as_data()
         data.pop("host", None)
         return KernelStepModel({**data, **({"host": host.as_data()} if host else {})}, self.source)
+
+    def with_eager(self, eager: bool) -> KernelStepModel:
+        """This model for an engine without CUDA graphs (`eager`: vLLM's `enforce_eager`), its steps priced with
+        their launches (`eager.EagerLaunches` for this model's layers, which `projection.step_costs` and
+        `budget_cost` add), or for one with them (False)."""
+        data = self.as_data()
+        data.pop("eager", None)
+        if eager and self.model not in MODELS:
+            raise ValueError(f"{self.source}: no layer count for model {self.model!r}, so no eager launches")
+        launches = {"eager": EagerLaunches(layers=MODELS[self.model]["layers"]).as_data()} if eager else {}
+        return KernelStepModel({**data, **launches}, self.source)
 
     def with_attention(self, attention: str) -> KernelStepModel:
         """This model with a verification step's attention at `attention` (in ATTENTION): the same tables, priced as

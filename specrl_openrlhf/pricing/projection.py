@@ -102,7 +102,9 @@ def step_costs(
     after the mean of `prefill_context`, the sum over them of the tokens each had cached before the step: a chunk of
     a long prompt, a continuation after a cached prefix; None: fresh prompts; a step of prefill alone pays the
     price's smallest step too, a row at no context), and the logits of `logit_tokens` x scale of them (prompt
-    log-probs); the host's part at those rows; and `proposer_s` (per step, or one value for all)."""
+    log-probs), each served step's whole forward with its launches where the price is of an engine without CUDA graphs
+    (`curve.eager`, `eager.EagerLaunches.step`); the host's part at those rows; and `proposer_s` (per step, or one
+    value for all)."""
     curve = pricing.curve
     rows = np.atleast_1d(np.asarray(decode_rows, np.float64))
     tokens = np.atleast_1d(np.asarray(decode_tokens, np.float64))
@@ -140,6 +142,9 @@ def step_costs(
         logits = np.broadcast_to(np.asarray(logit_tokens, np.float64) * pricing.scale, rows.shape)
         gpu += np.asarray(curve.logits_cost(logits), np.float64)
     served = decoding | prefilling
+    eager = getattr(curve, "eager", None)  # an engine without CUDA graphs: each served step pays its launches
+    if eager is not None and served.any():
+        gpu[served] = eager.step(gpu[served])
     host = pricing.host.time(scaled) if pricing.host is not None else np.zeros_like(gpu)
     host = np.where(served, host, 0.0)
     proposer = np.broadcast_to(np.asarray(proposer_s, np.float64), gpu.shape) * served

@@ -8,7 +8,8 @@ model-free proposer's or request-path rule's engine steps, drafts and kept token
 - `requests`: the requests an RL step sends and their state in flight, and the prefix cache they read;
 - `batch`: the persistent batch as a proposer reads it (`BatchView`);
 - `request_workload`: the request path as a workload: scoring requests, then continuations;
-- `request_plans`: what each sample keeps there, cut by the rule itself (its `cut`, or `lossless`'s coupling).
+- `request_plans`: what each sample keeps there, cut by the rule itself (its `cut`, or `lossless`'s coupling);
+- `adaptive`: vLLM 0.34's adaptive verification, the draft slots a step verifies (`AdaptiveVerification`).
 
 Engine-free: numpy, the core (policies, pricing) only. What drives a real proposer through it, and prices what it
 records, is `specrl_openrlhf.at_scale`.

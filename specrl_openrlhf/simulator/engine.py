@@ -94,6 +94,8 @@ class SimProposer(Protocol):
 
     def finished(self, request: Request) -> None: ...
 
+    # optional: `admit(rows, prefill_budget)`, the step's scheduled drafts trimmed before it runs (`_admit_drafts`)
+
 
 @dataclass
 class StepRecord:
@@ -221,7 +223,9 @@ class EngineSimulator:
                     done = set()
                     continue
                 return
-            record = self._engine_step(batch, self._fit_drafts(batch.rows), rl_step)
+            budget = self._fit_drafts(batch.rows)
+            self._admit_drafts(batch.rows, budget)
+            record = self._engine_step(batch, budget, rl_step)
             record.preempted, record.epoch = len(preempted), epoch
             out.records.append(record)
             done = {request.id for request in batch.rows if request.finished}
@@ -245,6 +249,13 @@ class EngineSimulator:
             request.draft = request.draft[: max(budget, 0)]
             budget -= len(request.draft)
         return budget
+
+    def _admit_drafts(self, rows: list[Request], prefill_budget: int) -> None:
+        """The drafts the step scheduled, trimmed by the proposer's own admission where it has one (`admit`: vLLM's
+        adaptive verification), before the step runs; the prefills keep the budget the scheduler gave them."""
+        admit = getattr(self.proposer, "admit", None)
+        if admit is not None:
+            admit(rows, prefill_budget)
 
     def _kv_held(self, rows: list[Request]) -> int:
         """KV tokens the rows hold: their contexts, with the whole blocks of a prompt that several of them share (the

@@ -3,8 +3,8 @@ GPU's units, as a user names them; and the regimes every verdict is read in (`RE
 
 Terminology:
 - *regime*: the engine (its rows, its token budget a step, the share of the GPU's memory it takes and so its KV cache,
-  prefix caching) and the RL step (the requests one engine serves, the longest response), and the host whose time a
-  step pays (`host`). A verdict holds for its regime only: every verdict names it.
+  prefix caching, CUDA graphs or none) and the RL step (the requests one engine serves, the longest response), and the
+  host whose time a step pays (`host`). A verdict holds for its regime only: every verdict names it.
 - *scale* (`Regime.scale`): the corpus holds fewer requests an RL step than a GPU's engine serves, so each simulated
   request (and row, and token of the budget, and of the KV cache) stands for `scale` of the GPU's: the one
   definition of it. The simulator runs `Regime.schedule`, the regime divided by its scale.
@@ -47,6 +47,9 @@ class Regime:
     """An RL step's requests one engine serves: prompts x samples a step over the engines."""
     max_response_tokens: int | None = field(default=None, metadata=limits(at_least=1))
     """The longest response a request may take: recorded responses past it are cut there (None: as recorded)."""
+    enforce_eager: bool = False
+    """vLLM's `enforce_eager`: the engine runs without CUDA graphs, so every step pays its kernel launches on top of
+    its kernels (`pricing.eager`), and vLLM's adaptive verification, which needs full CUDA graphs, is off."""
     host: str = "shipped"
     """The engine's host time a step: `shipped` (the curve the package ships, measured on the machine it names),
     `here` (measured on this machine, cached), `none` (no host time at all), or a host step curve file."""
@@ -94,7 +97,9 @@ class Regime:
         return (
             f"{self.name}: {self.max_num_seqs} rows, {self.max_num_batched_tokens:,} tokens a step, "
             f"gpu_memory_utilization {self.gpu_memory_utilization:g}, prefix caching "
-            f"{'on' if self.prefix_caching else 'off'}; {self.requests_per_engine:,} requests an engine an RL step, "
+            f"{'on' if self.prefix_caching else 'off'}, "
+            f"CUDA graphs {'off (enforce_eager)' if self.enforce_eager else 'on'}; "
+            f"{self.requests_per_engine:,} requests an engine an RL step, "
             f"responses {longest}; host {self.host}"
         )
 
@@ -104,7 +109,8 @@ class Regime:
             f"regime={self.name} max_num_seqs={self.max_num_seqs} "
             f"max_num_batched_tokens={self.max_num_batched_tokens} "
             f"gpu_memory_utilization={self.gpu_memory_utilization:g} requests_per_engine={self.requests_per_engine} "
-            f"prefix_caching={'on' if self.prefix_caching else 'off'} host={self.host}"
+            f"prefix_caching={'on' if self.prefix_caching else 'off'} "
+            f"enforce_eager={'on' if self.enforce_eager else 'off'} host={self.host}"
         )
 
 
@@ -120,9 +126,11 @@ REGIMES = {
         max_num_batched_tokens=ENGINE_CONTEXT_TOKENS,
         gpu_memory_utilization=0.95,
         requests_per_engine=256,
+        enforce_eager=True,
         source="OpenRLHF 0.11.2: vLLM's engine-context defaults (its RolloutRayActor passes no max_num_seqs and no "
-        "max_num_batched_tokens), its --vllm.gpu_memory_utilization default 0.95, and its DAPO example's step "
-        "(128 prompts x 8 samples on 4 engines: 256 requests an engine)",
+        "max_num_batched_tokens), its --vllm.gpu_memory_utilization default 0.95, its DAPO example's step "
+        "(128 prompts x 8 samples on 4 engines: 256 requests an engine), and --vllm.enforce_eager, which 6 of the 8 "
+        "example commands of OpenRLHF 3c3be623 that launch train_ppo_ray set (its DAPO example among them)",
     ),
     "paper": Regime(
         name="paper",
@@ -132,7 +140,8 @@ REGIMES = {
         requests_per_engine=1024,
         max_response_tokens=4096,
         source="the SPEC-RL paper's runs under veRL: 1,024 prompts x 8 samples on 8 H100s (1,024 requests a GPU), "
-        "responses up to 4,096 tokens; veRL's rollout defaults (1,024 rows, 8,192 tokens, gpu_memory_utilization 0.5)",
+        "responses up to 4,096 tokens; veRL's rollout defaults (1,024 rows, 8,192 tokens, gpu_memory_utilization 0.5, "
+        "enforce_eager False: CUDA graphs captured)",
     ),
     "throughput": Regime(
         name="throughput",
@@ -141,7 +150,8 @@ REGIMES = {
         gpu_memory_utilization=0.95,
         requests_per_engine=256,
         source="the openrlhf regime with --vllm.max_num_seqs 1024 and --vllm.max_num_batched_tokens 16384 (what "
-        "vllm.LLM takes on a GPU of 70 GiB or more): the same RL step on a wider engine",
+        "vllm.LLM takes on a GPU of 70 GiB or more) and without --vllm.enforce_eager (CUDA graphs, vLLM's default): "
+        "the same RL step on a wider, faster engine",
     ),
 }
 DEFAULT_REGIME = "openrlhf"

@@ -198,3 +198,38 @@ def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_
     assert [(s.max_num_seqs, s.max_num_batched_tokens, s.kv_capacity_tokens) for s in schedules] == [
         (128 // 4, 2048 // 4, capacity // 4)
     ]
+
+
+def test_each_rule_is_projected_with_cuda_graphs_and_without_and_vllms_two_suffix_decodings_are_told_apart(
+    tmp_path, capsys
+):
+    """`--enforce-eager` sets the regime's mode (openrlhf: on); every run prints each rule against stock in both modes
+    and what stock loses without CUDA graphs. vLLM 0.34's suffix speculator (`suffix,engine=v2`) runs beside vLLM
+    <= 0.33's (`suffix`), each named for its vLLM; its adaptive verification is off without CUDA graphs (said so)."""
+    pytest.importorskip("aiconfigurator_core")
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
+    rules = ["off", "suffix,engine=v2", "suffix,engine=v2,adaptive=on"]
+    argv = ["--corpus", toy_corpus(tmp_path), "--host", str(host), "--rules", ",".join(rules)]
+    argv += ["--requests-per-engine", "4", "--max-num-seqs", "8"]
+    assert cli.parse_args(argv).cell.regime.enforce_eager  # openrlhf's
+    assert not cli.parse_args([*argv, "--enforce-eager", "off"]).cell.regime.enforce_eager
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    fields = result_fields(out.splitlines()[-1])
+    assert fields["enforce_eager"] == "on" and float(fields["stock_eager_over_graphs"]) > 1.0
+    for rule in rules[1:]:
+        for name in ("projected_graphs", "projected_async_graphs", "kept_graphs", "projected_eager", "kept_eager"):
+            assert f"{name}[{rule}]" in fields
+        assert fields[f"suffix_engine[{rule}]"] == "v2" and f"| {rule} | engine (vLLM 0.34, V2 GPU) |" in out
+    assert fields["projected[suffix,engine=v2]"] == fields["projected_eager[suffix,engine=v2]"]
+    assert "stock without CUDA graphs takes" in out and "CUDA graphs off (enforce_eager)" in out
+    assert "suffix,engine=v2,adaptive=on: adaptive verification off: it needs full CUDA graphs" in out
+    assert "proposer s estimated" in out  # its kernels' GPU time, a model named beside the figure
+    # without eager, the same flag's other reading: the regime says so and adaptive verification runs
+    assert cli.main([*argv, "--enforce-eager", "off"]) == 0
+    fields = result_fields(capsys.readouterr().out.splitlines()[-1])
+    assert fields["enforce_eager"] == "off"
+    assert (
+        fields["projected[suffix,engine=v2,adaptive=on]"] == fields["projected_graphs[suffix,engine=v2,adaptive=on]"]
+    )

@@ -64,3 +64,59 @@ def test_suffix_decoding_without_its_suffix_tree_names_the_install(monkeypatch):
     with pytest.raises(SpeculativeConfigError, match="build_suffix_tree.sh"):
         engine_args.engine_kwargs(sr.make("suffix"))
     assert engine_args.engine_kwargs(sr.make("ngram"))["speculative_config"]["method"] == "ngram"
+
+
+def test_suffix_names_which_of_vllms_two_suffix_decodings_it_means():
+    """`engine=v1`: vLLM <= 0.33's (arctic-inference's trees, k = depth); `engine=v2`: vLLM 0.34's GPU speculator
+    (k = min(8, depth), its corpus's size a key of its own, adaptive verification on request); `auto`: the installed
+    vLLM's, and the engines get today's config."""
+    from specrl_openrlhf.config import parse_rule
+    from specrl_openrlhf.policies.speculative import installed_vllm, suffix_engine
+
+    today = parse_rule("suffix")
+    assert today.params.engine == "auto" and today.params.adaptive == "off"
+    assert today.engine_arguments()["speculative_config"] == {"method": "suffix", "num_speculative_tokens": 24}
+    assert today.params.runs_on == suffix_engine("auto", installed_vllm())
+    v2 = parse_rule("suffix,engine=v2,adaptive=on")
+    assert v2.params.runs_on == "v2" and v2.engine_arguments()["speculative_config"] == {
+        "method": "suffix",
+        "num_speculative_tokens": 8,
+        "enable_adaptive_verification": True,
+    }
+    deep = {"method": "suffix", "suffix_decoding_max_tree_depth": 4, "suffix_decoding_corpus_tokens": 4096}
+    assert sr.make("suffix", engine="v2", speculative_config=deep).params.speculative_config == {
+        **deep,
+        "num_speculative_tokens": 4,
+    }
+    assert parse_rule("suffix,engine=v1").params.speculative_config["num_speculative_tokens"] == 24
+    assert (suffix_engine("auto", (0, 33)), suffix_engine("auto", (0, 34)), suffix_engine("auto", (1, 0))) == (
+        "v1",
+        "v2",
+        "v2",
+    )
+    assert suffix_engine("v1", (0, 34)) == "v1"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"engine": "v3"}, "engine must be one of 'auto', 'v1', 'v2'"),
+        ({"engine": "v1", "adaptive": "on"}, "adaptive=on is vLLM 0.34's adaptive verification"),
+        ({"engine": "v2", "adaptive": "yes"}, "adaptive must be one of 'on', 'off'"),
+        (
+            {"engine": "v1", "speculative_config": {"method": "suffix", "suffix_decoding_corpus_tokens": 5}},
+            "suffix_decoding_corpus_tokens' is vLLM 0.34's: add engine=v2",
+        ),
+    ],
+)
+def test_a_suffix_engine_that_cannot_be_is_named(kwargs, message):
+    with pytest.raises((SpeculativeConfigError, ValueError), match=message):
+        sr.make("suffix", **kwargs)
+
+
+def test_doctests():
+    import doctest
+
+    from specrl_openrlhf.policies import speculative
+
+    assert doctest.testmod(speculative).failed == 0

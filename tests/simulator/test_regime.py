@@ -38,3 +38,25 @@ def test_each_named_regime_says_where_its_figures_come_from():
         assert r.name == name and r.source and name in r.describe() and f"regime={name}" in r.fields()
     assert (REGIMES["openrlhf"].max_num_seqs, REGIMES["openrlhf"].max_num_batched_tokens) == (128, 2048)
     assert REGIMES["throughput"].requests_per_engine == REGIMES["openrlhf"].requests_per_engine  # the same RL step
+
+
+def test_openrlhfs_engines_run_without_cuda_graphs_as_its_examples_do_and_the_others_with_them():
+    """`enforce_eager`: on in `openrlhf`, as the example commands OpenRLHF ships set it (counted here in the commands
+    the tests hold, OpenRLHF 3c3be623), off in `paper` (veRL's default) and `throughput`; every verdict prints it."""
+    import json
+    from pathlib import Path
+
+    examples = json.loads((Path(__file__).parents[1] / "data" / "openrlhf_examples.json").read_text())["examples"]
+    eager = [name for name, args in examples.items() if "--vllm.enforce_eager" in args]
+    assert (len(eager), len(examples)) == (6, 8) and "train_dapo_ray_hybrid_engine" in eager
+    assert "6 of the 8 example commands" in REGIMES["openrlhf"].source
+    assert {name: r.enforce_eager for name, r in REGIMES.items()} == {
+        "openrlhf": True,
+        "paper": False,
+        "throughput": False,
+    }
+    assert "CUDA graphs off (enforce_eager)" in REGIMES["openrlhf"].describe()
+    assert "CUDA graphs on" in REGIMES["paper"].describe()
+    assert "enforce_eager=on" in REGIMES["openrlhf"].fields() and "enforce_eager=off" in REGIMES["paper"].fields()
+    changed = REGIMES["openrlhf"].with_fields(enforce_eager=False)
+    assert changed.name == "openrlhf+custom" and not changed.enforce_eager

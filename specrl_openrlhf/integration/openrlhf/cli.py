@@ -10,9 +10,9 @@ The peers (`vllm`, `suffix`, `ngram`: vLLM's own speculation) reuse nothing, but
 accepted (`reuse/`), as for `lossless` verified in the engine.
 
 OpenRLHF builds its engines with vLLM's defaults for their size (it has no flag for it): the command says what size
-each engine will have, warns where a rule verified in the engine drafts more than a step's budget carries, and our
-`--vllm.max_num_seqs` and `--vllm.max_num_batched_tokens` reach every engine through the same seam as the
-speculative config (`engines`).
+each engine will have (and whether it runs without CUDA graphs, `--vllm.enforce_eager`), warns where a rule verified
+in the engine drafts more than a step's budget carries, and our `--vllm.max_num_seqs` and
+`--vllm.max_num_batched_tokens` reach every engine through the same seam as the speculative config (`engines`).
 """
 
 from __future__ import annotations
@@ -101,8 +101,9 @@ def our_engine_kwargs(config: ReuseConfig, policy: ReusePolicy, base: dict | Non
 
 def engine_size_notes(namespace, config: ReuseConfig, policy: ReusePolicy) -> tuple[str | None, list[str]]:
     """A line saying how many rows and tokens a step each engine OpenRLHF starts will schedule (the flags given,
-    else vLLM's defaults for an engine built as OpenRLHF builds it), and a warning where a rule verified in the
-    engine drafts more tokens than that budget carries in every row. (None, []) without vLLM engines."""
+    else vLLM's defaults for an engine built as OpenRLHF builds it) and whether it captures CUDA graphs (OpenRLHF's
+    `--vllm.enforce_eager`), and a warning where a rule verified in the engine drafts more tokens than that budget
+    carries in every row. (None, []) without vLLM engines."""
     engines = lookup(namespace, "vllm.num_engines") or 0
     if engines < 1:
         return None, []
@@ -121,10 +122,15 @@ def engine_size_notes(namespace, config: ReuseConfig, policy: ReusePolicy) -> tu
         name: f"--vllm.{name}" if name in given else f"{name}, vLLM's default"
         for name in ("max_num_seqs", "max_num_batched_tokens")
     }
+    graphs = (  # OpenRLHF's own flag, which it hands every engine as vLLM's enforce_eager
+        "without CUDA graphs (--vllm.enforce_eager)"
+        if lookup(namespace, "vllm.enforce_eager", False)
+        else "with CUDA graphs (no --vllm.enforce_eager)"
+    )
     line = (
         f"each of the {engines} vLLM engine(s) OpenRLHF builds schedules at most {size.max_num_seqs} rows "
         f"({origin['max_num_seqs']}) and {size.max_num_batched_tokens} tokens a step "
-        f"({origin['max_num_batched_tokens']})"
+        f"({origin['max_num_batched_tokens']}), {graphs}"
     )
     speculative = policy.engine_arguments().get("speculative_config", {})
     k = speculative.get("num_speculative_tokens")

@@ -112,6 +112,9 @@ def test_the_literal_command_takes_our_flags_and_gives_lossless_engines_our_prop
     # the size of the engines OpenRLHF builds: vLLM's defaults (tests/integration/vllm/test_engine_defaults.py), too
     # small a budget for lossless's k = 16 drafts in every row, which the command says with the fix
     assert f"{ENGINE_SIZE} and 2048 tokens a step (max_num_batched_tokens, vLLM's default)" in literal.stderr
+    # the DAPO example sets --vllm.enforce_eager, which OpenRLHF hands its engines: the size line says so
+    eager = "tokens a step (max_num_batched_tokens, vLLM's default), without CUDA graphs (--vllm.enforce_eager)"
+    assert "--vllm.enforce_eager" in args and eager in literal.stderr
     warning = "warning: --rollout_reuse lossless drafts up to k = 16 tokens a row: a full step of 128 rows x (1 + 16)"
     assert f"{warning} = 2176 tokens is over the engine's budget of 2048" in literal.stderr
     assert "so our proposer drafts at most 1920 tokens a full step in all (the likeliest slots)" in literal.stderr
@@ -186,6 +189,19 @@ def test_a_peers_drafts_past_the_budget_are_said_to_be_cut_by_vllm():
     result = run_in_process(BASE + peer)
     assert result.returncode == 0, result.stderr
     assert "so vLLM cuts the drafts of the rows it schedules last" in result.stderr, result.stderr
+
+
+def test_the_size_line_says_whether_the_engines_capture_cuda_graphs_as_openrlhfs_flag_sets_them():
+    """OpenRLHF hands its `--vllm.enforce_eager` to every engine (`create_vllm_engines(..., enforce_eager, ...)`): the
+    size line reads that flag, on or off."""
+    graphs = run_in_process(BASE + ["--rollout_reuse", "ngram", "--reuse.dry_run"])
+    eager = run_in_process(BASE + ["--rollout_reuse", "ngram", "--vllm.enforce_eager", "--reuse.dry_run"])
+    assert graphs.returncode == eager.returncode == 0, graphs.stderr + eager.stderr
+    assert "tokens a step (max_num_batched_tokens, vLLM's default), with CUDA graphs (no --vllm.enforce_eager)" in (
+        graphs.stderr
+    )
+    assert "without CUDA graphs (--vllm.enforce_eager)" in eager.stderr
+    assert resolved(eager)["openrlhf_args"]["vllm"]["enforce_eager"] is True  # what OpenRLHF gives its engines
 
 
 def test_our_engine_size_reaches_openrlhfs_engines_without_a_rule(monkeypatch):

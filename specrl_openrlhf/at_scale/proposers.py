@@ -170,7 +170,7 @@ def method(policy: ReusePolicy) -> str | None:
         return None
     config = policy.engine_arguments().get("speculative_config") or {}
     if config.get("method") == "custom_class" and config.get("model") == HISTORY_PROPOSER:
-        return "lossless"
+        return "lossless_v2" if policy.params.runs_on == "v2" else "lossless"  # V2: vLLM >= 0.34's runner
     if config.get("method") == "suffix" and getattr(policy.params, "runs_on", "v1") == "v2":
         return "suffix_v2"  # vLLM 0.34's GPU speculator (`suffix_v2`)
     if config.get("method") in ("suffix", "ngram"):
@@ -193,6 +193,10 @@ def build(policy: ReusePolicy, corpus: Corpus, schedule: Schedule, curve: StepCu
         return Stock()
     if kind == "lossless":  # the curve's host column: a fixed cost
         return Lossless(max_model_len, schedule, curve, policy.params, cost_scale)
+    if kind == "lossless_v2":
+        from .speculator_v2 import build_lossless_v2
+
+        return build_lossless_v2(policy.params, max_model_len, schedule.max_num_seqs, curve, cost_scale)
     config = policy.params.speculative_config
     if kind == "suffix_v2":
         from .suffix_v2 import build_suffix_v2

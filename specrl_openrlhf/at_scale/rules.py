@@ -23,13 +23,21 @@ from ..simulator.request_workload import request_workload
 from .proposers import method
 
 STOCK = "off"  # the label every rule is projected against
+# each engine proposer's vLLM, as tables name it, and its runner, as RESULT lines do (`engine_fields`)
+ENGINES = {
+    "lossless": "vLLM <= 0.33, V1",
+    "lossless_v2": "vLLM >= 0.34, V2 GPU",
+    "suffix": "vLLM <= 0.33, V1",
+    "suffix_v2": "vLLM 0.34, V2 GPU",
+}
 
 
 @dataclass(frozen=True)
 class BenchRule:
     """A rule of `--rules`: its spelling (`label`), its policy, and where it runs: `path` ("stock", "engine" or
-    "requests") and, on the engine path, its proposer (`method`: "lossless", "suffix" (vLLM <= 0.33's), "suffix_v2"
-    (vLLM 0.34's GPU speculator) or "ngram")."""
+    "requests") and, on the engine path, its proposer (`method`: "lossless" (ours, vLLM <= 0.33's V1 runner),
+    "lossless_v2" (ours, vLLM >= 0.34's V2 runner), "suffix" (vLLM <= 0.33's), "suffix_v2" (vLLM 0.34's GPU
+    speculator) or "ngram")."""
 
     label: str
     policy: ReusePolicy
@@ -38,20 +46,24 @@ class BenchRule:
 
     def drafts_on_price(self, eager: bool) -> bool:
         """Whether what it verifies depends on the step price, in an engine with CUDA graphs or without (`eager`): our
-        engine proposer's budget, and vLLM's adaptive verification (`suffix,engine=v2,adaptive=on`), which an engine
-        without CUDA graphs does not run."""
+        V1 proposer's budget, and vLLM's adaptive verification (`suffix,engine=v2,adaptive=on`, `lossless,engine=v2`),
+        which an engine without CUDA graphs does not run."""
         return self.method == "lossless" or (self.adaptive_verification and not eager)
 
     @property
     def adaptive_verification(self) -> bool:
-        """Whether it asks for vLLM's adaptive verification (`suffix,engine=v2,adaptive=on`): what it verifies then
-        depends on whether the engine has CUDA graphs, even where no price does."""
-        return self.method == "suffix_v2" and getattr(self.policy.params, "adaptive", "off") == "on"
+        """Whether it asks for vLLM's adaptive verification (`suffix,engine=v2,adaptive=on`; `lossless,engine=v2`
+        unless `adaptive=off`): what it verifies then depends on whether the engine has CUDA graphs, even where no
+        price does."""
+        adaptive = getattr(self.policy.params, "adaptive", "off")
+        return (self.method == "suffix_v2" and adaptive == "on") or (
+            self.method == "lossless_v2" and adaptive != "off"
+        )
 
     @property
     def runs_on(self) -> str:
         """Where it runs, as a table names it: the path, and for vLLM's suffix decoding the vLLM it is."""
-        peer = {"suffix": "vLLM <= 0.33, V1", "suffix_v2": "vLLM 0.34, V2 GPU"}.get(self.method or "")
+        peer = ENGINES.get(self.method or "")
         return f"{self.path} ({peer})" if peer else self.path
 
     @property
@@ -103,11 +115,12 @@ def bench_rules(labels: list[str], corpus: Corpus | None = None) -> list[BenchRu
 
 
 def engine_fields(rules: list[BenchRule]) -> str:
-    """`suffix_engine[RULE]=v1|v2` for a RESULT line: which of vLLM's suffix decodings each suffix rule ran (v1: vLLM
-    <= 0.33's, arctic-inference's trees on the host; v2: vLLM 0.34's GPU speculator), so that a script tells them
+    """`engine[RULE]=v1|v2` for a RESULT line: the runner each rule verified in the engine ran on (v1: vLLM <= 0.33's,
+    proposers on the host; v2: vLLM >= 0.34's, speculators on the GPU), so that a script tells the two engines' rows
     apart whatever the label."""
-    engines = {"suffix": "v1", "suffix_v2": "v2"}
-    return " ".join(f"suffix_engine[{r.label}]={engines[r.method]}" for r in rules if r.method in engines)
+    return " ".join(
+        f"engine[{r.label}]={'v2' if r.method.endswith('_v2') else 'v1'}" for r in rules if r.method in ENGINES
+    )
 
 
 def step_history_bytes(corpus: Corpus, schedule: Schedule) -> int:
@@ -126,7 +139,7 @@ def history_budget_error(rules: list[BenchRule], corpus: Corpus, schedule: Sched
     """Where our engine proposer's `history_mb` can't hold one RL step's histories, what to write instead."""
     needed = step_history_bytes(corpus, schedule)
     for rule in rules:
-        budget = rule.policy.params.history_mb if rule.method == "lossless" else math.inf
+        budget = rule.policy.params.history_mb if rule.method == "lossless" else math.inf  # V2: its own slots
         if needed > budget * 2**20:
             return (
                 f"--rules {rule.label}: history_mb={budget} is too small for one RL step's histories "

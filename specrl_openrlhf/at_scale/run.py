@@ -16,7 +16,7 @@ import numpy as np
 
 from ..miniature.corpus import PRESETS, named
 from ..params import check_fields, check_value
-from ..pricing import rule_figures, speculator_kernels
+from ..pricing import rule_figures
 from ..pricing.curves import HostCurve, StepCurve, StepPrice
 from ..pricing.kernels import GPUS, MODELS, KernelStepModel
 from ..pricing.projection import Pricing, Projection, RuleCost, StepCosts, project
@@ -144,7 +144,7 @@ def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> Ru
     columns = {name: sim.column(name) for name in (*rule_figures.COLUMNS, *rule_figures.OPTIONAL)}
     launched = getattr(proposer, "gpu_kernels", None)
     if launched is not None:  # a GPU speculator: its kernels' GPU time, estimated, not this machine's time
-        seconds = speculator_kernels.kernel_seconds(launched)
+        seconds = proposer.kernels.seconds(launched)
         columns |= {"proposer_s": seconds, "register_s": np.zeros_like(seconds)}
     costs = rule_figures.simulated_costs(columns, pricing)
     found = float(np.mean(sim.found_previous)) if sim.found_previous else math.nan
@@ -153,7 +153,7 @@ def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> Ru
         "found_previous": found,
     }
     figures["memory_mb"] = proposer.memory_bytes() / 2**20
-    figures["proposer_priced"] = speculator_kernels.SOURCE if launched is not None else "measured here"
+    figures["proposer_priced"] = proposer.kernels.source if launched is not None else "measured here"
     figures["note"] = getattr(proposer, "note", "")  # what the simulation changed of the rule
     fit = figures["proposer_fit"]  # measured here: never missing
     cost = RuleCost(proposer.async_scheduling, fit["row_us"], fit["base_us"])

@@ -3,17 +3,16 @@
 
 Each engine step: requests new to the batch are added (a preempted one, back with what it had taken, is resumed under
 its id), the step's sampled tokens land in the request state, and `propose` drafts k tokens a row with its
-confidences; a row's rejected slots are what it was given less what it kept. The step's draft lengths are then vLLM's:
-with adaptive verification, its admission of the best slots by survival (`admit`, `simulator.adaptive`'s algorithm),
-else k tokens every decoding row (slots past the chain hold the row's last token, as vLLM verifies them). Histories are
-registered as the rollout registers them (the prompt's previous epoch at its visit's start, each finished sample
-after). The host's work is hidden behind the forward (async scheduling stays on); what the speculator's kernels cost
-on the GPU is priced apart (`pricing`), never this machine's time.
+confidences; a row's rejected slots are those it verified less those it kept. The step's draft lengths are then
+vLLM's: with adaptive verification, its admission of the best slots by survival (`admit`, `simulator.adaptive`),
+priced where the simulation runs; else k tokens every decoding row (slots past the chain hold the row's last token, and
+vLLM verifies them). Histories are registered as the rollout registers them (the prompt's previous epoch at its visit's
+start; a finished sample's response is in its column already). The host's work is hidden behind the forward (async
+scheduling stays on); what its kernels cost on the GPU is `pricing.speculator_kernels.HISTORY_V2`'s estimate
+(`gpu_kernels`), never this machine's time.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import numpy as np
 import torch
@@ -23,26 +22,30 @@ from ..integration.vllm.histories import params_message, request_id
 from ..integration.vllm.v2.drafter import DrafterSettings, HistoryDrafter
 from ..miniature.v2_runner import RequestStateStandIn
 from ..policies.builtin import LosslessParams
+from ..pricing.curves import StepPrice
+from ..pricing.kernels import MODELS
+from ..pricing.speculator_kernels import HISTORY_V2
+from ..simulator.adaptive import AdaptiveVerification
 from ..simulator.batch import BatchView
 from ..simulator.corpus import Corpus
 from ..simulator.requests import Request
+from .suffix_v2 import PricedAdmission, max_drafts
 
-# admit(confidences [B, k], capacities [B]) -> [B] the draft tokens each row verifies
-Admission = Callable[[np.ndarray, np.ndarray], np.ndarray]
-
-
-def every_slot(confidences: np.ndarray, capacities: np.ndarray) -> np.ndarray:
-    """Without adaptive verification: every row verifies all of its k slots."""
-    return capacities
+STEP, WRITE, ASSIGN = (HISTORY_V2.names.index(name) for name in ("step", "write", "assign"))
 
 
 class LosslessV2:
-    """`lossless` on vLLM >= 0.34 in the simulator: our V2 speculator's own code, driven as vLLM's V2 runner would."""
+    """`lossless,engine=v2` in the simulator: our V2 speculator's own code, driven as vLLM's V2 runner would drive it;
+    `adaptive`: vLLM's adaptive verification (None: every row verifies its k slots). `gpu_kernels` [steps][kernels]:
+    what it launched at each step."""
 
-    name, async_scheduling = "lossless,engine=v2", True
+    name, async_scheduling, kernels = "lossless_v2", True, HISTORY_V2
 
-    def __init__(self, max_model_len: int, max_num_seqs: int, params: LosslessParams, admit: Admission = every_slot):
-        self.k = params.num_speculative_tokens
+    def __init__(
+        self, max_model_len: int, max_num_seqs: int, params: LosslessParams, adaptive: AdaptiveVerification | None
+    ):
+        torch.set_num_threads(1)  # small ops: threads only wait on 2 busy cores (the GPU's time is priced apart)
+        self.k, self.adaptive = params.num_speculative_tokens, adaptive
         settings = DrafterSettings(
             max_num_reqs=max_num_seqs,
             max_model_len=max_model_len,
@@ -52,49 +55,54 @@ class LosslessV2:
             shared=params.shared,
             lookup=params.lookup,
         )
-        torch.set_num_threads(1)  # small ops: threads only wait on 2 busy cores (the GPU's time is priced apart)
         self.state = RequestStateStandIn(max_num_seqs, max_model_len)
         self.drafter = HistoryDrafter(settings, self.state, "cpu")
-        self.params, self.admit = params_message(params), admit
+        self.params = params_message(params)
         self.keys: dict[int, bytes] = {}
         self.ids: dict[str, str] = {}  # the simulator's request id: ours (it carries the prompt's digest)
         self.present: set[str] = set()  # the simulator's requests in the request state (not preempted)
-        self.given: dict[str, int] = {}  # draft tokens each request was given at the last step
+        self.drafted: dict[str, int] = {}  # each row's draft tokens verified, as of the last step
         self.last = torch.zeros(max_num_seqs, 1, dtype=torch.int64)
+        self.gpu_kernels: list[list[int]] = []
+        self.launching = np.zeros(len(HISTORY_V2.names), np.int64)  # launched before the next step's propose
+        self.note = ""  # what the simulation changed of the rule (`build_lossless_v2`)
 
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
         for p in prompts:
             key = self.keys.setdefault(p, prompt_key(corpus.prompts[p]))
             previous = corpus.responses[epoch - 1][p] if epoch > 0 else []
             self.drafter.update(key, len(corpus.prompts[p]), True, self.params, previous, None)
+            self.launching[WRITE] += 1
         return float(epoch > 0)
 
     def propose(self, batch: BatchView, sampled: list[list[int]]) -> list[list[int]]:
         self._follow(batch)
-        state = self.state
-        rows, counts, rejected = [], [], []
+        state, rows, counts, rejected = self.state, [], [], []
         for request, new in zip(batch.rows, sampled):
-            ours = self.ids[request.id]
-            index = state.req_id_to_index[ours]
+            index = state.req_id_to_index[self.ids[request.id]]
             n = int(state.total_len.gpu[index])
             state.all_token_ids.gpu[index, n : n + len(new)] = torch.as_tensor(new, dtype=torch.int32)
             state.total_len.gpu[index] = n + len(new)
             if new:
                 self.last[index, 0] = new[-1]
-            given = self.given.pop(request.id, 0)
+            verified = request.drafted - self.drafted.get(request.id, request.drafted)
             rows.append(index)
             counts.append(len(new))
-            rejected.append(max(given - (len(new) - 1), 0) if new and given else 0)
+            rejected.append(verified + 1 - len(new) if new else 0)
+        self.drafted = {r.id: r.drafted for r in batch.rows}
         drafts = self.drafter.propose(
             torch.tensor(rows, dtype=torch.int32), torch.tensor(counts), torch.tensor(rejected), self.last
-        )
-        capacities = np.where(np.array(counts) > 0, self.k, 0)
-        admitted = self.admit(self.drafter.confidences[: len(rows)].numpy(), capacities)
-        out = []
-        for request, draft, n in zip(batch.rows, drafts.tolist(), admitted.tolist()):
-            out.append(draft[: int(n)])
-            self.given[request.id] = int(n)
-        return out
+        ).tolist()
+        self.gpu_kernels.append((self.launching + np.eye(len(HISTORY_V2.names), dtype=np.int64)[STEP]).tolist())
+        self.launching[:] = 0
+        if self.adaptive is not None:
+            self.adaptive.record([r.id for r in batch.rows], self.drafter.confidences[: len(rows)].numpy())
+        return [draft if n else [] for draft, n in zip(drafts, counts)]  # a row still in prefill verifies nothing
+
+    def admit(self, rows: list[Request], prefill_budget: int) -> None:
+        """Adaptive verification's admission of the slots the step scheduled (none without it)."""
+        if self.adaptive is not None and self.adaptive.admit(rows, prefill_budget):
+            self.launching[ASSIGN] += 1
 
     def _follow(self, batch: BatchView) -> None:
         """The request state after the scheduler's step: requests gone without finishing (preempted) freed, new ones
@@ -103,7 +111,6 @@ class LosslessV2:
         for gone in self.present - batched:  # preempted: freed with no finish call, its id kept for its return
             self.state.remove(self.ids[gone])
             self.present.discard(gone)
-            self.given.pop(gone, None)
         for request in batch.rows:
             if request.id not in self.present:
                 self._add(request)
@@ -116,10 +123,13 @@ class LosslessV2:
         index = self.state.add(ours, len(request.prompt), [*request.prompt, *request.response[: request.restored]])
         self.drafter.add_request(index)
         self.present.add(request.id)
+        self.drafted.pop(request.id, None)
+        if self.adaptive is not None:
+            self.adaptive.added(request.id)
 
     def finished(self, request: Request) -> None:
         ours = self.ids.pop(request.id, None)
-        self.given.pop(request.id, None)
+        self.drafted.pop(request.id, None)
         if ours is not None and request.id in self.present:
             self.present.discard(request.id)
             self.drafter.on_requests_finished({ours})
@@ -128,3 +138,21 @@ class LosslessV2:
     def memory_bytes(self) -> int:
         """The histories' device memory."""
         return self.drafter.store.nbytes
+
+
+def build_lossless_v2(params: LosslessParams, max_model_len: int, max_num_seqs: int, price: StepPrice, scale=1):
+    """Our V2 speculator of the rule's `params` at `scale` of the GPU's rows a simulated row, its adaptive
+    verification (`adaptive` auto or on) priced on `price`, except in an engine without CUDA graphs (`price.eager`),
+    where vLLM refuses it: there every row verifies its k slots (`LosslessV2.note` says so where it was asked for)."""
+    eager = getattr(price, "eager", None) is not None
+    adaptive, note = None, ""
+    if params.adaptive == "on" and eager:
+        note = "adaptive verification off: it needs full CUDA graphs, and this engine runs without (vLLM refuses it)"
+    elif params.adaptive == "on" or (params.adaptive == "auto" and not eager):
+        vocab = MODELS.get(getattr(price, "model", ""), MODELS["qwen3-8b"])["vocab"]  # a curve's: Qwen3's
+        drafting = HISTORY_V2.draft_seconds({"step": 1})
+        cost = PricedAdmission(price, scale, drafting)
+        adaptive = AdaptiveVerification(params.num_speculative_tokens, cost, max_drafts(vocab, scale))
+    speculator = LosslessV2(max_model_len, max_num_seqs, params, adaptive)
+    speculator.note = note
+    return speculator

@@ -7,17 +7,17 @@ What the runner does around it (`vllm/v1/worker/gpu/model_runner.py`): `propose`
 step's sampled tokens are in each row's token ids; `on_requests_finished` before a finished request's slot is freed;
 `add_request` for every new or resumed request (which resets its adaptive bookkeeping); async scheduling stays on,
 so the speculator's host work is hidden and its GPU kernels are the step's (`gpu_kernels`, priced by
-`pricing.speculator_kernels`). Its kernels are `suffix_v2_kernels`'.
+`pricing.speculator_kernels.SUFFIX_V2`). Its kernels are `suffix_v2_kernels`'.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..pricing import speculator_kernels
 from ..pricing.curves import StepPrice
 from ..pricing.kernels import MODELS
 from ..pricing.projection import Pricing, step_costs
+from ..pricing.speculator_kernels import SUFFIX_V2
 from ..simulator.adaptive import AdaptiveVerification, StepShape
 from ..simulator.batch import BatchView
 from ..simulator.corpus import Corpus
@@ -29,11 +29,11 @@ LOGITS_CHUNK_BYTES = 2**30  # vLLM 0.34's MAX_CHUNK_BYTES: one verification chun
 
 class PricedAdmission:
     """Adaptive verification's costs (`simulator.adaptive.AdmissionCost`) on `price` at `scale` of the GPU's rows a
-    row: the verification step's forward (`projection.step_costs`) at the step's own contexts, and the speculator's
-    drafting kernels (`speculator_kernels.draft_seconds`)."""
+    row: the verification step's forward (`projection.step_costs`) at the step's own contexts, and a GPU speculator's
+    drafting kernels a step (`drafter_s`, `pricing.speculator_kernels`)."""
 
-    def __init__(self, price: StepPrice, scale: int, adaptive: bool = True):
-        self.pricing, self.drafter_s = Pricing(price, scale=scale), speculator_kernels.draft_seconds(adaptive)
+    def __init__(self, price: StepPrice, scale: int, drafter_s: float):
+        self.pricing, self.drafter_s = Pricing(price, scale=scale), drafter_s
 
     def verify(self, shape: StepShape, drafts: np.ndarray) -> np.ndarray:
         drafts = np.asarray(drafts, np.float64)
@@ -59,7 +59,7 @@ class SuffixV2:
     only), `depth` tokens matched at most, `k` slots a row; `adaptive`: vLLM's adaptive verification (None: every row
     verifies its k slots). `gpu_kernels` [steps][len(KERNELS)]: the kernels it launched at each step."""
 
-    name, async_scheduling = "suffix_v2", True
+    name, async_scheduling, kernels = "suffix_v2", True, SUFFIX_V2
 
     def __init__(self, k: int, depth: int, corpus_tokens: int, adaptive: AdaptiveVerification | None = None):
         kernels.compile_kernels()
@@ -77,7 +77,7 @@ class SuffixV2:
         self.drafted: dict[str, int] = {}  # a row's drafts verified, as of the last step
         self.gpu_kernels: list[list[int]] = []
         self.note = ""  # what the simulation changed of the rule (`build_suffix_v2`)
-        self.launching = np.zeros(len(speculator_kernels.KERNELS), np.int64)  # before the next step's propose
+        self.launching = np.zeros(len(SUFFIX_V2.names), np.int64)  # before the next step's propose
 
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
         """The share of `prompts` with a response of the epoch before intact in the corpus."""
@@ -107,7 +107,7 @@ class SuffixV2:
                 self.owner[start : self.head] = self.doc_seq  # its tokens and separator
                 self.docs[request_id] = (start, self.doc_seq)
                 self.doc_seq += 1
-            self.launching[speculator_kernels.KERNELS.index("ingest")] += 1
+            self.launching[SUFFIX_V2.names.index("ingest")] += 1
         self.pending = []
 
     def propose(self, batch: BatchView, sampled: list[list[int]]) -> list[list[int]]:
@@ -149,7 +149,7 @@ class SuffixV2:
     def admit(self, rows: list[Request], prefill_budget: int) -> None:
         """Adaptive verification's admission of the slots the step scheduled (none without it)."""
         if self.adaptive is not None and self.adaptive.admit(rows, prefill_budget):
-            self.launching[speculator_kernels.KERNELS.index("assign")] += 1
+            self.launching[SUFFIX_V2.names.index("assign")] += 1
 
     def memory_bytes(self) -> int:
         """What it holds on the GPU: the corpus, its index and the stats."""
@@ -178,7 +178,8 @@ def build_suffix_v2(params, price: StepPrice, scale: int = 1) -> SuffixV2:
         note = "adaptive verification off: it needs full CUDA graphs, and this engine runs without (vLLM refuses it)"
     elif params.adaptive == "on":
         vocab = MODELS.get(getattr(price, "model", ""), MODELS["qwen3-8b"])["vocab"]  # a curve's: Qwen3's
-        adaptive = AdaptiveVerification(k, PricedAdmission(price, scale), max_drafts(vocab, scale))
+        drafting = SUFFIX_V2.draft_seconds({"observe": 1, "local_scan": 1, "finalize": 1})
+        adaptive = AdaptiveVerification(k, PricedAdmission(price, scale, drafting), max_drafts(vocab, scale))
     speculator = SuffixV2(k, depth, max(corpus // scale, 1) if corpus else 0, adaptive)
     speculator.note = note
     return speculator

@@ -158,6 +158,16 @@ class LosslessParams:
     """The memory an engine's histories may take (MiB); past it the histories of the prompts that left the engine go
     first."""
 
+    engine: Literal["auto", "v1", "v2"] = "auto"
+    """Which vLLM runner verifies in the engine: `v1`, our `custom_class` proposer (vLLM <= 0.33's V1 runner, its host
+    time paid serially), `v2`, our GPU speculator (vLLM >= 0.34's V2 runner, async scheduling kept), `auto`, the one
+    the installed vLLM runs. The simulator runs either; an engine runs the installed vLLM's."""
+
+    adaptive: Literal["auto", "on", "off"] = "auto"
+    """With the V2 engine: vLLM's adaptive verification sizes each row's draft from our acceptance model's
+    confidences; it needs full CUDA graphs (not `enforce_eager`), so `auto` turns it on where the engine has them;
+    `off`: every row verifies `num_speculative_tokens` every step."""
+
     def __post_init__(self):
         check_fields(self)
         if self.draft == "own" and self.history != 1:
@@ -173,6 +183,15 @@ class LosslessParams:
             except ValueError as error:
                 raise ValueError(f"cost_curve: {error}") from None
             object.__setattr__(self, "cost_curve", curve.as_data())
+        if self.runs_on != "v2" and self.adaptive == "on":
+            raise ValueError(f"adaptive=on is vLLM 0.34's adaptive verification: add engine=v2 (engine={self.engine})")
+
+    @property
+    def runs_on(self) -> Literal["v1", "v2"]:
+        """The engine `engine` names: "auto" resolved against the installed vLLM (`speculative.resolve_engine`)."""
+        from .speculative import resolve_engine  # here: importing it registers its rules after ours
+
+        return resolve_engine(self.engine)
 
 
 @register("lossless")

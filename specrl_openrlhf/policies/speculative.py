@@ -14,7 +14,7 @@ vLLM's suffix decoding is two engines (`SuffixParams.engine`): up to vLLM 0.33, 
 the host, in the V1 model runner (`v1`); from vLLM 0.34, which removed V1, a speculator on the GPU in the V2 runner
 (`v2`: a ring of finished responses and each row's own text, K = min(8, depth) slots a row, async scheduling kept),
 which can size each step's verification with vLLM's adaptive verification (`adaptive=on`). `auto` is the one the
-installed vLLM runs (`suffix_engine`).
+installed vLLM runs (`resolve_engine`).
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ def installed_vllm() -> tuple[int, int] | None:
     return None
 
 
-def suffix_engine(engine: str, version: tuple[int, int] | None = None) -> Literal["v1", "v2"]:
-    """The suffix decoding `engine` names: "v1" or "v2" as given; "auto", the one vLLM `version` runs (default: the
+def resolve_engine(engine: str, version: tuple[int, int] | None = None) -> Literal["v1", "v2"]:
+    """The engine a rule's `engine` names: "v1" or "v2" as given; "auto", the one vLLM `version` runs (default: the
     installed one; none installed: "v1").
 
-    >>> suffix_engine("auto", (0, 32)), suffix_engine("auto", (0, 34)), suffix_engine("v2", (0, 32))
+    >>> resolve_engine("auto", (0, 32)), resolve_engine("auto", (0, 34)), resolve_engine("v2", (0, 32))
     ('v1', 'v2', 'v2')
     """
     if engine != "auto":
@@ -161,7 +161,7 @@ class SuffixParams(VllmParams):
     engine: Literal["auto", "v1", "v2"] = "auto"
     """Which suffix decoding: `v1`, arctic-inference's suffix trees on the host (vLLM <= 0.33, the V1 runner, async
     scheduling off); `v2`, vLLM 0.34's GPU speculator (the V2 runner, async scheduling on); `auto`, the one the
-    installed vLLM runs (`suffix_engine`)."""
+    installed vLLM runs (`resolve_engine`)."""
 
     adaptive: Literal["on", "off"] = "off"
     """With engine=v2: vLLM's adaptive verification (`enable_adaptive_verification`), which verifies the draft slots
@@ -194,7 +194,7 @@ class SuffixParams(VllmParams):
     @property
     def runs_on(self) -> Literal["v1", "v2"]:
         """The suffix decoding these settings run: `engine`, "auto" resolved against the installed vLLM."""
-        return suffix_engine(self.engine)
+        return resolve_engine(self.engine)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,7 +86,8 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     result = out.splitlines()[-1]
     assert result.startswith("RESULT ")
     fields = result_fields(result)
-    assert "| lossless,verify=requests | requests |" in out and "| lossless | engine |" in out  # the label as given
+    # the label as given
+    assert "| lossless,verify=requests | requests |" in out and "| lossless | engine (vLLM <= 0.33, V1) |" in out
     for rule in rules:
         for name in ("projected", "projected_async", "breakeven_host_ms", "kept", "steps"):
             assert f"{name}[{rule}]" in fields, (name, rule)
@@ -221,7 +222,7 @@ def test_each_rule_is_projected_with_cuda_graphs_and_without_and_vllms_two_suffi
     for rule in rules[1:]:
         for name in ("projected_graphs", "projected_async_graphs", "kept_graphs", "projected_eager", "kept_eager"):
             assert f"{name}[{rule}]" in fields
-        assert fields[f"suffix_engine[{rule}]"] == "v2" and f"| {rule} | engine (vLLM 0.34, V2 GPU) |" in out
+        assert fields[f"engine[{rule}]"] == "v2" and f"| {rule} | engine (vLLM 0.34, V2 GPU) |" in out
     assert fields["projected[suffix,engine=v2]"] == fields["projected_eager[suffix,engine=v2]"]
     assert "stock without CUDA graphs takes" in out and "CUDA graphs off (enforce_eager)" in out
     assert "suffix,engine=v2,adaptive=on: adaptive verification off: it needs full CUDA graphs" in out

@@ -89,9 +89,10 @@ def test_the_rule_routes_to_it_and_builds_it_from_its_config():
 
 def test_its_admission_is_priced_at_the_steps_shape_and_its_kernels_estimate():
     model = pytest.importorskip("specrl_openrlhf.at_scale.run").Cell().kernels().with_eager(False)
-    cost = PricedAdmission(model, scale=2)
+    drafting = speculator_kernels.SUFFIX_V2.draft_seconds({"observe": 1, "local_scan": 1, "finalize": 1})
+    cost = PricedAdmission(model, scale=2, drafter_s=drafting)
     shape = StepShape(64, 64 * 1024, 0, 0, 0, 0, 64, 64)
     seconds = cost.verify(shape, np.array([0, 64, 256]))
     assert seconds[0] == pytest.approx(model.time(128, 1, 1024)) and np.all(np.diff(seconds) > 0)
-    assert cost.draft(64) == pytest.approx(speculator_kernels.draft_seconds(True))
+    assert cost.draft(64) == pytest.approx(drafting) == pytest.approx(50e-6)  # observe, local scan, finalize
     assert max_drafts(151936, 1)(128) == 1766 - 128 and max_drafts(151936, 4)(128) == (1766 - 512) // 4

@@ -71,12 +71,12 @@ def test_suffix_names_which_of_vllms_two_suffix_decodings_it_means():
     (k = min(8, depth), its corpus's size a key of its own, adaptive verification on request); `auto`: the installed
     vLLM's, and the engines get today's config."""
     from specrl_openrlhf.config import parse_rule
-    from specrl_openrlhf.policies.speculative import installed_vllm, suffix_engine
+    from specrl_openrlhf.policies.speculative import installed_vllm, resolve_engine
 
     today = parse_rule("suffix")
     assert today.params.engine == "auto" and today.params.adaptive == "off"
     assert today.engine_arguments()["speculative_config"] == {"method": "suffix", "num_speculative_tokens": 24}
-    assert today.params.runs_on == suffix_engine("auto", installed_vllm())
+    assert today.params.runs_on == resolve_engine("auto", installed_vllm())
     v2 = parse_rule("suffix,engine=v2,adaptive=on")
     assert v2.params.runs_on == "v2" and v2.engine_arguments()["speculative_config"] == {
         "method": "suffix",
@@ -89,12 +89,12 @@ def test_suffix_names_which_of_vllms_two_suffix_decodings_it_means():
         "num_speculative_tokens": 4,
     }
     assert parse_rule("suffix,engine=v1").params.speculative_config["num_speculative_tokens"] == 24
-    assert (suffix_engine("auto", (0, 33)), suffix_engine("auto", (0, 34)), suffix_engine("auto", (1, 0))) == (
+    assert (resolve_engine("auto", (0, 33)), resolve_engine("auto", (0, 34)), resolve_engine("auto", (1, 0))) == (
         "v1",
         "v2",
         "v2",
     )
-    assert suffix_engine("v1", (0, 34)) == "v1"
+    assert resolve_engine("v1", (0, 34)) == "v1"
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,11 @@ class DraftCache:
 
     `keep_visits` completed visits are kept per prompt: the oldest draft age a policy reads (1 for every built-in
     but `delayed`, which needs 2). Keeping more costs memory and buys nothing.
+
+    The cap holds after every call: `nbytes` (`stats`' "bytes") never exceeds `max_bytes` once a `claim`, `commit` or
+    `load` returns. A claim of a new prompt adds its entry and evicts as a commit does, whether or not its samples
+    ever commit (a rollout killed after its claims); the prompt just used goes last, and a prompt whose drafts alone
+    exceed the cap is not kept.
     """
 
     def __init__(self, max_bytes: int = 4 << 30, keep_visits: int = 1):
@@ -113,14 +118,14 @@ class DraftCache:
         followed by every response of the `history - 1` completed visits before that one (newest first), which a
         proposal over the prompt's history (`lossless`'s tree) draws on too. Every draft store's `claim` answers so."""
         drafts = [self._claim_one(key, visit_id, age) for _ in range(count)]
-        if history <= 1:
-            return drafts
-        entry = self._touch(key)
-        visit = self._open_visit(entry, visit_id)
-        completed = [v for v in entry.visits if v is not visit and v.number < visit.number]
-        for back in range(age + 1, age + history):
-            if back <= len(completed):
-                drafts.extend(completed[-back].responses)
+        if history > 1:
+            entry = self._touch(key)
+            visit = self._open_visit(entry, visit_id)
+            completed = [v for v in entry.visits if v is not visit and v.number < visit.number]
+            for back in range(age + 1, age + history):
+                if back <= len(completed):
+                    drafts.extend(completed[-back].responses)
+        self._evict(keep=key)  # a new prompt's entry counts at once: its commits may never come
         return drafts
 
     def _claim_one(self, key: bytes, visit_id: str, age: int) -> Draft | None:
@@ -155,13 +160,14 @@ class DraftCache:
         return [] if entry is None else [draft for visit in entry.visits for draft in visit.responses]
 
     def _evict(self, keep: bytes | None = None) -> None:
-        while self.nbytes > self.max_bytes and len(self._entries) > (1 if keep in self._entries else 0):
-            key, entry = next(iter(self._entries.items()))
-            if key == keep:
+        """Drop the least recently used prompts until the cache is within its cap; `keep` (the prompt just used) goes
+        last, and only if it alone exceeds the cap."""
+        while self.nbytes > self.max_bytes and self._entries:
+            key = next(iter(self._entries))
+            if key == keep and len(self._entries) > 1:
                 self._entries.move_to_end(key)
                 continue
-            del self._entries[key]
-            self.nbytes -= entry.nbytes
+            self.nbytes -= self._entries.pop(key).nbytes
             self.evicted_prompts += 1
 
     def raw_bytes(self) -> int:

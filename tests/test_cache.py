@@ -74,6 +74,57 @@ def test_memory_cap_evicts_least_recently_used():
     assert cache.claim(prompt_key([0]), "w", 1) == [None]
 
 
+def test_the_cap_holds_after_claims_whose_commits_never_come():
+    """A full cache, then a step of new prompts that claim and never commit (their rollout was killed): each claim's
+    entry counts at once, so the cap holds after every claim; the prompt just claimed stays."""
+    cache = DraftCache(max_bytes=4000)
+    for p in range(10):
+        cache.claim(prompt_key([p]), "v", 1)
+        cache.commit(prompt_key([p]), "v", draft(list(range(100))))
+    full, evicted = cache.nbytes, cache.evicted_prompts
+    entry_bytes = _entry_bytes()
+    assert full > cache.max_bytes - 3 * entry_bytes  # the claims below would overrun the cap without eviction
+    for p in range(100, 110):
+        cache.claim(prompt_key([p]), "killed", 1, count=4)
+        assert cache.nbytes <= cache.max_bytes, (p, cache.nbytes)
+        assert cache.drafts(prompt_key([p])) == [] and len(cache) > 1  # kept, empty, beside older prompts
+    assert cache.evicted_prompts > evicted
+
+
+def _entry_bytes() -> int:
+    """What a prompt's entry costs before any draft (by the cache's own accounting)."""
+    cache = DraftCache()
+    cache.claim(prompt_key([0]), "v", 1)
+    return cache.nbytes
+
+
+def test_a_prompt_larger_than_the_cap_is_not_kept():
+    cache, small, large = DraftCache(max_bytes=3000), prompt_key([1]), prompt_key([2])
+    cache.commit(small, "v", draft(list(range(10))))
+    cache.commit(large, "v", draft(list(range(100))))
+    assert cache.nbytes <= 3000 and cache.drafts(large) and cache.drafts(small)
+    for i in range(3):
+        cache.commit(large, "v", draft(list(range(100 + i))))
+        assert cache.nbytes <= 3000
+    assert cache.drafts(small) == [] and len(cache.drafts(large)) < 4 and cache.evicted_prompts >= 2
+    cache.claim(large, "w", 1, count=4, history=2)
+    assert cache.nbytes <= 3000
+
+
+def test_a_restarted_shard_loads_within_its_cap(tmp_path):
+    """A shard restarted with a smaller cap than the run that saved (or several files for one shard) keeps the most
+    recently used prompts that fit."""
+    cache, keys = DraftCache(), [prompt_key([p]) for p in range(20)]
+    for key in keys:
+        cache.claim(key, "v", 1)
+        cache.commit(key, "v", draft(list(range(50))))
+    path = cache.save(tmp_path / "drafts.npz")
+    restarted = DraftCache(max_bytes=cache.nbytes // 4)
+    assert restarted.load(path) and restarted.load(path)  # twice: a second file of the same prompts
+    assert 0 < restarted.nbytes <= restarted.max_bytes and len(restarted) < 20
+    assert all(restarted.drafts(key) for key in keys[-len(restarted) :])  # the newest survive
+
+
 @pytest.mark.parametrize("keep", [1, 2])
 def test_only_the_completed_visits_a_policy_reads_are_kept(keep):
     cache, key = DraftCache(keep_visits=keep), prompt_key([1])

@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 
 from vllm import SamplingParams  # noqa: E402
 
-from specrl_openrlhf.cache import DraftCache, prompt_key  # noqa: E402
+from specrl_openrlhf.cache import DraftCache, prompt_key, shard_of  # noqa: E402
 from specrl_openrlhf.draft import Draft  # noqa: E402
 from specrl_openrlhf.integration.openrlhf.draft_store import (  # noqa: E402
     RayDraftStore,
@@ -32,9 +32,10 @@ from specrl_openrlhf.miniature.weights import perturbed_state_dict, write_weight
 
 PROMPTS = [[3 + p, 40, 41, 42, 43] * 7 for p in range(3)]  # revisited every visit
 N, MAX_TOKENS, VISITS, SHARD_BYTES = 4, 48, 40, 20_000  # a shard holds the revisited prompts and a few one-offs
-# The last visits kill nothing and bring more one-off prompts: a restarted shard starts empty, and its eviction count
-# must build up again before the end.
+# The last visits kill nothing and bring more one-off prompts: a restarted shard's eviction count starts again (it
+# reloads the drafts saved at SAVE_AT_VISIT, within its cap) and must build up again before the end.
 QUIET_VISITS = 5
+SAVE_AT_VISIT = 8  # the drafts saved as at a checkpoint: shards killed later reload them
 FAIL_EVERY = 17  # one shard call in this many fails as a call in flight to a killed shard does (FlakyLinkStore)
 
 
@@ -98,6 +99,10 @@ class FlakyLinkStore(RayDraftStore):
                 raise ray.exceptions.ActorUnavailableError(f"{method} met a killed shard (injected)", None)
         return await super()._call(shard, method, *args, retry=retry)
 
+    async def drain(self) -> None:
+        """Return once every commit queued so far has been answered: none can land later."""
+        await asyncio.gather(*(commits.drain() for commits in self._commits.values()))
+
 
 def settled_stats(shard, timeout=120.0):
     """The shard's stats once it answers (a shard killed late in the soak may still be restarting)."""
@@ -109,6 +114,39 @@ def settled_stats(shard, timeout=120.0):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def within_cap(shards, when: str) -> list[dict]:
+    """Every shard's stats, each asserted within its memory cap (the cap holds after every call, `DraftCache`)."""
+    stats = [settled_stats(s) for s in shards]
+    held = [f"shard {i}: {s['bytes']} of {s['max_bytes']} bytes, {s['prompts']} prompts" for i, s in enumerate(stats)]
+    assert all(s["bytes"] <= s["max_bytes"] for s in stats), f"{when}: {'; '.join(held)}"
+    return stats
+
+
+def claims_of_a_killed_rollout(runner, shards) -> None:
+    """The moment that matters for the cap, seeded: a rollout killed once its claims landed and before any of its
+    samples committed. Its step brings new prompts whose entries alone outgrow each shard's cap, so a claim that adds
+    its entry without evicting leaves the shard over its cap, whatever the soak left in it (once no commit of the
+    soak's can land after them: a commit evicts)."""
+    probe = DraftCache()
+    probe.claim(prompt_key([0]), "v")
+    before = within_cap(shards, "before the claims")
+    cap = max(s["max_bytes"] for s in before)
+    per_shard, prompts = cap // probe.nbytes + 1, {i: [] for i in range(len(shards))}
+    for k in range(10 * per_shard * len(shards)):
+        prompt = [90 + k % 40, 100 + k // 40, 42] * 7
+        if len(wanted := prompts[shard_of(prompt_key(prompt), len(shards))]) < per_shard:
+            wanted.append(prompt)
+    assert all(len(p) == per_shard for p in prompts.values())
+    store = RayDraftStore(len(shards), "soak")  # the killed rollout's: its commits never come
+
+    async def claim_all():
+        await asyncio.gather(*[store.claim(prompt_key(p), "killed", 1, N) for p in sum(prompts.values(), [])])
+
+    runner.run(claim_all())
+    before = ", ".join(f"{s['bytes']} bytes, {s['prompts']} prompts" for s in before)
+    within_cap(shards, f"after {per_shard} new prompts per shard claimed and never committed (before: {before})")
 
 
 @pytest.mark.slow  # a stress test: in .ci/run's slow pass
@@ -149,6 +187,9 @@ def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_
             for row in batch.outputs[: len(PROMPTS)]:
                 totals = sum((out.stats for out in row), totals)
             errors += sum(out.stats.cache_errors for row in batch.outputs for out in row)
+            within_cap(shards, f"after visit {visit} (its commits may still be in flight)")
+            if visit == SAVE_AT_VISIT:
+                reuse.save(tmp_path / "drafts")
             for prompt, row in zip(prompts, batch.outputs):
                 assert len(row) == N  # every sample comes back
                 ids = [o.draft_id for o in row if o.draft_id is not None]
@@ -167,12 +208,13 @@ def test_soak_with_shard_kills_and_aborts(ray_cluster, async_engine, tiny_model_
         write_weights(perturbed_state_dict(tiny_model_dir, 0.0, seed=0), path)
         runner.run(engine.collective_rpc("reload_safetensors", args=(str(path),)))
         runner.run(engine.reset_prefix_cache())
-    stats = [settled_stats(s) for s in shards]
+    stats = within_cap(shards, "at the end")
     assert 0 < sum(s["restarts"] for s in stats) <= kills and len(aborted) > 0  # a kill while restarting merges
     assert store.failed > 0 and errors >= store.failed  # every failed claim or commit was counted on a sample
-    assert all(s["bytes"] <= s["max_bytes"] for s in stats)  # memory stays under the cap
     assert sum(s["evicted_prompts"] for s in stats) > 0  # ...which the one-off prompts did reach
     # Reuse survives it all: most samples of the revisited prompts found a draft and kept part of it.
     assert totals.drafts_found > totals.samples // 2 and totals.reused_tokens > totals.decoded_tokens // 4
+    runner.run(store.drain())
+    claims_of_a_killed_rollout(runner, shards)
     for handle in reuse.handles:
         ray.kill(handle, no_restart=True)

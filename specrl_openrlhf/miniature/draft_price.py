@@ -77,7 +77,7 @@ def describe(choice: str, cost_curve: str | None) -> str:
     line = f"{fit['base_ms']:.2f} ms + {fit['row_ms']:.3f} ms a row + {fit['token_ms']:.3f} ms a carried token"
     return (
         f"lossless prices draft slots on a modelled step of this CPU engine ({line}, {STEP_MODEL.name}): a seed "
-        "drafts the same on every run (--draft-price measured: on the engine's own steps, as on a GPU)"
+        "drafts the same on every run (--draft-price measured: on the engine's own steps, as on a real engine)"
     )
 
 

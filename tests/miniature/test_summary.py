@@ -126,3 +126,31 @@ def test_the_summary_shows_each_rules_host_part_from_its_recorded_steps(tmp_path
     assert shown["projected_async"] == pytest.approx(2 * 0.00464 / 0.00528)
     # 5.28 + 2h ms against 9.28 ms: h = 2, 4 ms of host a full-batch step
     assert shown["breakeven_host_ms"] == pytest.approx(4.0)
+
+
+def test_the_time_ratio_moves_by_its_steps_scatter_within_each_epoch():
+    """The delta method by hand: stock's steps take 2 s, the rule's 1 s, each step of an epoch off by +-d with
+    correlation c between the two; the ratio's error is then R x sqrt(var_a / a^2 + var_b / b^2 - 2 cov / ab)."""
+    from specrl_openrlhf.analysis.run_series import RunSeries
+
+    def series(stock, rule, epochs):
+        made = [RunSeries(name, name, None, "g", "metrics.json", regime="default") for name in ("off", "lossless")]
+        for run, times in zip(made, (stock, rule)):
+            run.steps = [{"step": i, "epoch": e, "rollout_s": t} for i, (e, t) in enumerate(zip(epochs, times))]
+        return made
+
+    # stock 2.2, 1.8 and the rule 1.1, 0.9 in one epoch, 2.0 and 1.0 alone in another: no scatter there
+    runs = series([2.2, 1.8, 2.0], [1.1, 0.9, 1.0], [0, 0, 1])
+    a, b = 6.0, 3.0  # sums; within epoch 0, n/(n-1) x sums of squares: 2 x (0.08, 0.02, 0.04)
+    expected = a / b * math.sqrt(0.16 / a**2 + 0.04 / b**2 - 2 * 0.08 / (a * b))  # perfectly correlated: 0
+    assert summary.time_ratio_spread(runs, "lossless", "default") == pytest.approx(expected, abs=1e-12)
+    moved = series([2.2, 1.8, 2.0], [0.9, 1.1, 1.0], [0, 0, 1])  # anti-correlated: the ratio moves most
+    spread = summary.time_ratio_spread(moved, "lossless", "default")
+    assert spread == pytest.approx(a / b * math.sqrt(0.16 / a**2 + 0.04 / b**2 + 2 * 0.08 / (a * b)))
+    assert math.isnan(summary.time_ratio_spread(series([2.0, 2.0], [1.0, 1.0], [0, 1]), "lossless", "default"))
+    assert summary.time_ratio_spread(series([2.0, 2.0], [1.0, 1.0], [0, 0]), "lossless", "default") == 0.0
+    assert summary.spread_text(spread) == f" ± {spread:.2f} run to run (its steps' scatter on this machine)"
+    assert summary.spread_text(nan) == ""
+    lines = summary.summary_lines([paired_row("lossless", 4.0, 0.0, nan, nan)], moved, None, "what reproduces: x")
+    assert lines[2].startswith(f"    rollout time    ratio 1.10 ± {spread:.2f} run to run")
+    assert lines[-1] == "  what reproduces: x"

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..params import check_value
-from .base import DraftBatch, ReusePolicy
+from .base import V1_ENGINE, DraftBatch, EngineTarget, ReusePolicy
 from .registry import register
 
-# keys of vLLM's speculative config (0.29 and 0.32), with the check for their values, per method we name
+# keys of vLLM's speculative config (0.29 to 0.34: which vLLM takes each is `integration.vllm.versions`'), with the
+# check for their values, per method we name
 COMMON_KEYS = {"method": str, "num_speculative_tokens": int}
 METHOD_KEYS = {
     "ngram": {"prompt_lookup_min": int, "prompt_lookup_max": int},
@@ -30,9 +31,12 @@ METHOD_KEYS = {
         "suffix_decoding_max_cached_requests": int,
         "suffix_decoding_max_spec_factor": float,
         "suffix_decoding_min_token_prob": float,
+        "suffix_decoding_corpus_tokens": int,
+        "enable_adaptive_verification": bool,
     },
 }
-SUFFIX_DEFAULT_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth, its default k too
+SUFFIX_DEFAULT_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth, its default k on the V1 runner too
+SUFFIX_V2_MAX_DEFAULT_K = 8  # vLLM 0.34's GPU suffix speculator verifies every slot: its default k is min(8, depth)
 NGRAM_DEFAULT_K = 8  # vLLM requires k for n-gram; ours when the config leaves it out
 TOKENS = "speculative_config.num_speculative_tokens"
 
@@ -90,7 +94,12 @@ class VllmParams:
     method: str | None = field(default=None, init=False, repr=False)
     """The method a short name (`suffix`, `ngram`) stands for; None: any."""
 
+    tokens_given: bool = field(default=False, init=False, repr=False, compare=False)
+    """Whether the config named `num_speculative_tokens` (else it holds the V1 runner's default)."""
+
     def __post_init__(self):
+        given = isinstance(self.speculative_config, dict) and "num_speculative_tokens" in self.speculative_config
+        object.__setattr__(self, "tokens_given", given)
         object.__setattr__(self, "speculative_config", check_speculative_config(self.speculative_config))
         named = self.speculative_config["method"]
         if self.method is not None and named != self.method:
@@ -141,11 +150,16 @@ class VllmSpeculation(ReusePolicy):
     def lenience(self) -> None:
         return None
 
-    def engine_arguments(self) -> dict:
-        return {
-            "speculative_config": dict(self.params.speculative_config),
-            "per_request_spec_decode_metrics": "detailed",
-        }
+    def engine_arguments(self, engine: EngineTarget = V1_ENGINE) -> dict:
+        """The config as given; for `suffix` on the V2 runner, vLLM 0.34's default k where none was given, and its
+        adaptive verification where the engine allows it and the config does not say."""
+        config = dict(self.params.speculative_config)
+        if engine.runner == "v2" and config["method"] == "suffix":
+            if not self.params.tokens_given:
+                depth = config.get("suffix_decoding_max_tree_depth", SUFFIX_DEFAULT_DEPTH)
+                config["num_speculative_tokens"] = min(SUFFIX_V2_MAX_DEFAULT_K, depth)
+            config.setdefault("enable_adaptive_verification", engine.adaptive_verification)
+        return {"speculative_config": config, "per_request_spec_decode_metrics": "detailed"}
 
     def cut(self, batch: DraftBatch) -> torch.Tensor:
         return torch.zeros_like(batch.lengths)  # never fed drafts: the engine verifies its own

@@ -27,6 +27,7 @@ from ...policies.builtin import HISTORY_SPECULATOR
 from ...policies.speculative import SpeculativeConfigError
 
 V2_SINCE = (0, 34)  # the first vLLM without the V1 model runner, and with the V2 speculator registry
+V2_RUNNER_SINCE = (0, 32)  # the first whose V2 runner takes our logits processor (0.29's runs every engine on V1)
 SUPPORTED = ((0, 29), (0, 32), (0, 33), (0, 34))  # the minor versions we support (docs/install.md says what ran)
 # keys of vLLM's speculative config that only one runner takes, and what to say where the other runs
 V2_ONLY_KEYS = ("speculator_options", "enable_adaptive_verification", "suffix_decoding_corpus_tokens")
@@ -92,10 +93,13 @@ class EnginePath:
         config = policy.engine_arguments(self.target).get("speculative_config", {})
         method = config.get("method")
         if self.target.runner == "v1":
+            ngram = "V1 n-gram (prompt lookup on the host), host paid serially"
+            if parse(self.version)[:2] >= V2_RUNNER_SINCE:  # where Triton runs, vLLM picks V2 for n-gram
+                ngram = "vLLM's n-gram: the V2 runner's on the GPU where Triton runs, else V1's on the host"
             kind = {
                 "custom_class": "V1 custom_class proposer, host paid serially",
                 "suffix": "V1 suffix decoding (arctic-inference's tree on the host), host paid serially",
-                "ngram": "vLLM's ngram (the V2 runner's GPU n-gram where Triton runs, else V1 prompt lookup)",
+                "ngram": ngram,
             }.get(method, f"vLLM's {method}")
             return f"{policy.name}: vLLM {self.version}, {kind}"
         kind = {HISTORY_SPECULATOR: f"V2 speculator {HISTORY_SPECULATOR}", "suffix": "V2 SuffixSpeculator (GPU)"}
@@ -103,8 +107,7 @@ class EnginePath:
         on = bool(config.get("enable_adaptive_verification"))
         if not on and method not in ADAPTIVE_METHODS:
             return f"{policy.name}: vLLM {self.version}, {kind}, every row verifies k draft tokens"
-        why = "" if on or not self.blockers else f" ({'; '.join(self.blockers)})"
-        why = why or ("" if on or self.target.adaptive_verification else " (the config turns it off)")
+        why = "" if on else f" ({'; '.join(self.blockers) or 'the config turns it off'})"
         return f"{policy.name}: vLLM {self.version}, {kind}, adaptive verification {'on' if on else 'off'}{why}"
 
 

@@ -165,6 +165,8 @@ def test_what_each_engine_runs_passes_and_the_start_up_line_names_the_path(versi
     if version != "0.34.0":
         assert lines["lossless", False] == f"lossless: vLLM {version}, V1 custom_class proposer, host paid serially"
         assert lines["suffix", True].startswith(f"suffix: vLLM {version}, V1 suffix decoding")
+        on_v2_where_triton_runs = version != "0.29.0"  # 0.29 runs every engine of our environment on V1
+        assert ("V2 runner's on the GPU" in lines["ngram", False]) == on_v2_where_triton_runs
         return
     speculator = f"lossless: vLLM 0.34.0, V2 speculator {HISTORY_SPECULATOR}, adaptive verification"
     assert lines["lossless", False] == f"{speculator} on"

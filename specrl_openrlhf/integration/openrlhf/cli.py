@@ -106,6 +106,11 @@ def our_engine_kwargs(config: ReuseConfig, policy: ReusePolicy, base: dict | Non
     return engine_kwargs(policy, {**(base or {}), **config.engine_size_arguments}, OPENRLHF_FLAGS)
 
 
+def engine_kwargs_added(config: ReuseConfig, policy: ReusePolicy, base: dict) -> dict:
+    """What `our_engine_kwargs` adds to OpenRLHF's engine arguments `base`, or changes in them."""
+    return {k: v for k, v in our_engine_kwargs(config, policy, base).items() if k not in base or base[k] != v}
+
+
 def openrlhf_engine_arguments(namespace) -> dict:
     """What OpenRLHF's `create_vllm_engines` will give each engine of the arguments that decide which engine runs
     (`vllm.versions.adaptive_blockers`)."""
@@ -267,7 +272,7 @@ def print_dry_run(args, config: ReuseConfig, policy: ReusePolicy) -> None:
         # for the peers)
         resolved["engines"] = {
             "agent_func_path": AGENT_ENTRY,
-            "engine_kwargs": our_engine_kwargs(config, policy, openrlhf_engine_arguments(args)),
+            "engine_kwargs": engine_kwargs_added(config, policy, openrlhf_engine_arguments(args)),
             **run_settings(args, config, policy),
         }
     elif config.engine_size_arguments:  # `off` with our engine size: OpenRLHF's engines get it, nothing else

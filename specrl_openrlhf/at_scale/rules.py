@@ -52,13 +52,10 @@ class BenchRule:
 
     @property
     def adaptive_verification(self) -> bool:
-        """Whether it asks for vLLM's adaptive verification (`suffix,engine=v2,adaptive=on`; `lossless,engine=v2`
+        """Whether it asks for vLLM's adaptive verification (`suffix,engine=v2` and `lossless,engine=v2`
         unless `adaptive=off`): what it verifies then depends on whether the engine has CUDA graphs, even where no
         price does."""
-        adaptive = getattr(self.policy.params, "adaptive", "off")
-        return (self.method == "suffix_v2" and adaptive == "on") or (
-            self.method == "lossless_v2" and adaptive != "off"
-        )
+        return self.method in ("suffix_v2", "lossless_v2") and self.policy.params.adaptive != "off"
 
     @property
     def runs_on(self) -> str:

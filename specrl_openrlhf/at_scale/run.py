@@ -27,15 +27,16 @@ from ..simulator.request_workload import NoDrafts, request_workload
 from .proposers import build
 from .rules import BenchRule, bench_rule
 
-RULES = (  # by default; `suffix` is vLLM <= 0.33's, `suffix,engine=v2` vLLM 0.34's GPU speculator
+RULES = (  # by default; `engine=auto` is the installed vLLM's runner: `engine=v2` vLLM >= 0.34's GPU speculators
     "off",
     "lossless",
+    "lossless,engine=v2",
     "lossless,verify=requests",
     "spec@1.65",
     "exact",
     "suffix",
+    "suffix,engine=v2,adaptive=off",
     "suffix,engine=v2",
-    "suffix,engine=v2,adaptive=on",
     "ngram",
 )
 GOAL = {"corpus": "long", "model": "qwen3-8b", "gpu": "h100", "regime": DEFAULT_REGIME}  # the paper's hardware

@@ -167,16 +167,16 @@ def max_drafts(vocab: int, scale: int):
 def build_suffix_v2(params, price: StepPrice, scale: int = 1) -> SuffixV2:
     """vLLM 0.34's suffix speculator of the rule's `params` (`policies.speculative.SuffixParams`) at `scale` of the
     GPU's rows a simulated row: its corpus holds 1 / `scale` of the GPU's tokens (each simulated response stands for
-    `scale`), and its adaptive verification (`adaptive=on`) is priced on `price`, except in an engine without CUDA
-    graphs (`price.eager`), which vLLM refuses it in: there every row verifies its K slots (`SuffixV2.note`)."""
+    `scale`), and its adaptive verification (`adaptive` on or auto) is priced on `price`, except in an engine without
+    CUDA graphs (`price.eager`), which vLLM refuses it in: there every row verifies its K slots (`SuffixV2.note`)."""
     config = params.speculative_config
     cached = config.get("suffix_decoding_max_cached_requests", 1) != 0
     corpus = config.get("suffix_decoding_corpus_tokens", kernels.CORPUS_TOKENS) if cached else 0
     k, depth = config["num_speculative_tokens"], config.get("suffix_decoding_max_tree_depth", kernels.DEPTH)
-    adaptive, note = None, ""
-    if params.adaptive == "on" and getattr(price, "eager", None) is not None:
+    adaptive, note, eager = None, "", getattr(price, "eager", None) is not None
+    if params.adaptive == "on" and eager:
         note = "adaptive verification off: it needs full CUDA graphs, and this engine runs without (vLLM refuses it)"
-    elif params.adaptive == "on":
+    elif params.adaptive == "on" or (params.adaptive == "auto" and not eager):
         vocab = MODELS.get(getattr(price, "model", ""), MODELS["qwen3-8b"])["vocab"]  # a curve's: Qwen3's
         drafting = SUFFIX_V2.draft_seconds({"observe": 1, "local_scan": 1, "finalize": 1})
         adaptive = AdaptiveVerification(k, PricedAdmission(price, scale, drafting), max_drafts(vocab, scale))

@@ -10,7 +10,7 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -22,6 +22,29 @@ from ..references import short_name
 @dataclass(frozen=True, kw_only=True)
 class NoParams:
     """Parameters of a policy that takes none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineTarget:
+    """The vLLM engine that verifies a rule's drafts, as `ReusePolicy.engine_arguments` takes it: the installed vLLM
+    chooses it (`integration.vllm.versions`); a rule reads it and imports no engine."""
+
+    runner: Literal["v1", "v2"] = "v1"
+    """"v1": vLLM <= 0.33's V1 model runner (proposers it calls between steps; ours through `custom_class`); "v2":
+    vLLM >= 0.34's model runner V2 (speculators on the device; ours registered by name)."""
+
+    adaptive_verification: bool = False
+    """V2 only: vLLM sizes each row's verified draft from the speculator's confidences (it needs full CUDA graphs);
+    off, every row verifies its k draft tokens."""
+
+    def __post_init__(self):
+        if self.runner not in ("v1", "v2"):
+            raise ValueError(f"runner must be 'v1' or 'v2', got {self.runner!r}")
+        if self.adaptive_verification and self.runner != "v2":
+            raise ValueError("adaptive verification is the V2 runner's (vLLM >= 0.34): runner='v2'")
+
+
+V1_ENGINE = EngineTarget()  # what the simulator prices, and what a caller that names no engine gets
 
 
 @dataclass(frozen=True)
@@ -88,8 +111,9 @@ class ReusePolicy(ABC):
         `speculative_config` (`engine_arguments`) and the rollout sends no scoring requests."""
         return False
 
-    def engine_arguments(self) -> dict:
-        """What an engine needs beyond its caller's arguments for this rule (`integration.vllm.engine_args`)."""
+    def engine_arguments(self, engine: EngineTarget = V1_ENGINE) -> dict:
+        """What an engine of kind `engine` needs beyond its caller's arguments for this rule
+        (`integration.vllm.engine_args`, which names the installed vLLM's)."""
         return {}
 
     @property

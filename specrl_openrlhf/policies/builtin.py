@@ -10,7 +10,16 @@ import torch
 
 from ..params import DEFAULT_LENIENCE, check_fields, limits
 from ..pricing.prices import load_price
-from .base import DraftBatch, ReusePolicy, check_lenience, first_rejection, lenient_acceptance_logprob, lenient_cut
+from .base import (
+    V1_ENGINE,
+    DraftBatch,
+    EngineTarget,
+    ReusePolicy,
+    check_lenience,
+    first_rejection,
+    lenient_acceptance_logprob,
+    lenient_cut,
+)
 from .registry import register
 
 
@@ -98,6 +107,7 @@ HISTORY_PROPOSER = "specrl_openrlhf.integration.vllm.v1.proposer.HistoryProposer
 # vLLM >= 0.34: our speculator's method name in vLLM's registry, and its config, which vLLM imports by this name
 HISTORY_SPECULATOR = "specrl_history"
 HISTORY_SPECULATOR_CONFIG = "specrl_openrlhf.integration.vllm.v2.config.HistorySpeculatorConfig"
+SPECULATOR_OPTIONS = ("history_mb", "min_match", "shared", "lookup")  # what the speculator needs when vLLM builds it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,16 +228,29 @@ class Lossless(ReusePolicy):
     def verifies_in_engine(self) -> bool:
         return self.params.verify == "engine"
 
-    def engine_arguments(self) -> dict:
-        """Our proposer, drafting up to `num_speculative_tokens` a step, and per-request acceptance counts (each
-        verification step's drafted and accepted tokens) on every finished output; a visit's samples are served in
-        slot order (where the engine has more samples than slots, later ones start after earlier ones finished, and
-        draft from them too: `rollout.engine_path`)."""
+    def engine_arguments(self, engine: EngineTarget = V1_ENGINE) -> dict:
+        """Ours, drafting up to `num_speculative_tokens` a step: the V1 runner's `custom_class` proposer, or on the
+        V2 runner our registered speculator, built with the parameters it needs at construction, with vLLM's adaptive
+        verification where the engine allows it; per-request acceptance counts (each verification step's drafted and
+        accepted tokens) on every finished output; a visit's samples are served in slot order (where the engine has
+        more samples than slots, later ones start after earlier ones finished, and draft from them too:
+        `rollout.engine_path`)."""
         if not self.verifies_in_engine:
             return {}
         k = self.params.num_speculative_tokens
+        if engine.runner == "v1":
+            speculative = {"method": "custom_class", "model": HISTORY_PROPOSER, "num_speculative_tokens": k}
+        else:
+            options = {name: getattr(self.params, name) for name in SPECULATOR_OPTIONS}
+            speculative = {
+                "method": HISTORY_SPECULATOR,
+                "num_speculative_tokens": k,
+                "speculator_options": options,
+                "enable_adaptive_verification": self.params.adaptive == "on"
+                or (self.params.adaptive == "auto" and engine.adaptive_verification),
+            }
         return {
-            "speculative_config": {"method": "custom_class", "model": HISTORY_PROPOSER, "num_speculative_tokens": k},
+            "speculative_config": speculative,
             "per_request_spec_decode_metrics": "detailed",
             "scheduling_policy": "priority",
         }

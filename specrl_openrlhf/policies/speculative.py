@@ -25,10 +25,11 @@ from typing import Literal
 import torch
 
 from ..params import check_fields, check_value
-from .base import DraftBatch, ReusePolicy
+from .base import V1_ENGINE, DraftBatch, EngineTarget, ReusePolicy
 from .registry import register
 
-# keys of vLLM's speculative config (0.29 and 0.32), with the check for their values, per method we name
+# keys of vLLM's speculative config (0.29 to 0.34: which vLLM takes each is `integration.vllm.versions`'), with the
+# check for their values, per method we name
 COMMON_KEYS = {"method": str, "num_speculative_tokens": int}
 METHOD_KEYS = {
     "ngram": {"prompt_lookup_min": int, "prompt_lookup_max": int},
@@ -37,11 +38,13 @@ METHOD_KEYS = {
         "suffix_decoding_max_cached_requests": int,
         "suffix_decoding_max_spec_factor": float,
         "suffix_decoding_min_token_prob": float,
+        "suffix_decoding_corpus_tokens": int,
+        "enable_adaptive_verification": bool,
     },
 }
-SUFFIX_DEFAULT_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth, its default k too (V1)
-SUFFIX_V2_MAX_K = 8  # vLLM 0.34's default k for its GPU suffix speculator: min(8, depth)
-SUFFIX_V2_KEYS = {"suffix_decoding_corpus_tokens": int}  # vLLM 0.34's only (its GPU speculator's ring)
+SUFFIX_V2_KEYS = ("suffix_decoding_corpus_tokens", "enable_adaptive_verification")  # vLLM 0.34's only
+SUFFIX_DEFAULT_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth, its default k on the V1 runner too
+SUFFIX_V2_MAX_DEFAULT_K = 8  # vLLM 0.34's GPU suffix speculator verifies every slot: its default k is min(8, depth)
 V2_SUFFIX_VLLM = (0, 34)  # the first vLLM without the V1 runner: its suffix decoding is the GPU speculator
 NGRAM_DEFAULT_K = 8  # vLLM requires k for n-gram; ours when the config leaves it out
 TOKENS = "speculative_config.num_speculative_tokens"
@@ -78,9 +81,9 @@ def resolve_engine(engine: str, version: tuple[int, int] | None = None) -> Liter
     return "v2" if version is not None and version >= V2_SUFFIX_VLLM else "v1"
 
 
-def check_speculative_config(config, extra_keys: dict | None = None) -> dict:
+def check_speculative_config(config) -> dict:
     """`config` as vLLM takes it, with k filled in for the methods we name; raises `SpeculativeConfigError` naming
-    the key at fault and the fix. `extra_keys`: keys a method takes besides its own (an engine's)."""
+    the key at fault and the fix."""
     if not isinstance(config, dict) or not isinstance(config.get("method"), str):
         raise SpeculativeConfigError(
             f'speculative_config must be a JSON object with a "method", got {config!r}; e.g. '
@@ -92,10 +95,8 @@ def check_speculative_config(config, extra_keys: dict | None = None) -> dict:
         if "num_speculative_tokens" in config:
             check_value(TOKENS, config["num_speculative_tokens"], int, error=SpeculativeConfigError)
         return config
-    allowed = {**COMMON_KEYS, **METHOD_KEYS[method], **(extra_keys or {})}
+    allowed = {**COMMON_KEYS, **METHOD_KEYS[method]}
     for key, value in config.items():
-        if key in SUFFIX_V2_KEYS and key not in allowed:
-            raise SpeculativeConfigError(f"speculative_config key {key!r} is vLLM 0.34's: add engine=v2 to the rule")
         if key not in allowed:
             raise SpeculativeConfigError(
                 f"speculative_config key {key!r} is not one of method {method!r}'s: {sorted(allowed)}"
@@ -129,8 +130,13 @@ class VllmParams:
     method: str | None = field(default=None, init=False, repr=False)
     """The method a short name (`suffix`, `ngram`) stands for; None: any."""
 
+    tokens_given: bool = field(default=False, init=False, repr=False, compare=False)
+    """Whether the config named `num_speculative_tokens` (else it holds the V1 runner's default)."""
+
     def __post_init__(self):
-        checked = check_speculative_config(self._given_config(), self._engine_keys())
+        given = isinstance(self.speculative_config, dict) and "num_speculative_tokens" in self.speculative_config
+        object.__setattr__(self, "tokens_given", given)
+        checked = check_speculative_config(self._given_config())
         object.__setattr__(self, "speculative_config", checked)
         named = self.speculative_config["method"]
         if self.method is not None and named != self.method:
@@ -142,10 +148,6 @@ class VllmParams:
     def _given_config(self):
         """The config as given, with what the engine fills in before vLLM's defaults (none here)."""
         return self.speculative_config
-
-    def _engine_keys(self) -> dict | None:
-        """Keys the config takes besides its method's: those of the engine the rule runs (none here)."""
-        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,19 +165,26 @@ class SuffixParams(VllmParams):
     scheduling off); `v2`, vLLM 0.34's GPU speculator (the V2 runner, async scheduling on); `auto`, the one the
     installed vLLM runs (`resolve_engine`)."""
 
-    adaptive: Literal["on", "off"] = "off"
-    """With engine=v2: vLLM's adaptive verification (`enable_adaptive_verification`), which verifies the draft slots
-    its step-cost model says pay, each step, rather than every row's K; it needs CUDA graphs (no enforce_eager)."""
+    adaptive: Literal["auto", "on", "off"] = "auto"
+    """With engine=v2: vLLM's adaptive verification (`enable_adaptive_verification`, which sets it too), which
+    verifies the draft slots its step-cost model says pay, each step, rather than every row's K; it needs full CUDA
+    graphs (no enforce_eager), so `auto` turns it on where the engine has them; `off`: every row verifies K."""
 
     method: str | None = field(default="suffix", init=False, repr=False)
 
     def __post_init__(self):
         check_fields(self)
-        if self.adaptive == "on" and self.runs_on != "v2":
-            raise SpeculativeConfigError(
-                f"adaptive=on is vLLM 0.34's adaptive verification, which suffix decoding has in its V2 engine only: "
-                f"add engine=v2 (engine={self.engine} runs {self.runs_on} here)"
-            )
+        config = self.speculative_config
+        if isinstance(config, dict) and isinstance(config.get("enable_adaptive_verification"), bool):
+            object.__setattr__(self, "adaptive", "on" if config["enable_adaptive_verification"] else "off")
+        if self.engine == "v1":  # named: the V1 suffix decoding takes none of vLLM 0.34's (else `vllm.versions`)
+            given = [key for key in SUFFIX_V2_KEYS if isinstance(config, dict) and key in config]
+            if self.adaptive == "on" or given:
+                what = f"speculative_config key {given[0]!r}" if given else "adaptive=on"
+                raise SpeculativeConfigError(
+                    f"{what} is vLLM 0.34's (its GPU suffix speculator), which engine=v1 (vLLM <= 0.33's suffix "
+                    "decoding) does not take: remove it, or add engine=v2"
+                )
         super().__post_init__()
 
     def _given_config(self):
@@ -184,12 +193,9 @@ class SuffixParams(VllmParams):
             depth = config.get("suffix_decoding_max_tree_depth", SUFFIX_DEFAULT_DEPTH)
             return {
                 **config,
-                "num_speculative_tokens": min(SUFFIX_V2_MAX_K, depth) if isinstance(depth, int) else depth,
+                "num_speculative_tokens": min(SUFFIX_V2_MAX_DEFAULT_K, depth) if isinstance(depth, int) else depth,
             }
         return config
-
-    def _engine_keys(self) -> dict | None:
-        return SUFFIX_V2_KEYS if self.runs_on == "v2" else None
 
     @property
     def runs_on(self) -> Literal["v1", "v2"]:
@@ -226,10 +232,19 @@ class VllmSpeculation(ReusePolicy):
     def lenience(self) -> None:
         return None
 
-    def engine_arguments(self) -> dict:
+    def engine_arguments(self, engine: EngineTarget = V1_ENGINE) -> dict:
+        """The config as given; for `suffix` on the V2 runner, vLLM 0.34's default k where none was given, and its
+        adaptive verification as `adaptive` says (auto: where the engine allows it)."""
         config = dict(self.params.speculative_config)
-        if getattr(self.params, "adaptive", "off") == "on":
-            config["enable_adaptive_verification"] = True
+        if engine.runner == "v2" and config["method"] == "suffix":
+            if not self.params.tokens_given:
+                depth = config.get("suffix_decoding_max_tree_depth", SUFFIX_DEFAULT_DEPTH)
+                config["num_speculative_tokens"] = min(SUFFIX_V2_MAX_DEFAULT_K, depth)
+            adaptive = getattr(self.params, "adaptive", "auto")
+            config.setdefault(
+                "enable_adaptive_verification",
+                adaptive == "on" or (adaptive == "auto" and engine.adaptive_verification),
+            )
         return {"speculative_config": config, "per_request_spec_decode_metrics": "detailed"}
 
     def cut(self, batch: DraftBatch) -> torch.Tensor:

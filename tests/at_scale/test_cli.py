@@ -210,7 +210,7 @@ def test_each_rule_is_projected_with_cuda_graphs_and_without_and_vllms_two_suffi
     pytest.importorskip("aiconfigurator_core")
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
-    rules = ["off", "suffix,engine=v2", "suffix,engine=v2,adaptive=on"]
+    rules = ["off", "suffix,engine=v2,adaptive=off", "suffix,engine=v2,adaptive=on"]
     argv = ["--corpus", toy_corpus(tmp_path), "--host", str(host), "--rules", ",".join(rules)]
     argv += ["--requests-per-engine", "4", "--max-num-seqs", "8"]
     assert cli.parse_args(argv).cell.regime.enforce_eager  # openrlhf's
@@ -223,7 +223,9 @@ def test_each_rule_is_projected_with_cuda_graphs_and_without_and_vllms_two_suffi
         for name in ("projected_graphs", "projected_async_graphs", "kept_graphs", "projected_eager", "kept_eager"):
             assert f"{name}[{rule}]" in fields
         assert fields[f"engine[{rule}]"] == "v2" and f"| {rule} | engine (vLLM 0.34, V2 GPU) |" in out
-    assert fields["projected[suffix,engine=v2]"] == fields["projected_eager[suffix,engine=v2]"]
+    assert (
+        fields["projected[suffix,engine=v2,adaptive=off]"] == fields["projected_eager[suffix,engine=v2,adaptive=off]"]
+    )
     assert "stock without CUDA graphs takes" in out and "CUDA graphs off (enforce_eager)" in out
     assert "suffix,engine=v2,adaptive=on: adaptive verification off: it needs full CUDA graphs" in out
     assert "proposer s estimated" in out  # its kernels' GPU time, a model named beside the figure

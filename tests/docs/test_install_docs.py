@@ -1,5 +1,6 @@
 """docs/install.md names what the code declares: every entry point of the installed distribution (its group, name and
-target in one table row), the vLLM versions the sampler fix covers and no version range, the environment switches,
+target in one table row), the engine each supported vLLM runs and the `gpu` extra that keeps it, the vLLM versions the
+sampler fix covers and no version range, the environment switches,
 the arctic-inference version scripts/build_suffix_tree.sh builds, and vLLM's plugin groups, the ones its `VLLM_PLUGINS`
 allow-list filters."""
 
@@ -8,8 +9,12 @@ import re
 import tomllib
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
+
 import _specrl_openrlhf_hook
+from specrl_openrlhf.integration.vllm import versions
 from specrl_openrlhf.integration.vllm.v1 import sampler_fix
+from specrl_openrlhf.policies.builtin import HISTORY_SPECULATOR
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "install.md"
@@ -58,6 +63,22 @@ def test_every_entry_point_has_a_row_with_its_group_name_and_target():
         if row_of((f"`{group}`", f"`{name}`", f"`{target}`"), text) is None
     ]
     assert not missing, f"docs/install.md has no table row for: {missing}"
+
+
+def test_each_supported_vllm_has_a_row_naming_the_engine_it_runs_and_the_gpu_extra_keeps_it():
+    text = DOC.read_text()
+    engines = {"v1": "V1 `custom_class` proposer", "v2": f"V2 speculator `{HISTORY_SPECULATOR}`"}
+    for major, minor in versions.SUPPORTED:
+        row = row_of((f"{major}.{minor}",), text)
+        assert row is not None, f"docs/install.md has no row for vLLM {major}.{minor}"
+        assert row[1].startswith(engines[versions.runner_of(f"{major}.{minor}.0")]), row
+    gpu = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    (vllm,) = [r for r in gpu if r.startswith("vllm")]
+    assert f"`{vllm}`" in text and not [r for r in gpu if r.startswith("openrlhf")]  # OpenRLHF's pins move vLLM
+    kept = SpecifierSet(vllm.removeprefix("vllm"))
+    (oldest_major, oldest), (newest_major, newest) = min(versions.SUPPORTED), max(versions.SUPPORTED)
+    assert all(f"{major}.{minor}.0" in kept for major, minor in versions.SUPPORTED)
+    assert f"{newest_major}.{newest + 1}.0" not in kept and f"{oldest_major}.{oldest - 1}.0" not in kept
 
 
 def test_the_sampler_fixs_versions_are_the_ones_it_supports():

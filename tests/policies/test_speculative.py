@@ -69,16 +69,18 @@ def test_suffix_decoding_without_its_suffix_tree_names_the_install(monkeypatch):
 def test_suffix_names_which_of_vllms_two_suffix_decodings_it_means():
     """`engine=v1`: vLLM <= 0.33's (arctic-inference's trees, k = depth); `engine=v2`: vLLM 0.34's GPU speculator
     (k = min(8, depth), its corpus's size a key of its own, adaptive verification on request); `auto`: the installed
-    vLLM's, and the engines get today's config."""
+    vLLM's, and the engines get today's config; adaptive verification auto by default (where the engine can)."""
     from specrl_openrlhf.config import parse_rule
+    from specrl_openrlhf.policies.base import EngineTarget
     from specrl_openrlhf.policies.speculative import installed_vllm, resolve_engine
 
     today = parse_rule("suffix")
-    assert today.params.engine == "auto" and today.params.adaptive == "off"
+    assert today.params.engine == "auto" and today.params.adaptive == "auto"
     assert today.engine_arguments()["speculative_config"] == {"method": "suffix", "num_speculative_tokens": 24}
     assert today.params.runs_on == resolve_engine("auto", installed_vllm())
     v2 = parse_rule("suffix,engine=v2,adaptive=on")
-    assert v2.params.runs_on == "v2" and v2.engine_arguments()["speculative_config"] == {
+    eager_v2 = EngineTarget(runner="v2")  # adaptive=on asks for it even where the engine can't: refused at start-up
+    assert v2.params.runs_on == "v2" and v2.engine_arguments(eager_v2)["speculative_config"] == {
         "method": "suffix",
         "num_speculative_tokens": 8,
         "enable_adaptive_verification": True,
@@ -101,11 +103,11 @@ def test_suffix_names_which_of_vllms_two_suffix_decodings_it_means():
     "kwargs, message",
     [
         ({"engine": "v3"}, "engine must be one of 'auto', 'v1', 'v2'"),
-        ({"engine": "v1", "adaptive": "on"}, "adaptive=on is vLLM 0.34's adaptive verification"),
-        ({"engine": "v2", "adaptive": "yes"}, "adaptive must be one of 'on', 'off'"),
+        ({"engine": "v1", "adaptive": "on"}, "adaptive=on is vLLM 0.34's"),
+        ({"engine": "v2", "adaptive": "yes"}, "adaptive must be one of 'auto', 'on', 'off'"),
         (
             {"engine": "v1", "speculative_config": {"method": "suffix", "suffix_decoding_corpus_tokens": 5}},
-            "suffix_decoding_corpus_tokens' is vLLM 0.34's: add engine=v2",
+            "suffix_decoding_corpus_tokens' is vLLM 0.34's .*engine=v2",
         ),
     ],
 )

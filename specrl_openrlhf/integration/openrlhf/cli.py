@@ -12,7 +12,10 @@ accepted (`reuse/`), as for `lossless` verified in the engine.
 OpenRLHF builds its engines with vLLM's defaults for their size (it has no flag for it): the command says what size
 each engine will have (and whether it runs without CUDA graphs, `--vllm.enforce_eager`), warns where a rule verified
 in the engine drafts more than a step's budget carries, and our `--vllm.max_num_seqs` and
-`--vllm.max_num_batched_tokens` reach every engine through the same seam as the speculative config (`engines`).
+`--vllm.max_num_batched_tokens` reach every engine through the same seam as the speculative config (`engines`). For a
+rule verified in the engine it also says which engine the installed vLLM runs (`vllm.versions`: the V1 `custom_class`
+proposer, or the V2 speculator with or without adaptive verification), and refuses, as a usage error, a setting that
+engine cannot run.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 from ... import config as reuse_config
 from ...config import ReuseConfig
 from ...policies import PluginError, ReusePolicy, UnknownPolicyError
+from ...policies.base import V1_ENGINE, EngineTarget
 from ...policies.builtin import HISTORY_PROPOSER
 from ...policies.sampling import UnsupportedSamplingError, check_sampling
 from .eval import WORKER_SETUP_HOOK
@@ -38,6 +42,7 @@ from .eval import WORKER_SETUP_HOOK
 logger = logging.getLogger(__name__)
 
 PROG = "python -m specrl_openrlhf.cli.train_ppo_ray"
+OPENRLHF_FLAGS = {"enforce_eager": "--vllm.enforce_eager"}  # OpenRLHF's engine arguments we read, as its flags
 AGENT_ENTRY = str(Path(__file__).with_name("agent_entry.py"))
 
 
@@ -64,13 +69,15 @@ def after_parse(parser: argparse.ArgumentParser, namespace):
     try:
         config = reuse_config.from_namespace(namespace)
         policy = config.build_policy()  # loads the plugins: a bad rule is a usage error too
-        warnings = check_combination(namespace, config, policy)
+        path, path_line = engine_path_notes(namespace, config, policy)
+        warnings = check_combination(namespace, config, policy, path)
     except (UnknownPolicyError, PluginError, UnsupportedSamplingError, ValueError, TypeError) as error:
         flag = "--rollout_reuse" if isinstance(error, (UnknownPolicyError, PluginError)) else ""
         parser.error(f"{flag + ': ' if flag and not str(error).startswith('--') else ''}{error}")
-    size_line, size_warnings = engine_size_notes(namespace, config, policy)
-    if size_line:
-        print(f"[specrl-openrlhf] {size_line}", file=sys.stderr)
+    size_line, size_warnings = engine_size_notes(namespace, config, policy, path.target if path else V1_ENGINE)
+    for line in (path_line, size_line):
+        if line:
+            print(f"[specrl-openrlhf] {line}", file=sys.stderr)
     for warning in warnings + size_warnings:
         print(f"[specrl-openrlhf] warning: {warning}", file=sys.stderr)
     if not (steps_in(policy) or config.dry_run or config.engine_size_arguments):
@@ -93,17 +100,45 @@ def take_over_names(config: ReuseConfig, module_globals: dict, policy: ReusePoli
 
 def our_engine_kwargs(config: ReuseConfig, policy: ReusePolicy, base: dict | None = None) -> dict:
     """OpenRLHF's engine arguments `base` (default: none) with ours: the engine size our `--vllm.*` flags set, and
-    what the rule's engines need (`engine_kwargs`: nothing for a rule verified by requests, or `off`)."""
+    what the rule's engines need on the installed vLLM (`engine_kwargs`: nothing for a rule verified by requests, or
+    `off`)."""
     from ..vllm.engine_args import engine_kwargs
 
-    return engine_kwargs(policy, {**(base or {}), **config.engine_size_arguments})
+    return engine_kwargs(policy, {**(base or {}), **config.engine_size_arguments}, OPENRLHF_FLAGS)
 
 
-def engine_size_notes(namespace, config: ReuseConfig, policy: ReusePolicy) -> tuple[str | None, list[str]]:
+def engine_kwargs_added(config: ReuseConfig, policy: ReusePolicy, base: dict) -> dict:
+    """What `our_engine_kwargs` adds to OpenRLHF's engine arguments `base`, or changes in them."""
+    return {k: v for k, v in our_engine_kwargs(config, policy, base).items() if k not in base or base[k] != v}
+
+
+def openrlhf_engine_arguments(namespace) -> dict:
+    """What OpenRLHF's `create_vllm_engines` will give each engine of the arguments that decide which engine runs
+    (`vllm.versions.adaptive_blockers`)."""
+    return {"enforce_eager": bool(lookup(namespace, "vllm.enforce_eager", False))}
+
+
+def engine_path_notes(namespace, config: ReuseConfig, policy: ReusePolicy):
+    """(the installed vLLM's `EnginePath` for OpenRLHF's engines, the start-up log's line) for a rule verified in the
+    engine, with vLLM engines; (None, a line saying why not) where vLLM can't be imported here; else (None, None)."""
+    if not (policy.verifies_in_engine and (lookup(namespace, "vllm.num_engines") or 0) >= 1):
+        return None, None
+    from ..vllm.versions import engine_path
+
+    try:
+        path = engine_path({**openrlhf_engine_arguments(namespace), **config.engine_size_arguments}, OPENRLHF_FLAGS)
+    except ImportError as error:
+        return None, f"vLLM can't be imported here ({error}): each engine runs what its own vLLM has"
+    return path, path.line(policy)
+
+
+def engine_size_notes(
+    namespace, config: ReuseConfig, policy: ReusePolicy, target: EngineTarget = V1_ENGINE
+) -> tuple[str | None, list[str]]:
     """A line saying how many rows and tokens a step each engine OpenRLHF starts will schedule (the flags given,
     else vLLM's defaults for an engine built as OpenRLHF builds it) and whether it captures CUDA graphs (OpenRLHF's
     `--vllm.enforce_eager`), and a warning where a rule verified in the engine drafts more tokens than that budget
-    carries in every row. (None, []) without vLLM engines."""
+    carries in every row (on an engine of kind `target`). (None, []) without vLLM engines."""
     engines = lookup(namespace, "vllm.num_engines") or 0
     if engines < 1:
         return None, []
@@ -132,7 +167,7 @@ def engine_size_notes(namespace, config: ReuseConfig, policy: ReusePolicy) -> tu
         f"({origin['max_num_seqs']}) and {size.max_num_batched_tokens} tokens a step "
         f"({origin['max_num_batched_tokens']}), {graphs}"
     )
-    speculative = policy.engine_arguments().get("speculative_config", {})
+    speculative = policy.engine_arguments(target).get("speculative_config", {})
     k = speculative.get("num_speculative_tokens")
     if not k or size.carries_drafts(k):
         return line, []
@@ -162,10 +197,15 @@ def lookup(namespace, dotted: str, default=None):
     return node
 
 
-def check_combination(namespace, config: ReuseConfig, policy: ReusePolicy) -> list[str]:
-    """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's (`policy`: the config's rule)."""
+def check_combination(namespace, config: ReuseConfig, policy: ReusePolicy, path=None) -> list[str]:
+    """Errors (raised) and warnings (returned) for our flags together with OpenRLHF's (`policy`: the config's rule;
+    `path`: the installed vLLM's engine, `engine_path_notes`, whose settings `vllm.versions.check_settings` checks)."""
     if not steps_in(policy):
         return []
+    if path is not None:
+        from ..vllm.versions import check_settings
+
+        check_settings(policy, path)
     get = lambda name, default=None: lookup(namespace, name, default)  # noqa: E731
     if not get("vllm.num_engines"):
         raise ValueError("--rollout_reuse needs vLLM rollout engines: set --vllm.num_engines to 1 or more")
@@ -238,7 +278,7 @@ def print_dry_run(args, config: ReuseConfig, policy: ReusePolicy) -> None:
         # for the peers)
         resolved["engines"] = {
             "agent_func_path": AGENT_ENTRY,
-            "engine_kwargs": our_engine_kwargs(config, policy),
+            "engine_kwargs": engine_kwargs_added(config, policy, openrlhf_engine_arguments(args)),
             **run_settings(args, config, policy),
         }
     elif config.engine_size_arguments:  # `off` with our engine size: OpenRLHF's engines get it, nothing else

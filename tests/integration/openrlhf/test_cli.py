@@ -104,7 +104,7 @@ def test_the_literal_command_takes_our_flags_and_gives_lossless_engines_our_prop
     command module's `create_vllm_engines` is our stand-in around OpenRLHF's; a rule on the request path (`spec`,
     whose lenience the same parser reads) leaves it alone. The command says each engine's size, vLLM's defaults here,
     and warns that 128 rows x (1 + 16) draft tokens are over their 2,048-token budget."""
-    from specrl_openrlhf.integration.vllm.engine_args import PROPOSER
+    from specrl_openrlhf.policies.builtin import HISTORY_PROPOSER as PROPOSER
 
     args = port_to_0112(EXAMPLES["train_dapo_ray_hybrid_engine"], "")
     literal = run_openrlhf(args + ["--rollout_reuse", "lossless", "--reuse.dry_run"])
@@ -274,6 +274,71 @@ def test_help_lists_openrlhfs_and_our_flags():
 
 
 BASE = ["--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.remote_url", "r.py"]
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.parametrize("eager", [False, True])
+def test_the_command_names_the_engine_the_installed_vllm_runs_and_its_engines_get_it(eager):
+    """The start-up line names the path the installed vLLM takes, and the engines' arguments follow it: vLLM <= 0.33,
+    our V1 `custom_class` proposer; vLLM 0.34, our V2 speculator with adaptive verification, off under
+    `--vllm.enforce_eager` (no CUDA graphs). scripts/test_vllm034.sh runs it under vLLM 0.33's and 0.34's modules."""
+    from specrl_openrlhf.integration.vllm import versions
+    from specrl_openrlhf.policies.builtin import HISTORY_SPECULATOR
+
+    version = versions.installed()
+    result = run_in_process(
+        BASE + ["--rollout_reuse", "lossless", "--reuse.dry_run"] + ["--vllm.enforce_eager"] * eager
+    )
+    extra = resolved(result)["engines"]["engine_kwargs"]
+    config = extra["speculative_config"]
+    assert "enforce_eager" not in extra  # OpenRLHF's own argument: ours are what the dry run shows
+    if versions.runner_of(version) == "v1":
+        line = f"[specrl-openrlhf] lossless: vLLM {version}, V1 custom_class proposer, host paid serially"
+        assert line in result.stderr and config["method"] == "custom_class"
+        return
+    adaptive = "off (--vllm.enforce_eager: no CUDA graphs)" if eager else "on"
+    line = f"lossless: vLLM {version}, V2 speculator {HISTORY_SPECULATOR}, adaptive verification {adaptive}"
+    assert f"[specrl-openrlhf] {line}" in result.stderr
+    assert config["method"] == HISTORY_SPECULATOR and config["enable_adaptive_verification"] is not eager
+    assert set(config["speculator_options"]) == {"history_mb", "min_match", "shared", "lookup"}
+
+
+# a setting the other runner's vLLM cannot run: the V2 runner's on vLLM <= 0.33, the V1 runner's on vLLM 0.34
+SUFFIX = ["--rollout_reuse", "suffix", "--reuse.params"]
+CANNOT_RUN = {
+    "v1": [
+        (SUFFIX + ['{"speculative_config": {"method": "suffix", "suffix_decoding_corpus_tokens": 4096}}'], "0.34's"),
+        (SUFFIX + ['{"speculative_config": {"method": "suffix", "enable_adaptive_verification": true}}'], "0.34's"),
+    ],
+    "v2": [
+        (
+            ["--rollout_reuse", "vllm", "--reuse.params", '{"speculative_config": {"method": "custom_class"}}'],
+            "'custom_class' is the V1 runner's, which vLLM 0.34",
+        ),
+        (SUFFIX + ['{"speculative_config": {"method": "suffix", "suffix_decoding_min_token_prob": 0.2}}'], "V1 suff"),
+        (
+            SUFFIX
+            + ['{"speculative_config": {"method": "suffix", "enable_adaptive_verification": true}}']
+            + ["--vllm.enforce_eager"],
+            "which --vllm.enforce_eager: no CUDA graphs rules out",
+        ),
+    ],
+}
+
+
+@pytest.mark.vllm_wheel
+@pytest.mark.parametrize("case", range(3))
+def test_a_setting_the_installed_vllm_cannot_run_is_a_usage_error_before_ray(case):
+    from specrl_openrlhf.integration.vllm import versions
+
+    cases = CANNOT_RUN[versions.runner_of(versions.installed())]
+    if case >= len(cases):
+        pytest.skip("fewer cases for this runner")
+    args, message = cases[case]
+    result = run_in_process(BASE + args + ["--reuse.dry_run"])
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[-2].startswith("usage: ") and message in lines[-1], result.stderr
+    assert "Started a local Ray instance" not in result.stderr
 
 
 @pytest.mark.slow  # a longer variant: the module's other error tests run the same parser in-process

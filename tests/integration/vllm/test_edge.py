@@ -1,5 +1,6 @@
 """The vLLM edge (`integration.vllm.edge`): our requests' SamplingParams, and vLLM's answers parsed into the core's
-types, on made-up answers and on the session's engine."""
+types, on made-up answers and on the session's engine. Those marked vllm_wheel run again under vLLM 0.33's and 0.34's
+own SamplingParams (scripts/test_vllm034.sh)."""
 
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from specrl_openrlhf.integration.vllm import edge  # noqa: E402
 from specrl_openrlhf.integration.vllm.edge import continuation_params, scoring_answer, scoring_params  # noqa: E402
 
 
+@pytest.mark.vllm_wheel
 def test_the_edge_never_reads_what_vllm_left_in_positions_the_cache_served():
     """`scoring_answer` parses vLLM's prompt log-probs for the core: entries of positions the prefix cache served hold
     whatever vLLM left there (here a token that is not the draft's); they stay NaN, and so does a token the engine gave
@@ -63,6 +65,7 @@ def test_prompt_logprobs_read_from_the_prefix_cache_match_uncached_ones(async_en
     assert computed == reference[tuple(second)][out.num_cached_tokens : len(second) - 1]
 
 
+@pytest.mark.vllm_wheel
 def test_continuations_leave_detokenizing_to_the_caller_unless_stop_strings_need_it():
     """Decoding every top-k token of every position cost `lossless` more than its log-probs (docs/benchmarks.md)."""
     plain = continuation_params(SamplingParams(max_tokens=64, logprobs=0), 40, 24, top_k=20)
@@ -71,6 +74,7 @@ def test_continuations_leave_detokenizing_to_the_caller_unless_stop_strings_need
     assert with_stop.detokenize is True and with_stop.stop == ["\n\n"]
 
 
+@pytest.mark.vllm_wheel
 def test_our_requests_are_read_once_they_finish():
     """A streamed (CUMULATIVE) output copies every token so far at each step; we read only the final one."""
     user = SamplingParams(max_tokens=64, logprobs=0)
@@ -79,3 +83,18 @@ def test_our_requests_are_read_once_they_finish():
     assert user.output_kind == RequestOutputKind.CUMULATIVE  # the caller's params are left alone
     request = ScoringRequest([1, 2, 3], 0, 2, True, (4,))
     assert scoring_params(request).output_kind == RequestOutputKind.FINAL_ONLY
+
+
+@pytest.mark.vllm_wheel
+def test_our_exclusions_travel_in_params_vllm_takes_and_our_processor_validates():
+    from specrl_openrlhf.integration.vllm.exclude import EXCLUDE_FIRST_TOKEN, ExcludeFirstToken
+
+    user = SamplingParams(max_tokens=64, extra_args={"user": 1})
+    own = continuation_params(user, 40, 24, excluded=(5, 7))
+    assert own.extra_args == {"user": 1, EXCLUDE_FIRST_TOKEN: [5, 7]} and user.extra_args == {"user": 1}
+    biased = edge.excluding_params(user, 24, (5, 7))
+    assert biased.max_tokens == 1 and biased.logit_bias == {5: edge.EXCLUDING_BIAS, 7: edge.EXCLUDING_BIAS}
+    probe = edge.exclusion_probe_params(5)
+    for params in (own, biased, probe):
+        ExcludeFirstToken.validate_params(params)
+    assert probe.extra_args == {EXCLUDE_FIRST_TOKEN: [5]} and probe.logprob_token_ids == [5]

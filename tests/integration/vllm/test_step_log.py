@@ -35,6 +35,23 @@ def test_a_step_is_recorded_with_its_rows_tokens_and_drafts():
     assert steps.drafted.tolist() == [0, 5] and steps.accepted.tolist() == [0, 3] and len(log.take()) == 0
 
 
+@pytest.mark.vllm_wheel
+def test_the_installed_vllm_loads_it_and_it_reads_vllms_own_stats():
+    """vLLM's own stat-logger loader (every vLLM we support, 0.33's and 0.34's modules under
+    scripts/test_vllm034.sh) builds it; it records vLLM's own `SchedulerStats` of a step."""
+    from vllm.v1.metrics.loggers import load_stat_logger_plugin_factories
+    from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    assert StepLog in load_stat_logger_plugin_factories()
+    log = StepLog(config(details=True))
+    details = SchedulerIterationDetails(0, 1, 30, 2, 9, 1.0)
+    drafts = SpecDecodingStats(num_spec_tokens=4, num_drafts=2, num_draft_tokens=7, num_accepted_tokens=5)
+    log.record(SchedulerStats(iteration_details=details, spec_decoding_stats=drafts), None)
+    steps = log.take()
+    assert steps.rows.tolist() == [3] and steps.drafted.tolist() == [7] and steps.accepted.tolist() == [5]
+
+
 def test_without_iteration_details_nothing_is_recorded():
     log = StepLog(config(details=False))
     log.record(stats(0, 0, 4, 4), None)

@@ -1,10 +1,14 @@
 """`HistorySpeculatorConfig`: what vLLM >= 0.34 reads of our speculator (its `SpeculatorConfig`), by the qualified name
-`registration` gives its registry. vLLM 0.34 only: it subclasses vLLM's class, so it imports vLLM's module.
+`registration` gives its registry. It subclasses vLLM 0.34's class; on vLLM <= 0.33, which has none, the module still
+imports (every module of the package does, on every vLLM) and nothing registers it.
 """
 
 from __future__ import annotations
 
-from vllm.v1.worker.gpu.spec_decode.speculator_config import SpeculatorConfig
+try:
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import SpeculatorConfig
+except ImportError:  # vLLM <= 0.33: no V2 speculators
+    SpeculatorConfig = object
 
 SPECULATOR_CLASS = "specrl_openrlhf.integration.vllm.v2.speculator.HistorySpeculator"
 

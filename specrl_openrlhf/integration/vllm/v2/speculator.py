@@ -3,8 +3,8 @@ in each worker, with the request state), a thin adapter of vLLM's `BaseSpeculato
 
 Nothing here may stop an engine: a drafter that cannot be built, or fails at a call, logs once, and from then on
 every slot drafts the row's last token with confidence 0 (adaptive verification admits none of them; without it each
-is verified and almost always rejected: exact, only slower), and the rollout hears "no proposer" and says so. vLLM
-0.34 only: it subclasses vLLM's class.
+is verified and almost always rejected: exact, only slower), and the rollout hears "no proposer" and says so. It
+subclasses vLLM 0.34's class; on vLLM <= 0.33 the module imports and nothing builds it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from __future__ import annotations
 import logging
 
 import torch
-from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+
+try:
+    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+except ImportError:  # vLLM <= 0.33: no V2 speculators
+    BaseSpeculator = object
 
 from .drafter import DrafterSettings, HistoryDrafter
 

@@ -9,7 +9,7 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-import vllm.v1.sample.rejection_sampler as rejection_sampler  # noqa: E402
+rejection_sampler = pytest.importorskip("vllm.v1.sample.rejection_sampler")  # vLLM <= 0.33: the V1 sampler
 
 from specrl_openrlhf.integration.vllm.v1 import sampler_fix  # noqa: E402
 

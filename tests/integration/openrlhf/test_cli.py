@@ -159,6 +159,26 @@ def test_the_literal_command_passes_our_engine_size_to_every_engine_and_warns_on
     assert "max_num_batched_tokens" not in plan["openrlhf_args"]["vllm"]  # ours, not OpenRLHF's
 
 
+def test_the_literal_command_dry_runs_with_async_training_and_partial_rollouts():
+    """OpenRLHF's async training with partial rollouts (`--train.async_enable --train.partial_rollout_enable`: its
+    engines are paused with `pause_generation(mode="keep")` around every weight update) on OpenRLHF's own command, with
+    `lossless` (its engines keep our proposer, which drafts on for the requests resumed after each update:
+    tests/integration/vllm/v1/test_proposer.py) and with `spec` at lenience 1.65 (the request path, whose kept prefix
+    may have been verified against the weights before an update: docs/usage.md, "Async training and partial
+    rollouts")."""
+    from specrl_openrlhf.integration.vllm.engine_args import PROPOSER
+
+    args = BASE + ["--train.async_enable", "--train.partial_rollout_enable", "--reuse.dry_run"]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two processes side by side: each mostly imports
+        lossless, spec = pool.map(run_openrlhf, [args + ["--rollout_reuse", "lossless"], args + OURS])
+    for result, policy in ((lossless, "lossless(draft='tree'"), (spec, "spec(lenience=1.65)")):
+        plan = resolved(result)
+        train = plan["openrlhf_args"]["train"]
+        assert plan["policy"].startswith(policy) and train["async_enable"] and train["partial_rollout_enable"]
+    assert resolved(lossless)["engines"]["engine_kwargs"]["speculative_config"]["model"] == PROPOSER
+    assert resolved(spec)["engines"]["engine_kwargs"] == {}
+
+
 @pytest.mark.parametrize(
     "args, warned",
     [

@@ -104,10 +104,13 @@ class HistoryBoard:
         if self.arena.nbytes > self.params.history_mb * (1 << 20):
             self.rebuild(live)
 
-    def find(self, tokens: np.ndarray, num_tokens: int, new: int) -> tuple[Slot | None, int]:
-        """The slot of the row holding `tokens[:num_tokens]`, which just sampled `new` tokens, and its prompt's
-        length: first the length a fresh row has (everything before its first sampled token), then every length
-        registered (a row resumed after a preemption); a fresh row whose prompt has none gets an empty slot."""
+    def find(self, tokens: np.ndarray, num_tokens: int, new: int) -> tuple[Slot | None, int, int]:
+        """The slot of the row holding `tokens[:num_tokens]`, which just sampled `new` tokens, its prompt's length, and
+        where its tokens not in the slot yet start. First the length a fresh row has (everything before its first
+        sampled token), then every length registered: a request resumed after a preemption (vLLM's
+        `pause_generation(mode="keep")` preempts every running one), whose response before this step its row
+        inserted before it left (`Slot.in_flight`), adds only what it sampled since. A fresh row whose prompt has none
+        gets an empty slot."""
         guess = num_tokens - new
         for length in itertools.chain((guess,), self._other_lengths(guess)):  # the others only if the guess fails
             if 0 < length < num_tokens:
@@ -115,10 +118,11 @@ class HistoryBoard:
                 slot = self.slots.get(key)
                 if slot is not None:
                     self.slots.move_to_end(key)
-                    return slot, length
+                    resumed = guess > length and token_hash(tokens[length:guess]) in slot.in_flight
+                    return slot, length, guess if resumed else length
         if new != 1 or guess <= 0:
-            return None, 0
-        return self._create(prompt_key(tokens[:guess]), np.asarray(tokens[:guess], np.int32), guess), guess
+            return None, 0, 0
+        return self._create(prompt_key(tokens[:guess]), np.asarray(tokens[:guess], np.int32), guess), guess, guess
 
     def _other_lengths(self, guess: int):
         yield from sorted((n for n, c in self.lengths.items() if c > 0 and n != guess), reverse=True)

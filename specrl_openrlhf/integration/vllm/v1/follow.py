@@ -82,6 +82,7 @@ class Arrivals(NamedTuple):
     indices: np.ndarray  # [n] int64, the rows
     roots: np.ndarray  # [n] int64, their slot's root node
     slots: np.ndarray  # [n] int64, their slot (NONE: their prompt has none)
+    inserted: np.ndarray  # [n] int64, where their tokens not yet in the slot start (past the prompt; or resumed)
     num_tokens: np.ndarray  # [rows] int32, vLLM's tokens per row
     token_ids: np.ndarray  # [rows, max_len] int32, vLLM's tokens of each row
 
@@ -173,7 +174,8 @@ def follow(arena: ArenaArrays, size, step: Sampled, rows: RowArrays, settings: S
             a += 1
         if d > 0:  # the verdicts: slots accepted up to the first token the row did not take, that one rejected
             out.accepted[r] = a
-            for j in range(min(d, a + 1)):
+            # a row that sampled no token of its own had no slot verified past them (a draft a preemption dropped)
+            for j in range(min(d, a + 1 if a < new else a)):
                 t = judged[0]
                 out.judged_bucket[t], out.judged_predicted[t] = out.cand_bucket[r, j], out.cand_accept[r, j]
                 out.judged_hit[t] = j < a
@@ -211,9 +213,21 @@ def survey(seen, drafted, new, num_tokens, n):
 
 
 @njit(cache=True)
+def descend(nodes, node, tokens, start, stop):
+    """The deepest node that the path tokens[start:stop] below `node` reaches in the arena, and where it stops."""
+    for i in range(start, stop):
+        c = child_of(nodes, node, tokens[i])
+        if c == NONE:
+            return node, i
+        node = c
+    return node, stop
+
+
+@njit(cache=True)
 def anchor(arena: ArenaArrays, size, arrivals: Arrivals, rows: RowArrays, settings: Settings, out: RowOutputs):
     """Rows new to the proposer (`arrivals`; `rows.prompt_len` set): their response so far becomes a path of their
-    slot, and they propose from it. Returns the arena's new size."""
+    slot, and they propose from it. A request resumed after a preemption inserted its response up to
+    `arrivals.inserted` before it left: that part is walked, not counted again. Returns the arena's new size."""
     token_ids = arrivals.token_ids
     for i in range(len(arrivals.indices)):
         r, slot = arrivals.indices[i], arrivals.slots[i]
@@ -226,8 +240,9 @@ def anchor(arena: ArenaArrays, size, arrivals: Arrivals, rows: RowArrays, settin
             continue
         p = rows.prompt_len[r]
         m = settings.min_match
+        node, start = descend(arena.nodes, arrivals.roots[i], token_ids[r], p, arrivals.inserted[i])
         rows.own[r], size = insert(
-            arena.nodes, arena.gram, arena.head, size, arrivals.roots[i], token_ids[r], p, n, slot * 2, m
+            arena.nodes, arena.gram, arena.head, size, node, token_ids[r], start, n, slot * 2, m
         )
         rows.hash[r] = sequence_hash(0, token_ids[r], p, n)
         propose(arena, rows, settings, out, r, token_ids[r], n)
@@ -244,7 +259,7 @@ def warm_up(k: int, max_len: int) -> None:
     table = np.full(int(np.prod(budget.SHAPE)), 0.5)
     settings = Settings(2, k, max_len, True, table, -1.0)
     arena.reserve(16)
-    arrivals = Arrivals(index, roots, index * 0, num_tokens, token_ids)
+    arrivals = Arrivals(index, roots, index * 0, index * 0 + 2, num_tokens, token_ids)
     arena.size = anchor(arena.arrays, arena.size, arrivals, state.kernel_args(), settings, state.outputs)
     token_ids[:, 6], num_tokens[:] = 11, 7
     step = Sampled(index, np.ones(2, np.int32), num_tokens, token_ids)

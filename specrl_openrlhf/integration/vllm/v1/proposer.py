@@ -127,6 +127,7 @@ class HistoryProposer:
             followed = np.flatnonzero(state.seen[: self.followed] > 0)
             board.drain(set(state.slot[followed].tolist()), set(state.hash[followed].tolist()))
         new = np.fromiter(map(len, sampled), np.int32, rows)  # the one pass over vLLM's lists: counts, not tokens
+        idle = np.flatnonzero((new == 0) & (state.seen[:rows] > 0)) if not new.all() else new[:0]  # left: `_leave`
         decode, given, produced, before = survey(state.seen, state.drafted, new, num_tokens, rows)
         if self.last_call is not None and decode:
             self._observe(now - self.last_call, rows, rows + given, produced, before)
@@ -144,8 +145,8 @@ class HistoryProposer:
         step = Sampled(state.index[:rows], new, num_tokens, token_ids)
         arena.size = follow(arena.arrays, arena.size, step, at, settings, out)
         unknown = np.flatnonzero(state.status[:rows] == NEW)
-        if len(unknown) or self.followed > rows:
-            self._leave(rows, unknown)
+        if len(unknown) or len(idle) or self.followed > rows:
+            self._leave(rows, unknown, idle)
         if len(unknown):
             moved = state.moved(unknown, range(rows, self.followed), num_tokens[:rows] - new, token_ids)
             if len(moved):  # their drafts are judged where they went
@@ -178,27 +179,28 @@ class HistoryProposer:
         self.asleep = 0  # a tail: where drafting may pay again
         return True
 
-    def _leave(self, rows: int, new: np.ndarray) -> None:
-        """Requests no longer followed where they were (finished, or moved): their responses were inserted in flight,
-        so the same response registered later is skipped (`Slot.in_flight`)."""
+    def _leave(self, rows: int, new: np.ndarray, idle: np.ndarray) -> None:
+        """Requests no longer followed where they were (finished, moved or preempted: their row is past the batch or
+        holds another request, `new` or in prefill, `idle`): their responses were inserted in flight, so the same
+        response registered later, or the request resumed (`HistoryBoard.find`), is not counted again."""
         state, by_id = self.rows, boards.BOARD.by_id
         gone = np.concatenate([new, state.index[rows : self.followed]])
-        for r in gone[state.seen[gone] > 0].tolist():
+        for r in np.concatenate([gone[state.seen[gone] > 0], idle]).tolist():
             slot = by_id.get(int(state.slot[r]))
             if slot is not None:
                 slot.in_flight.add(int(state.hash[r]))
 
     def _anchor(self, fresh, lengths, num_tokens, token_ids, settings: Settings) -> None:
-        """Requests new to their rows: their prompt's slot (found by digest), their response so far a path of it."""
+        """Requests new to their rows: their prompt's slot (`HistoryBoard.find`), their response so far its path."""
         board, state = boards.BOARD, self.rows
-        roots, slots = np.full(len(fresh), NONE, np.int64), np.full(len(fresh), NONE, np.int64)
+        roots, slots, inserted = (np.full(len(fresh), NONE, np.int64) for _ in range(3))
         for i, r in enumerate(fresh.tolist()):
-            slot, prompt_len = board.find(token_ids[r], int(num_tokens[r]), int(lengths[r]))
+            slot, prompt_len, inserted[i] = board.find(token_ids[r], int(num_tokens[r]), int(lengths[r]))
             if slot is not None:
                 roots[i], slots[i], state.prompt_len[r] = slot.root, slot.id, prompt_len
         arena = board.arena
         arena.reserve(int(num_tokens[fresh].sum()))
-        arrivals = Arrivals(fresh, roots, slots, num_tokens, token_ids)
+        arrivals = Arrivals(fresh, roots, slots, inserted, num_tokens, token_ids)
         arena.size = anchor(arena.arrays, arena.size, arrivals, state.kernel_args(), settings, state.outputs)
 
     def _verdicts(self) -> None:

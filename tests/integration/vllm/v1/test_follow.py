@@ -34,7 +34,7 @@ def test_follow_tells_followed_rows_from_new_requests_and_judges_drafts():
     state.prompt_len[:2] = 2
     settings = Settings(2, 4, 64, True, np.full(int(np.prod(budget.SHAPE)), 0.5), -1.0)
     index = np.arange(2, dtype=np.int64)
-    arrivals = Arrivals(index, np.array([root] * 2), index * 0, num, tokens)
+    arrivals = Arrivals(index, np.array([root] * 2), index * 0, index * 0 + 2, num, tokens)
     arena.size = anchor(arena.arrays, arena.size, arrivals, state.kernel_args(), settings, out)
     assert out.cand[0, :3].tolist() == [11, 12, 13] and out.length[0] == 3  # anchored in the history
     assert out.cand_accept[0, :3].tolist() == [0.5] * 3

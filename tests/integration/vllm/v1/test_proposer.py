@@ -7,6 +7,8 @@ proposed first), re-entering after rejections."""
 
 import asyncio
 import json
+import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from specrl_openrlhf.integration.vllm import histories, plugin
 from specrl_openrlhf.integration.vllm.histories import params_message
 from specrl_openrlhf.integration.vllm.v1 import board as boards
 from specrl_openrlhf.integration.vllm.v1 import cpu_fix
+from specrl_openrlhf.integration.vllm.v1.arena import BELOW, NONE, PARENT, TOKEN, child_of
 from specrl_openrlhf.integration.vllm.v1.board import HistoryBoard
 from specrl_openrlhf.integration.vllm.v1.proposer import IDLE_STEPS, SLEEP_STEPS, HistoryProposer
 from specrl_openrlhf.policies.builtin import LosslessParams
@@ -139,6 +142,7 @@ def test_rows_follow_their_request_across_row_moves_and_finished_requests(board)
     first, second = [1, 5, 5, 5], [1, 6, 6, 6, 6]
     board.update(prompt_key(first), 4, True, rule(min_match=4, budget="static"), [[30, 31, 32, 33]], [None])
     board.update(prompt_key(second), 5, True, rule(min_match=4, budget="static"), [[40, 41, 42, 43]], [None])
+    board.drain(set(), seconds=60.0)  # both now (a step inserts 2 ms of updates: on a busy machine, maybe one)
     proposer, batch = HistoryProposer(Config(k=2)), Batch()
     batch.put(0, first + [30])
     batch.put(1, second + [40])
@@ -200,6 +204,43 @@ def test_a_resumed_row_is_found_at_its_prompt_length(board):
     proposer, batch = HistoryProposer(Config(k=2)), Batch()
     batch.put(2, prompt + [70, 71, 72])
     assert step(proposer, batch, [[], [], [72]]) == [[], [], [73, 74]]
+
+
+def test_requests_resumed_after_a_pause_draft_on_in_their_slot_and_are_not_counted_twice(board):
+    """vLLM's `pause_generation(mode="keep")` (OpenRLHF's partial rollouts, around a weight update) preempts every
+    running request and drops the drafts it was given; on resume each comes back with its response so far, in
+    whatever row the batch gives it, and samples one token of its own once its prefill is done. Each drafts on from
+    where it stands in its own prompt's slot; what it inserted before it left is not counted again (the slots' roots
+    count each response once); and a draft it was given before the pause is judged only by what it shows (the token
+    sampled after the prefill took the draft's first: one slot kept, none rejected)."""
+    a, b = [1, 5, 5, 5], [1, 6, 6, 6, 6]
+    board.update(prompt_key(a), 4, True, rule(min_match=4, budget="static"), [[30, 31, 32, 33, 34, 35]], [None])
+    board.update(prompt_key(b), 5, True, rule(min_match=4, budget="static"), [[40, 41, 42, 43, 44, 45]], [None])
+    board.drain(set(), seconds=60.0)  # both now (a step inserts 2 ms of updates: on a busy machine, maybe one)
+    proposer, batch = HistoryProposer(Config(k=2)), Batch(rows=3)
+    for row, tokens in enumerate((a + [30], b + [40], a + [30])):
+        batch.put(row, tokens)
+    assert step(proposer, batch, [[30], [40], [30]]) == [[31, 32], [41, 42], [31, 32]]
+    for row, tokens in enumerate(([31, 32], [41, 42], [31, 99])):
+        batch.extend(row, tokens)
+    assert step(proposer, batch, [[31, 32], [41, 42], [31, 99]]) == [[33, 34], [43, 44], []]
+    # paused, weights updated, resumed: a's first request back in row 0, the second in row 1 (still in prefill:
+    # nothing sampled), b's in row 2
+    batch.put(0, a + [30, 31, 32, 33])
+    batch.put(1, a + [30, 31, 99])
+    batch.put(2, b + [40, 41, 42, 43])
+    judged = proposer.acceptance.total.copy()
+    assert step(proposer, batch, [[33], [], [43]]) == [[34, 35], [], [44, 45]]
+    assert proposer.acceptance.total - judged == pytest.approx([1, 1], rel=1e-2)
+    sampled = [[34, 35, 9], [7], [44, 45, 9]]  # a's first and b's kept their drafts; a's second sampled its first
+    for row, tokens in enumerate(sampled):
+        batch.extend(row, tokens)
+    judged = proposer.acceptance.total.copy()
+    assert step(proposer, batch, sampled)[1] == []  # a's second left the history at 99: nothing to draft
+    assert proposer.acceptance.total - judged == pytest.approx([4, 4], rel=1e-2)
+    roots = {name: board.slots[prompt_key(p)].root for name, p in (("a", a), ("b", b))}
+    # the previous response and the visit's requests, each once
+    assert {name: int(board.arena.nodes[root, BELOW]) for name, root in roots.items()} == {"a": 3, "b": 2}
 
 
 def test_a_broken_proposer_never_stops_the_engine(board, caplog):
@@ -465,6 +506,183 @@ def test_without_the_cpu_fix_verification_keeps_drafts_too_often(verifying_engin
     assert chi2_detects(np.bincount([t[1] for t in tokens if t[0] == a], minlength=128), second)
     tokens, _ = sample(verifying_engine, prompt, 3000, 1.0, max_tokens=2)
     assert chi2_passes(np.bincount([t[1] for t in tokens if t[0] == a], minlength=128), second)
+
+
+def slot_paths(worker, key, responses=()) -> tuple[int, list[int]]:
+    """Run in the engine by `collective_rpc`: the responses the prompt's slot counts (the paths from its root), and
+    how far each of `responses` goes down its paths."""
+    slot, nodes = boards.BOARD.slots[bytes(key)], boards.BOARD.arena.nodes
+    reached = []
+    for response in responses:
+        node, depth = slot.root, 0
+        while depth < len(response) and (node := child_of(nodes, node, response[depth])) != NONE:
+            depth += 1
+        reached.append(depth)
+    return int(nodes[slot.root, BELOW]), reached
+
+
+class DraftRecorder:
+    """In the engine, around the proposer's `propose` (`record_drafts`): per request (vLLM's id), the draft tokens it
+    was given and those it kept, and the steps at which the proposer followed a row outside its request's prompt's
+    slot or off its response so far (`misplaced`)."""
+
+    def __init__(self, runner):
+        self.runner, self.propose = runner, runner.drafter.propose
+        self.given, self.drafted, self.kept, self.misplaced = {}, Counter(), Counter(), 0
+        self.paths = None  # at the first step: the paths each prompt's slot counts (by the digest's hex)
+
+    def __call__(self, sampled, num_tokens, token_ids, **kwargs):
+        drafts = self.propose(sampled, num_tokens, token_ids, **kwargs)
+        board = boards.BOARD
+        if self.paths is None:
+            self.paths = {key.hex(): int(board.arena.nodes[slot.root, BELOW]) for key, slot in board.slots.items()}
+        for row, (request, new, draft) in enumerate(zip(self.runner.input_batch.req_ids, sampled, drafts)):
+            if self.given.pop(request, 0) and new:
+                self.kept[request] += len(new) - 1  # a verification step: the drafts kept and one token of its own
+            if draft:
+                self.drafted[request], self.given[request] = self.drafted[request] + len(draft), len(draft)
+            self.misplaced += not self.in_place(row, request, token_ids)
+        return drafts
+
+    def in_place(self, row: int, request: str, token_ids) -> bool:
+        rows, board, seen = self.runner.drafter.rows, boards.BOARD, int(self.runner.drafter.rows.seen[row])
+        if seen == 0:  # not followed (in prefill)
+            return True
+        prompt = self.runner.requests[request].prompt_token_ids
+        slot = board.slots.get(prompt_key(prompt))
+        if slot is None or slot.id != rows.slot[row] or rows.prompt_len[row] != len(prompt):
+            return False
+        nodes, node, path = board.arena.nodes, int(rows.own[row]), []
+        while node != slot.root and len(path) < seen:
+            path.append(int(nodes[node, TOKEN]))
+            node = int(nodes[node, PARENT])
+        return path[::-1] == token_ids[row, len(prompt) : seen].tolist()
+
+
+def record_drafts(worker, start: bool) -> dict:
+    """Run in the engine by `collective_rpc`: put a `DraftRecorder` around the proposer, or take it away and answer
+    what it recorded."""
+    drafter = worker.model_runner.drafter
+    if start:
+        drafter.propose = DraftRecorder(worker.model_runner)
+        return {}
+    recorder = drafter.__dict__.pop("propose")
+    return {
+        "drafted": dict(recorder.drafted),
+        "kept": dict(recorder.kept),
+        "misplaced": recorder.misplaced,
+        "paths": recorder.paths,
+    }
+
+
+@pytest.mark.engine
+def test_lossless_drafts_on_for_requests_kept_through_a_pause_and_a_weight_update(
+    verifying_engine, tiny_model_dir, tmp_path
+):
+    """OpenRLHF's partial rollouts (`--train.partial_rollout_enable`) pause its engines around each weight update
+    with `pause_generation(mode="keep")`: every running request is preempted (its KV cache dropped) and, on resume,
+    prefilled again with its response so far, in the rows of the batch in priority order (not where it was: shorter
+    requests finished before the pause, and vLLM moved the last rows into their holes). A `lossless` visit with a
+    history, paused mid-rollout while the weights change: every sample comes back whole, its tokens before the pause
+    a prefix of it, each token's log-prob that of the weights it was sampled under; after the resume every request
+    was given drafts and some were kept, the proposer following each in its own prompt's slot along its own response;
+    the resumed requests were not counted again in their prompts' histories, which hold every response whole; the
+    draft store holds them for the next visit."""
+    import uuid
+
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from specrl_openrlhf.integration.rollout.generator import (
+        AsyncSpeculativeGenerator,
+        LocalDraftStore,
+        gather_samples,
+    )
+    from specrl_openrlhf.miniature.weights import perturbed_state_dict, reload_async_engine, write_weights
+    from tests.helpers import PROMPTS
+
+    engine, runner = verifying_engine
+    prompts, n, length, temperature = PROMPTS[:2], 4, 96, 0.3
+    streamed, finals, paths = {}, {}, {}  # request id -> its tokens so far; its prompt and final output; paused slots
+
+    async def generate(prompt, params, priority=0):  # the engine's own, each step's tokens streamed
+        request_id, final, params = uuid.uuid4().hex, None, params.clone()
+        params.output_kind = RequestOutputKind.CUMULATIVE
+        watched = prompt in prompts  # (not the short requests)
+        async for final in engine.generate(
+            TokensPrompt(prompt_token_ids=prompt), params, request_id=request_id, priority=priority
+        ):
+            if watched:
+                streamed[request_id] = list(final.outputs[0].token_ids)
+        if watched:
+            finals[request_id] = (prompt, final.outputs[0])
+        return final
+
+    policy = sr.make("lossless", num_speculative_tokens=4, budget="static", min_accept_prob=0.0)
+    gen = AsyncSpeculativeGenerator(
+        generate, policy, LocalDraftStore(), samples_per_visit=n, prioritize=True, rpc=engine.collective_rpc
+    )
+    sampling = vllm.SamplingParams(n=n, max_tokens=length, temperature=temperature, ignore_eos=True, logprobs=4)
+    runner.run(gather_samples(gen, prompts, sampling))  # the first visit: the second one's history
+    streamed.clear()
+    finals.clear()
+    newer = write_weights(perturbed_state_dict(tiny_model_dir, 0.1, 1), tmp_path / "newer.safetensors")
+
+    async def visit_with_an_update():
+        visit = asyncio.ensure_future(gather_samples(gen, prompts, sampling))
+        short = vllm.SamplingParams(n=n, max_tokens=8, temperature=temperature, ignore_eos=True)
+        await gather_samples(gen, PROMPTS[2:3], short)  # done before the pause: vLLM fills its rows' holes
+        while len(streamed) < n * len(prompts) or max(map(len, streamed.values())) < 32:
+            await asyncio.sleep(0.002)
+        await engine.pause_generation(mode="keep")  # as OpenRLHF's RolloutRayActor.pause_generation
+        await asyncio.sleep(0.1)  # the last step's tokens reach their requests
+        paused = {request_id: list(tokens) for request_id, tokens in streamed.items()}
+        await reload_async_engine(engine, newer)  # the weights and the prefix cache, as OpenRLHF's broadcast
+        for prompt in prompts:
+            [(paths[prompt_key(prompt).hex()], _)] = await engine.collective_rpc(
+                slot_paths, args=(prompt_key(prompt),)
+            )
+        await engine.collective_rpc(record_drafts, args=(True,))
+        await engine.resume_generation()
+        batch = await visit
+        return batch, paused, (await engine.collective_rpc(record_drafts, args=(False,)))[0]
+
+    def law(prompt, tokens, k):  # the law of token k given those before it, at the sampling temperature
+        return probs(verifying_engine, list(prompt) + tokens[:k], temperature)
+
+    samples = []  # two requests: the last token before the pause and the first after it, as reported and as now
+    try:
+        batch, paused, after = runner.run(visit_with_an_update())
+        for request_id, (prompt, output) in list(finals.items())[:2]:
+            tokens, k = list(output.token_ids), len(paused[request_id])
+            reported = [{t: math.exp(lp.logprob) for t, lp in output.logprobs[i].items()} for i in (k - 1, k)]
+            samples.append((prompt, tokens, k, reported, [law(prompt, tokens, i) for i in (k - 1, k)]))
+    finally:
+        runner.run(engine.resume_generation())
+        original = write_weights(perturbed_state_dict(tiny_model_dir, 0.0, 0), tmp_path / "original.safetensors")
+        runner.run(reload_async_engine(engine, original))
+    outputs = [output for _, output in finals.values()]
+    assert len(outputs) == n * len(prompts) and all(len(o.token_ids) == length for o in outputs)
+    assert sorted(tuple(o.token_ids) for row in batch.outputs for o in row) == sorted(
+        tuple(o.token_ids) for o in outputs
+    )
+    assert all(0 < len(paused[r]) < length and streamed[r][: len(paused[r])] == paused[r] for r in finals)
+    drafted, kept = ({r.rsplit("-", 1)[0]: v for r, v in after[name].items()} for name in ("drafted", "kept"))
+    print("PARTIAL", {r[:6]: (len(paused[r]), drafted.get(r, 0), kept.get(r, 0)) for r in finals}, after, paths)
+    assert all(drafted.get(r, 0) > 0 for r in finals) and sum(kept.values()) > 0, after
+    assert after["misplaced"] == 0
+    assert {key: after["paths"][key] for key in paths} == paths  # the resumed requests were not counted again
+    for prompt, row in zip(prompts, batch.outputs):
+        responses = [list(o.token_ids) for o in row]
+        [(_, reached)] = runner.run(engine.collective_rpc(slot_paths, args=(prompt_key(prompt), responses)))
+        assert reached == [length] * n  # every response whole in its prompt's slot
+        stored = {tuple(d.token_ids) for d in gen.store.cache.drafts(prompt_key(prompt))}
+        assert stored >= {tuple(r) for r in responses}
+    for prompt, tokens, k, reported, new in samples:  # before the pause the old weights' law, after it the new's
+        old = law(prompt, tokens, k - 1)
+        assert all(p == pytest.approx(old[t], rel=1e-3) for t, p in reported[0].items())
+        assert all(p == pytest.approx(new[1][t], rel=1e-3) for t, p in reported[1].items())
+        assert any(old[t] != pytest.approx(new[0][t], rel=1e-2) for t in reported[0])  # (the weights differ there)
 
 
 # ---- the budget in the proposer, without an engine ----------------------------------------------------------------

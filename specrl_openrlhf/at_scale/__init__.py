@@ -4,6 +4,10 @@ corpus in a named regime, and priced where RL runs: a named GPU and model, every
 - `cli`: the command line, its flags and its report;
 - `rules`: the rules `--rules` names, in the config's spelling, each routed by what its policy says of itself;
 - `run`: the rules run and priced, projected against stock, the fastest picked;
+- `spacing`: the rules at each spacing (RL steps between a prompt's visits), a first visit apart from later ones, and
+  a run's figure as its regime's visits mix them;
+- `store`: the draft store's memory at a regime's dataset, and whether its default cap holds every prompt's last
+  visit;
 - `proposers`: the engine's proposers as the simulator drives them (ours, vLLM's suffix decoding and n-gram);
 - `host_steps`: the engine's host time per step, measured on the tiny model (the shipped curve, or this machine's);
 - `map` and `heatmap`: `--map`, every corpus x model x GPU x regime, and its picture;

@@ -52,6 +52,9 @@ def toy_corpus(tmp_path, scored=False):
         (["--validate", "--rules", "off,speck"], "Did you mean 'spec'?"),
         (["--prefix-caching", "maybe"], "argument --prefix-caching: invalid choice: 'maybe'"),
         (["--map", "--lenience-curve"], "argument --lenience-curve: not allowed with argument --map"),
+        (["--spacing", "1,x"], "--spacing 1,x: give RL steps between a prompt's visits (>= 1) or regime: 'x'"),
+        (["--visits", "0"], "regime openrlhf+custom: visits must be a positive integer"),
+        (["--steps-between-visits", "0"], "steps_between_visits must be a positive integer"),
     ],
 )
 def test_bad_input_is_one_clear_error(argv, message, capsys, tmp_path):
@@ -81,7 +84,8 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
     rules = ["off", "lossless", "lossless,verify=requests", "spec@1.65", "exact"]
     argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--rules", ",".join(rules)]
-    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8"]) == 0
+    # two visits a prompt: the run is the corpus's first visit and its later one once each
+    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8", "--visits", "2"]) == 0
     out = capsys.readouterr().out
     result = out.splitlines()[-1]
     assert result.startswith("RESULT ")
@@ -93,7 +97,14 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     assert float(fields["projected[off]"]) == 1.0 and float(fields["forward_s[off]"]) > float(fields["prefill_s[off]"])
     assert fields["missing"] == "none" and fields["model"] == "qwen3-8b" and fields["gpu"] == "h100"
     assert fields["prefix_caching"] == "on"  # every rule's schedule: the request path needs the cache
-    assert fields["regime"] == "openrlhf+custom" and fields["max_num_seqs"] == "8" and fields["scale"] == "1"
+    # half the toy's 2 prompts return at a time, 2 samples each: a simulated request stands for 2 of the engine's 4
+    assert fields["regime"] == "openrlhf+custom" and fields["max_num_seqs"] == "8" and fields["scale"] == "2"
+    assert fields["steps_between_visits"] == "156" and fields["visits"] == "2" and fields["spacings"] == "1,8,156"
+    assert "| lossless | 156 (regime) |" in out and "| exact | 8 |" in out  # each rule at each spacing
+    for rule in rules[1:]:  # the first visit and the later ones apart, at each spacing
+        assert f"projected_first[{rule}]" in fields and f"kept_later_s8[{rule}]" in fields
+        assert float(fields[f"projected_first[{rule}]"]) > 0 and f"projected_later_s1[{rule}]" in fields
+    assert float(fields["kept_first[exact]"]) == 0.0  # nothing to reuse on a first visit
     assert cli.parse_args([*argv, "--prefix-caching", "off"]).cell.regime.prefix_caching is False
     for reading in ("projected", "projected_async", "projected_no_host"):  # and each drafted epoch's
         assert f"{reading}[exact]" in fields and ("projected_e1[exact]" in fields) and "kept_e1[exact]" in fields
@@ -120,7 +131,7 @@ def test_a_plugin_is_priced_through_its_own_cut(tmp_path, capsys, monkeypatch):
     plugin = "policies/prefix_cap.py:PrefixCap"
     rules = ["off", "spec@1.65", plugin, f"{plugin},max_fraction=0.5"]
     argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--rules", ",".join(rules)]
-    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8"]) == 0
+    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8", "--visits", "2"]) == 0
     out = capsys.readouterr().out
     fields = result_fields(out.splitlines()[-1])
     kept = {rule: float(fields[f"kept[{rule}]"]) for rule in rules[1:]}
@@ -178,9 +189,9 @@ def test_the_schedule_replays_what_an_engine_ran(async_engine):
 
 
 def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_path, monkeypatch):
-    """16 requests an engine on a corpus of 4 a step: a simulated row stands for 4 of the GPU's, so its rows, token
-    budget and KV capacity are the engine's over 4, and no priced step carries more than vLLM's
-    max_num_batched_tokens."""
+    """16 requests an engine on a corpus of 2 a step (half its prompts return at a time): a simulated row stands for 8
+    of the GPU's, so its rows, token budget and KV capacity are the engine's over 8, and no priced step carries more
+    than vLLM's max_num_batched_tokens."""
     pytest.importorskip("aiconfigurator_core")
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
@@ -191,10 +202,12 @@ def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_
     monkeypatch.setattr(
         run,
         "simulate",
-        lambda rule, corpus, schedule, *rest: schedules.append(schedule) or simulate(rule, corpus, schedule, *rest),
+        lambda rule, corpus, schedule, *rest, **kw: (
+            schedules.append(schedule) or simulate(rule, corpus, schedule, *rest, **kw)
+        ),
     )
     run.run_rules(args.rules, args.loaded, args.cell, args.host, {})
     _, capacity = args.cell.price()
     assert [(s.max_num_seqs, s.max_num_batched_tokens, s.kv_capacity_tokens) for s in schedules] == [
-        (128 // 4, 2048 // 4, capacity // 4)
-    ]
+        (128 // 8, 2048 // 8, capacity // 8)
+    ] * 2  # each half

@@ -61,7 +61,7 @@ from .run import (
     projections,
     run_rules,
 )
-from .spacing import SPACINGS, one_visit_line, parse_spacings, run_spacings, spacing_table, visits_lines
+from .spacing import SPACINGS, one_visit_line, parse_spacings, run_caption, run_spacings, spacing_table, visits_lines
 from .spacing import result_fields as spacing_fields
 from .validate import validate, validated
 
@@ -292,7 +292,9 @@ def main(argv=None) -> int:
     fits = {r.rule.proposer_key: r.figures["proposer_fit"] for r in runs.values() if r.rule.proposer_key}
     saved = measured.save_proposer_costs(fits, machine())
     print(f"[at-scale] proposer costs saved to {saved}")
-    fields = spacing_fields(by_visit, kept, cell.regime) + [f"spacings={','.join(map(str, args.spacings))}"]
+    fields = spacing_fields(by_visit, kept, cell.regime) + [
+        f"spacing={own} spacings={','.join(map(str, args.spacings))}"
+    ]
     print(result_line(args.corpus, runs, result, by_epoch, leaders, cell, scale, started, fields, kept[own]))
     return 0
 
@@ -358,19 +360,11 @@ def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection], kept
             + [f"{f['proposer_s']:.2f}", f"{f['proposer_us']:.2f}", f"{f['tail']:.1%}", f"{f['memory_mb']:.0f}"]
             + [f"{f['found_previous']:.0%}"]
         )
-    run = (
-        ""
-        if regime is None
-        else (
-            f"projected and kept: the run ({regime.describe_visits()}: the first visit once, a later one "
-            f"{regime.visits - 1} times, by time); the other columns: the corpus replayed (a first visit, then later "
-            "ones); "
-        )
-    )
+    caption = "" if regime is None else run_caption(regime)
     return (
         table(head, rows, numbers(2, len(head)))
-        + f"\n{run}host measured: {result['off'].host_ms:.2f} ms a full-batch step; breakeven: the host time at which "
-        "the rule would tie stock (inf: wins at any; nan: loses at any)"
+        + f"\n{caption}host measured: {result['off'].host_ms:.2f} ms a full-batch step; breakeven: the host time at "
+        "which the rule would tie stock (inf: wins at any; nan: loses at any)"
     )
 
 

@@ -24,7 +24,7 @@ from ..simulator.corpus import Corpus
 from ..simulator.engine import EngineSimulator, Schedule, Simulation
 from ..simulator.regime import DEFAULT_REGIME, REGIMES, Regime
 from ..simulator.request_workload import NoDrafts, request_workload
-from ..simulator.visits import Gaps, Stored, StoreHeld, gap_visits, halves, subset
+from ..simulator.visits import Gaps, Stored, StoreHeld, gap_visits, passes, subset
 from .proposers import REMEMBERING, SUFFIX_CACHED, build
 from .rules import BenchRule, bench_rule
 from .store import draft_store
@@ -74,10 +74,10 @@ class Cell:
         return self.curve or kernel, kernel.kv_capacity_at(self.regime.gpu_memory_utilization)
 
     def schedule(self, corpus: Corpus) -> tuple[Schedule, int]:
-        """The simulator's schedule for half of `corpus`'s prompts (`visits.halves`: the returning ones; the smaller
-        half where they differ) in this cell's regime, and the scale it runs at."""
+        """The simulator's schedule for `corpus`'s returning prompts (`visits.passes`: half of them; the fewest where
+        passes differ) in this cell's regime, and the scale it runs at."""
         _, capacity = self.price()
-        prompts = min(len(returning) for returning, _ in halves(len(corpus.prompts)))
+        prompts = min(len(returning) for returning, _ in passes(len(corpus.prompts)))
         scale = self.regime.scale(corpus.samples, prompts)
         return self.regime.schedule(corpus.samples, prompts, capacity), scale
 
@@ -153,12 +153,12 @@ def simulate(
 def simulate_visits(
     rule: BenchRule, corpus: Corpus, schedule: Schedule, price, suffix_cache: int, scale: int, spacing: int, store
 ) -> tuple[Simulation, Proposers]:
-    """`simulate` with a prompt back `spacing` RL steps after its visit: each half of the corpus's prompts returns in
-    turn while the other half's requests fill the gaps (`visits.halves`, `visits.Gaps`), the two merged."""
+    """`simulate` with a prompt back `spacing` RL steps after its visit: in each pass (`visits.passes`) its returning
+    prompts return while the others' requests fill the gaps (`visits.Gaps`), the passes merged."""
     parts, proposers, done = [], [], 0
-    epoch_steps = [len(schedule.steps_of(0, len(returning))) for returning, _ in halves(len(corpus.prompts))]
+    epoch_steps = [len(schedule.steps_of(0, len(returning))) for returning, _ in passes(len(corpus.prompts))]
     bar = _bar(rule.label, sum(epoch_steps) * corpus.epochs)
-    for (returning, others), steps in zip(halves(len(corpus.prompts)), epoch_steps):
+    for (returning, others), steps in zip(passes(len(corpus.prompts)), epoch_steps):
         gaps = Gaps(corpus, others, gap_visits(spacing, steps, schedule.prompts_per_step), schedule.seed)
         sim, proposer = simulate(
             rule,

@@ -104,6 +104,15 @@ def spacing_table(by_spacing: dict[int, dict], kept: dict[int, dict], regime: Re
     )
 
 
+def run_caption(regime: Regime) -> str:
+    """What the verdict table's figures are: its projections and kept share the run's, the rest the corpus's."""
+    return (
+        f"projected and kept: the run ({regime.describe_visits()}: the first visit once, a later one "
+        f"{regime.visits - 1} times, by time); the other columns: the corpus replayed (a first visit, then later "
+        "ones); "
+    )
+
+
 def one_visit_line(regime: Regime, runs: dict[str, RuleRun], verdict: dict[str, Projection], kept: dict) -> str:
     """What a user whose run visits each prompt once gets: every rule on its first visit alone."""
     reusing = [rule for rule, r in runs.items() if r.rule.path == "requests"]
@@ -159,8 +168,8 @@ def visits_lines(corpus, cell, schedule, scale: int) -> str:
     return (
         f"[at-scale] visits: {regime.describe_visits()}; between two visits of a prompt an engine serves "
         f"{max(spacing - 1, 0)} RL steps of other prompts' requests ({others:,} simulated responses a gap: the "
-        "responses of the other half of the corpus's prompts, which take turns, under identities of their own; each "
-        "half returns in turn), unpriced\n"
+        "responses of the odd half of the corpus's prompts, which take turns, under identities of their own; the even "
+        "half returns), unpriced\n"
         f"[at-scale] caches at that spacing: vLLM's suffix decoding keeps {cached:,} responses an engine, FIFO "
         f"({cell.suffix_cached(scale):,} simulated), {held:.0f} RL steps' worth: {fate}; our proposer's arena "
         "keeps every response up to its history_mb an engine (over the scale in the simulator), rebuilt past it "

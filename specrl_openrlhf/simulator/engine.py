@@ -162,7 +162,7 @@ class Simulation:
 
     @classmethod
     def merged(cls, parts: list[Simulation]) -> Simulation:
-        """Simulations of disjoint prompts one after the other (`visits.halves`): their steps in turn, RL steps
+        """Simulations of disjoint prompts one after the other (`visits.passes`): their steps in turn, RL steps
         numbered on, their tokens summed."""
         out = cls()
         for part in parts:

@@ -3,11 +3,12 @@ prompt (`Gaps`, `OtherRequests`), and whether the draft store still holds a retu
 (`StoreHeld`).
 
 Terminology:
-- *returning prompts* and *others* (`halves`): a corpus's epochs are its prompts' visits, every prompt in every RL
+- *returning prompts* and *others* (`passes`): a corpus's epochs are its prompts' visits, every prompt in every RL
   step, so none of its prompts is free to stand for the other prompts an engine serves between two visits. The
-  simulator serves half of the corpus's prompts as the returning ones (`subset`) and draws the requests between their
-  visits from the other half, then the other way round, and merges the two (`engine.Simulation.merged`); every
-  spacing runs so, so spacings differ only in what the caches hold.
+  simulator serves half of the corpus's prompts as the returning ones (`subset`: the even ones) and draws the
+  requests between their visits from the other half; every spacing runs so, so spacings differ only in what the
+  caches hold. Passes over other splits would merge (`engine.Simulation.merged`); one is served, as a second, every
+  prompt returning, would double a run's time (most of it suffix decoding's FIFO, refilled at every return).
 - *gap* (`Gaps.before`): what an engine serves before an epoch's RL steps of the returning prompts, `spacing` RL
   steps after their last visit: the other prompts' visits of `spacing` less the RL steps an epoch of the returning
   prompts takes, each an RL step's simulated requests. Not priced (every rule serves the same ones); what counts is
@@ -104,16 +105,16 @@ def gap_visits(spacing: int, steps_per_epoch: int, prompts_per_step: int) -> int
     return max(spacing - steps_per_epoch, 0) * prompts_per_step
 
 
-def halves(prompts: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """(returning prompts, the others) twice, every prompt returning once: the even then the odd indices. A
-    ValueError where the corpus has one prompt (no other to serve between its visits)."""
+def passes(prompts: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The simulator's passes over a corpus of `prompts`, each (returning prompts, the others): one, the even indices
+    returning, the odd ones between their visits. A ValueError where the corpus has one prompt (no other to serve
+    between its visits)."""
     if prompts < 2:
         raise ValueError(
             f"the corpus has {prompts} prompt: the simulator needs two or more (half of them return, the others' "
             "requests come between their visits)"
         )
-    even, odd = tuple(range(0, prompts, 2)), tuple(range(1, prompts, 2))
-    return [(even, odd), (odd, even)]
+    return [(tuple(range(0, prompts, 2)), tuple(range(1, prompts, 2)))]
 
 
 def subset(corpus: Corpus, prompts: tuple[int, ...]) -> Corpus:

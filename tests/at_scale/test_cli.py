@@ -97,7 +97,7 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     assert float(fields["projected[off]"]) == 1.0 and float(fields["forward_s[off]"]) > float(fields["prefill_s[off]"])
     assert fields["missing"] == "none" and fields["model"] == "qwen3-8b" and fields["gpu"] == "h100"
     assert fields["prefix_caching"] == "on"  # every rule's schedule: the request path needs the cache
-    # half the toy's 2 prompts return at a time, 2 samples each: a simulated request stands for 2 of the engine's 4
+    # half the toy's 2 prompts return, 2 samples each: a simulated request stands for 2 of the engine's 4
     assert fields["regime"] == "openrlhf+custom" and fields["max_num_seqs"] == "8" and fields["scale"] == "2"
     assert fields["steps_between_visits"] == "156" and fields["visits"] == "2" and fields["spacings"] == "1,8,156"
     assert "| lossless | 156 (regime) |" in out and "| exact | 8 |" in out  # each rule at each spacing
@@ -114,16 +114,16 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
         ranked = sorted((float(fields[f"{reading}[{rule}]"]) for rule in rules), reverse=True)
         assert float(fields[f"{reading}[{leader}]"]) == ranked[0]
         assert float(fields[f"fastest{suffix}_margin"]) == pytest.approx(ranked[0] / ranked[1], abs=2e-3)
-    # epoch 1 against the trees of epoch 0: [5, 6, 7] twice follows [5, 6, 7] | [5, 6, 9] for 3 tokens each; [8, 2]
-    # and [8, 9] follow [8, 9] for 1 and 2: 9 of the corpus's 20 response tokens
-    assert float(fields["kept[lossless,verify=requests]"]) == pytest.approx(9 / 20)
+    # prompt 0 returns (prompt 1's responses fill the gaps): its epoch 1 against the tree of its epoch 0, [5, 6, 7]
+    # twice following [5, 6, 7] | [5, 6, 9] for 3 tokens each: 6 of its 12 response tokens
+    assert float(fields["kept[lossless,verify=requests]"]) == pytest.approx(6 / 12)
 
 
 def test_a_plugin_is_priced_through_its_own_cut(tmp_path, capsys, monkeypatch):
     """A rule written from policies/template.py, by its reference, on the request path: the toy's p_curr (-0.25) is
-    above its p_prev (-0.5), so spec@1.65 keeps each of epoch 0's four drafts (3, 3, 2 and 2 tokens) whole, 10 of the
-    corpus's 20 response tokens, and PrefixCap (spec@1.65, at most 90% of a draft) floor(0.9 x length) of each: 2,
-    2, 1 and 1, 6 of 20; with max_fraction=0.5, 1 of each, 4 of 20."""
+    above its p_prev (-0.5), so spec@1.65 keeps each of the returning prompt's two drafts (3 tokens each) whole, 6 of
+    its 12 response tokens, and PrefixCap (spec@1.65, at most 90% of a draft) floor(0.9 x length) of each: 2 and 2,
+    4 of 12; with max_fraction=0.5, 1 of each, 2 of 12."""
     pytest.importorskip("aiconfigurator_core")
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
@@ -135,8 +135,8 @@ def test_a_plugin_is_priced_through_its_own_cut(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     fields = result_fields(out.splitlines()[-1])
     kept = {rule: float(fields[f"kept[{rule}]"]) for rule in rules[1:]}
-    assert kept == {"spec@1.65": 0.5, plugin: 0.3, f"{plugin},max_fraction=0.5": 0.2}
-    assert float(fields[f"kept_e1[{plugin}]"]) == 0.6  # the drafted epoch's 10 tokens
+    assert kept == pytest.approx({"spec@1.65": 6 / 12, plugin: 4 / 12, f"{plugin},max_fraction=0.5": 2 / 12}, abs=1e-3)
+    assert float(fields[f"kept_e1[{plugin}]"]) == pytest.approx(4 / 6, abs=1e-3)  # the drafted epoch's 6 tokens
     for rule in rules[1:]:
         assert f"| {rule} | requests |" in out and float(fields[f"projected[{rule}]"]) > 0
     assert float(fields[f"steps[{plugin}]"]) > 0
@@ -189,7 +189,7 @@ def test_the_schedule_replays_what_an_engine_ran(async_engine):
 
 
 def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_path, monkeypatch):
-    """16 requests an engine on a corpus of 2 a step (half its prompts return at a time): a simulated row stands for 8
+    """16 requests an engine on a corpus of 2 a step (half its prompts return): a simulated row stands for 8
     of the GPU's, so its rows, token budget and KV capacity are the engine's over 8, and no priced step carries more
     than vLLM's max_num_batched_tokens."""
     pytest.importorskip("aiconfigurator_core")
@@ -210,4 +210,4 @@ def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_
     _, capacity = args.cell.price()
     assert [(s.max_num_seqs, s.max_num_batched_tokens, s.kv_capacity_tokens) for s in schedules] == [
         (128 // 8, 2048 // 8, capacity // 8)
-    ] * 2  # each half
+    ]

@@ -216,12 +216,12 @@ def test_a_fifo_of_n_holds_the_returning_prompts_last_visit_only_where_the_gap_l
 
 def test_two_halves_merged_are_their_steps_in_turn_and_their_tokens_summed():
     from specrl_openrlhf.simulator.engine import Simulation
-    from specrl_openrlhf.simulator.visits import halves, subset
+    from specrl_openrlhf.simulator.visits import subset
 
     toy = corpus([4, 6, 5, 3], samples=2, epochs=2)
     schedule = Schedule(max_num_seqs=4, prompts_per_step=2)
     whole = EngineSimulator(toy, schedule, Fixed(k=2)).run()
-    parts = [EngineSimulator(subset(toy, r), schedule, Fixed(k=2)).run() for r, _ in halves(4)]
+    parts = [EngineSimulator(subset(toy, r), schedule, Fixed(k=2)).run() for r in ((0, 2), (1, 3))]
     merged = Simulation.merged(parts)
     assert merged.response_tokens == whole.response_tokens == 2 * 2 * (4 + 6 + 5 + 3)
     assert merged.accepted == sum(p.accepted for p in parts) and len(merged.records) == sum(

@@ -1,5 +1,6 @@
 """How RL comes back to a prompt in the simulator (`simulator.visits`): the other requests of a gap and their tail,
-the halves of a corpus, and the draft store's bytes and what an LRU store under its cap still holds."""
+the corpus's returning prompts and the others, and the draft store's bytes and what an LRU store under its cap still
+holds."""
 
 import random
 from collections import OrderedDict
@@ -17,8 +18,8 @@ from specrl_openrlhf.simulator.visits import (
     Stored,
     StoreHeld,
     gap_visits,
-    halves,
     lru_held_share,
+    passes,
     store_bytes,
     subset,
 )
@@ -61,10 +62,10 @@ def test_a_gap_is_the_spacing_less_the_returning_prompts_epoch_in_rl_steps_of_vi
     assert gaps.before(2) == OtherRequests(corpus(), (1, 3), 2, 4)
 
 
-def test_every_prompt_returns_once_and_a_half_keeps_its_responses_aligned():
-    assert halves(5) == [((0, 2, 4), (1, 3)), ((1, 3), (0, 2, 4))]
+def test_half_the_prompts_return_and_a_half_keeps_its_responses_aligned():
+    assert passes(5) == [((0, 2, 4), (1, 3))]
     with pytest.raises(ValueError, match="the corpus has 1 prompt: the simulator needs two or more"):
-        halves(1)
+        passes(1)
     toy = corpus()
     half = subset(toy, (3, 1))
     assert half.prompts == [toy.prompts[3], toy.prompts[1]]

@@ -14,7 +14,6 @@ rebuilt past `history_mb` as the engine's is; stock and the n-gram proposer keep
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -31,7 +30,6 @@ from ..simulator.visits import OtherRequests, StoreHeld
 
 SUFFIX_DEPTH, NGRAM_K = 24, 8  # vLLM's defaults (suffix: its tree's depth and k; n-gram: our k)
 SUFFIX_CACHED = 10_000  # vLLM's suffix_decoding_max_cached_requests default: responses an engine keeps, FIFO
-SUFFIX_COPIES = None
 REMEMBERING = ("lossless", "suffix")  # methods whose proposer keeps other requests' responses: the spacing matters
 
 
@@ -168,12 +166,7 @@ class Suffix:
         held = cache.max_cached_requests
         if others.responses >= held:
             cache = self.proposer.suffix_cache = type(cache)(cache.max_tree_depth, held)
-        tail, copies = [], Counter()
-        for other in reversed(others.tail(held)):
-            copies[other.source] += 1
-            if SUFFIX_COPIES is None or copies[other.source] <= SUFFIX_COPIES:
-                tail.append(other)
-        for other in reversed(tail):
+        for other in others.tail(held):
             prompt = np.asarray(other.prompt, np.int32)
             for s, response in enumerate(other.responses):
                 request = f"{other.key}-s{s}"

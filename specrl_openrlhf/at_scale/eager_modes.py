@@ -14,9 +14,11 @@ from dataclasses import dataclass, replace
 from ..markdown import numbers, table
 from ..pricing.projection import Projection
 from ..simulator.corpus import Corpus
-from .run import Cell, RuleRun, projections, run_rules
+from .run import Cell, RuleRun, run_rules
+from .spacing import visit_kept, visit_projections
 
 MODES = {False: "graphs", True: "eager"}
+VISITS = {"first": "a prompt's first visit", "later": "a prompt's later visits", "run": "the run's mix of visits"}
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Modes:
 
     projected: dict[bool, dict[str, Projection]]
     kept: dict[bool, dict[str, float]]  # each rule's kept share of its response tokens, in each mode
+    part: str = "run"  # the visits compared (`spacing.PARTS`)
 
     def stock_s(self, eager: bool) -> float:
         """Stock's projected seconds (it keeps async scheduling: the host hidden either way)."""
@@ -46,18 +49,19 @@ class Modes:
 
 
 def mode_comparison(
-    rules: list[str], corpus: Corpus, cell: Cell, host, cache: dict, runs: dict[str, RuleRun], result
+    rules: list[str], corpus: Corpus, cell: Cell, host, cache: dict, runs: dict[str, RuleRun], part: str
 ) -> Modes:
-    """`rules` in `cell`'s mode (`runs`, `result`: its run and projections) and in the other, on the same corpus."""
+    """`rules` in `cell`'s mode (`runs`: at the regime's spacing) and in the other, on the same corpus, each on the
+    visits `part` names (`spacing.PARTS`: the first visit, the later ones, or the run's mix)."""
     other = cell.at(regime=replace(cell.regime, enforce_eager=not cell.regime.enforce_eager))
     other_runs = run_rules(rules, corpus, other, host, cache)
-    price, _ = other.price()
-    other_result = projections(other_runs, host, price, other.regime.full_batch)
-    kept = {
-        cell.regime.enforce_eager: {rule: r.figures["kept"] for rule, r in runs.items()},
-        other.regime.enforce_eager: {rule: r.figures["kept"] for rule, r in other_runs.items()},
-    }
-    return Modes({cell.regime.enforce_eager: result, other.regime.enforce_eager: other_result}, kept)
+    projected, kept = {}, {}
+    for c, r in ((cell, runs), (other, other_runs)):
+        price, _ = c.price()
+        eager = c.regime.enforce_eager
+        projected[eager] = visit_projections(r, host, price, c.regime.full_batch, c.regime.visits)[part]
+        kept[eager] = {rule: visit_kept(run, c.regime.visits)[part] for rule, run in r.items()}
+    return Modes(projected, kept, part)
 
 
 def mode_table(modes: Modes) -> str:
@@ -73,8 +77,8 @@ def mode_table(modes: Modes) -> str:
             + [f"{modes.rule_loss(rule):.3f}", f"{modes.rule_loss(rule, 'async'):.3f}"]
         )
     return (
-        "each rule with CUDA graphs and without (enforce_eager), each against stock in the same engine; eager / "
-        "graphs: the rule's own time without CUDA graphs over its time with them\n"
+        f"each rule with CUDA graphs and without (enforce_eager), on {VISITS[modes.part]}, each against stock in the "
+        "same engine; eager / graphs: the rule's own time without CUDA graphs over its time with them\n"
         + table(head, rows, numbers(1, len(head)))
         + f"\nstock without CUDA graphs takes {modes.stock_loss:.3f}x its time with them "
         f"({modes.stock_s(True):.2f} s against {modes.stock_s(False):.2f} s)"
@@ -84,7 +88,7 @@ def mode_table(modes: Modes) -> str:
 def mode_fields(modes: Modes) -> str:
     """`stock_eager_over_graphs=.. projected_graphs[RULE]=.. projected_async_graphs[RULE]=.. kept_graphs[RULE]=..`
     and the same `_eager` for a RESULT line."""
-    fields = [f"stock_eager_over_graphs={modes.stock_loss:.4f}"]
+    fields = [f"stock_eager_over_graphs={modes.stock_loss:.4f} modes_visits={modes.part}"]
     for eager, projected in sorted(modes.projected.items()):
         mode = MODES[eager]
         fields += [

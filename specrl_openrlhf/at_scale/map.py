@@ -1,5 +1,6 @@
 """`python scripts/bench_at_scale.py --map`: for each shipped corpus x regime x model x GPU, which rule and path is
-fastest against stock and by how much, with the regime's host time (`projected`), with the host hidden
+fastest against stock and by how much (the run at the regime's spacing, as its visits mix a first visit and later
+ones: `spacing`), with the regime's host time (`projected`), with the host hidden
 (`projected_async`) and with no host at all (`projected_no_host`), and how `lossless`'s best path stands against
 `exact` (the paper's near-exact rule) and vLLM's suffix decoding. One line a cell (`MAP ...`), then a markdown table,
 then the map as a picture (`heatmap`).
@@ -23,7 +24,8 @@ from ..miniature.corpus import PRESETS
 from ..simulator.regime import DEFAULT_REGIME, REGIMES
 from .heatmap import draw_map
 from .lenience import corpus_figures
-from .run import Cell, fastest, load_corpus, projections, run_rules
+from .run import Cell, fastest, load_corpus, run_rules
+from .spacing import visit_projections
 
 READINGS = ("projected", "projected_async", "projected_no_host")
 REGIMES_MAPPED = tuple(REGIMES)
@@ -64,12 +66,14 @@ def cell_projections(rule_names, corpus, where: Cell, host, cache: dict) -> dict
     steps priced with `per_token` attention too (`UPPER_BOUND`)."""
     runs = run_rules(rule_names, corpus, where, host, cache)
     price, _ = where.price()
-    result = projections(runs, host, price, where.regime.full_batch)
+    result = visit_projections(runs, host, price, where.regime.full_batch, where.regime.visits)["run"]
     if "lossless" in runs and where.attention == "once" and where.curve is None:
         bound = where.at(attention="per_token")
         runs = run_rules(["off", "lossless"], corpus, bound, host, cache)
         price, _ = bound.price()
-        result[UPPER_BOUND] = projections(runs, host, price, where.regime.full_batch)["lossless"]
+        result[UPPER_BOUND] = visit_projections(runs, host, price, where.regime.full_batch, where.regime.visits)[
+            "run"
+        ]["lossless"]
     return result
 
 

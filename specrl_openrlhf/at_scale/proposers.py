@@ -4,12 +4,20 @@ starts, each finished sample after), vLLM's `SuffixDecodingProposer` (arctic-inf
 each built from a stand-in of the `VllmConfig` fields it reads and called with the simulator's stand-in of the
 persistent batch (`BatchView`); stock drafts nothing and keeps vLLM's async scheduling. Which one a rule runs is what
 the rule says of itself (`method`): the speculative config its engines get (`ReusePolicy.engine_arguments`).
+
+Between two visits of the returning prompts each takes what its cache holds of the other requests an engine served
+(`between_visits`, `simulator.visits.OtherRequests`): vLLM's suffix decoding the last `suffix_decoding_max_cached_
+requests` responses (FIFO), ours every other visit as the rollout registers it (its previous visit too), the arena
+rebuilt past `history_mb` as the engine's is; stock and the n-gram proposer keep nothing across requests.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import SimpleNamespace
+
+import numpy as np
 
 from ..policies import ReusePolicy
 from ..policies.builtin import HISTORY_PROPOSER, LosslessParams
@@ -18,8 +26,16 @@ from ..simulator.batch import BatchView
 from ..simulator.corpus import Corpus
 from ..simulator.engine import Schedule
 from ..simulator.requests import Request
+from ..simulator.visits import OtherRequests, StoreHeld
 
 SUFFIX_DEPTH, NGRAM_K = 24, 8  # vLLM's defaults (suffix: its tree's depth and k; n-gram: our k)
+SUFFIX_CACHED = 10_000  # vLLM's suffix_decoding_max_cached_requests default: responses an engine keeps, FIFO
+REMEMBERING = (
+    "lossless",
+    "lossless_v2",
+    "suffix",
+    "suffix_v2",
+)  # methods whose proposer keeps other requests' responses: the spacing matters
 
 
 def vllm_config(k: int, max_model_len: int, max_num_seqs: int, max_num_batched_tokens=0, **speculative):
@@ -34,6 +50,9 @@ def vllm_config(k: int, max_model_len: int, max_num_seqs: int, max_num_batched_t
 
 class Stock:
     name, async_scheduling = "off", True
+
+    def between_visits(self, others) -> None:
+        pass
 
     def visit(self, epoch, prompts, corpus) -> float:
         return 0.0
@@ -50,13 +69,20 @@ class Stock:
 
 class Lossless:
     """Our engine proposer; the prompt's previous epoch is registered when its visit starts, as the rollout does
-    from the draft store, and each finished sample's response after it. `params`: the rule's, its budget priced on
-    `curve` (None: the rule's own `cost_curve`) at `cost_scale` of the GPU's rows a row."""
+    from the draft store (`store`: which the store still holds), and each finished sample's response after it.
+    `params`: the rule's, its budget priced on `curve` (None: the rule's own `cost_curve`) at `cost_scale` of the
+    GPU's rows a row, its `history_mb` over `cost_scale` (a simulated response stands for `cost_scale`)."""
 
     name, async_scheduling = "lossless", False
 
     def __init__(
-        self, max_model_len: int, schedule: Schedule, curve: StepCurve | None, params: LosslessParams, cost_scale=1
+        self,
+        max_model_len: int,
+        schedule: Schedule,
+        curve: StepCurve | None,
+        params: LosslessParams,
+        cost_scale=1,
+        store: StoreHeld | None = None,
     ):
         from ..cache import prompt_key
         from ..integration.vllm.histories import params_message
@@ -64,9 +90,10 @@ class Lossless:
         from ..integration.vllm.v1.proposer import HistoryProposer
 
         boards.BOARD = self.board = boards.HistoryBoard()
-        self.key = prompt_key
+        self.key, self.store = prompt_key, store or StoreHeld()
         priced = params.cost_curve if curve is None else curve.as_data()
-        rule = replace(params, cost_curve=priced, cost_scale=cost_scale)
+        budget = max(1, math.ceil(params.history_mb / cost_scale))
+        rule = replace(params, cost_curve=priced, cost_scale=cost_scale, history_mb=budget)
         self.params = params_message(rule)
         config = vllm_config(
             rule.num_speculative_tokens, max_model_len, schedule.max_num_seqs, schedule.max_num_batched_tokens
@@ -74,16 +101,38 @@ class Lossless:
         self.proposer = HistoryProposer(config)
         self.keys: dict[int, bytes] = {}
 
+    def between_visits(self, others: OtherRequests) -> None:
+        """The gap's last other visits whose tokens fit in `history_mb` (`Arena.BYTES_PER_NODE` a token: the arena
+        holds no more of them, less where a trie shares prefixes), each registered as the rollout registers it (its
+        previous visit at its start, then its responses) and drained as the engine drains between steps: past the
+        budget the board rebuilds from the newest, as the engine's does."""
+        from ..integration.vllm.v1.arena import Arena
+
+        room, tail = self.params["history_mb"] * (1 << 20) // Arena.BYTES_PER_NODE, []
+        for other in others.newest_first():
+            room -= sum(len(r) for r in other.previous + other.responses)
+            if room < 0:
+                break
+            tail.append(other)
+        for other in reversed(tail):
+            responses = other.previous + other.responses
+            key = self.key([-1, *other.key.encode()])  # a digest no prompt gives (token ids are never negative)
+            self.board.update(key, len(other.prompt), True, self.params, responses, [None] * len(responses))
+            self._drain()
+
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
         for p in prompts:
             key = self.keys.setdefault(p, self.key(corpus.prompts[p]))
-            previous = corpus.responses[epoch - 1][p] if epoch > 0 else []
+            previous = self.store.previous(corpus, epoch, p)
             self.board.update(key, len(corpus.prompts[p]), True, self.params, previous, [None] * len(previous))
-        self.board.drain(set())  # as the proposer would before its next step (timed with the visit)
-        while self.board.pending:
-            self.board.drain(set())
+        self._drain()  # as the proposer would before its next step (timed with the visit)
         held = [self.board.slots.get(self.keys[p]) for p in prompts]
         return sum(slot is not None and bool(slot.responses) for slot in held) / len(prompts)
+
+    def _drain(self) -> None:
+        self.board.drain(set())
+        while self.board.pending:
+            self.board.drain(set())
 
     def propose(self, batch: BatchView, sampled):
         return self.proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
@@ -116,6 +165,21 @@ class Suffix:
         self.k = int((config or {}).get("num_speculative_tokens", settings["suffix_decoding_max_tree_depth"]))
         self.proposer = SuffixDecodingProposer(vllm_config(self.k, max_model_len, max_num_seqs, **settings))
 
+    def between_visits(self, others: OtherRequests) -> None:
+        """The gap's last responses its FIFO holds, each a request started, answered and stopped: where the gap holds
+        more than the FIFO, nothing before it is left, so a fresh cache takes them."""
+        cache = self.proposer.suffix_cache
+        held = cache.max_cached_requests
+        if others.responses >= held:
+            cache = self.proposer.suffix_cache = type(cache)(cache.max_tree_depth, held)
+        for other in others.tail(held):
+            prompt = np.asarray(other.prompt, np.int32)
+            for s, response in enumerate(other.responses):
+                request = f"{other.key}-s{s}"
+                cache.start_request(request, prompt)
+                cache.add_active_response(request, np.asarray(response, np.int32))
+                cache.stop_request(request)
+
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
         cached = self.proposer.suffix_cache.cached_requests
         previous = [any(f"e{epoch - 1}-p{p}-s{s}" in cached for s in range(corpus.samples)) for p in prompts]
@@ -147,6 +211,9 @@ class Ngram:
             self.k, max_model_len, max(max_num_seqs, 1024), prompt_lookup_min=low, prompt_lookup_max=high
         )
         self.proposer = NgramProposer(settings)
+
+    def between_visits(self, others) -> None:
+        pass
 
     def visit(self, epoch, prompts, corpus) -> float:
         return 0.0
@@ -181,22 +248,31 @@ def method(policy: ReusePolicy) -> str | None:
     )
 
 
-def build(policy: ReusePolicy, corpus: Corpus, schedule: Schedule, curve: StepCurve, suffix_cache: int, cost_scale=1):
+def build(
+    policy: ReusePolicy,
+    corpus: Corpus,
+    schedule: Schedule,
+    curve: StepCurve,
+    suffix_cache: int,
+    cost_scale=1,
+    store: StoreHeld | None = None,
+):
     """The engine proposer of `policy` (`method`; stock where it has none) for `corpus` on `schedule`: ours with its
-    budget priced on `curve` at `cost_scale`, vLLM's suffix decoding with `suffix_cache` cached responses unless its
-    config names a number, vLLM 0.34's GPU speculator with its corpus at `cost_scale` and its adaptive verification
-    priced on `curve` (`suffix_v2.build_suffix_v2`)."""
+    budget priced on `curve` at `cost_scale` and its previous visits from the draft store (`store`), vLLM's suffix
+    decoding with `suffix_cache` cached responses unless its config names a number, the V2 GPU speculators (ours,
+    `speculator_v2.build_lossless_v2`, and vLLM 0.34's suffix decoding, `suffix_v2.build_suffix_v2`) with their
+    memory at `cost_scale` and their adaptive verification priced on `curve`."""
     max_model_len = max(len(p) for p in corpus.prompts) + max(len(r) for e in corpus.responses for p in e for r in p)
     max_model_len += 64
     kind = method(policy)
     if kind is None:
         return Stock()
     if kind == "lossless":  # the curve's host column: a fixed cost
-        return Lossless(max_model_len, schedule, curve, policy.params, cost_scale)
+        return Lossless(max_model_len, schedule, curve, policy.params, cost_scale, store)
     if kind == "lossless_v2":
         from .speculator_v2 import build_lossless_v2
 
-        return build_lossless_v2(policy.params, max_model_len, schedule.max_num_seqs, curve, cost_scale)
+        return build_lossless_v2(policy.params, max_model_len, schedule.max_num_seqs, curve, cost_scale, store)
     config = policy.params.speculative_config
     if kind == "suffix_v2":
         from .suffix_v2 import build_suffix_v2

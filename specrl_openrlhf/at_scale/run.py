@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -24,8 +24,10 @@ from ..simulator.corpus import Corpus
 from ..simulator.engine import EngineSimulator, Schedule, Simulation
 from ..simulator.regime import DEFAULT_REGIME, REGIMES, Regime
 from ..simulator.request_workload import NoDrafts, request_workload
-from .proposers import build
+from ..simulator.visits import Gaps, Stored, StoreHeld, gap_visits, passes, subset
+from .proposers import REMEMBERING, SUFFIX_CACHED, build
 from .rules import BenchRule, bench_rule
+from .store import draft_store
 
 RULES = (  # by default; `engine=auto` is the installed vLLM's runner: `engine=v2` vLLM >= 0.34's GPU speculators
     "off",
@@ -59,7 +61,8 @@ class Cell:
     """A step price read from a file (`--curve`: a measured step curve), priced in place of the kernels; the KV
     capacity is still the kernels'."""
     suffix_cache: int | None = None
-    """Suffix decoding's cached responses (None: 1.2 RL steps' requests, as vLLM's 10,000 at 512 prompts x 16)."""
+    """Suffix decoding's cached responses an engine (vLLM's `suffix_decoding_max_cached_requests`; None: its default,
+    `proposers.SUFFIX_CACHED`), each simulated one standing for the regime's scale of them."""
 
     def __post_init__(self):
         check_fields(self)
@@ -85,10 +88,16 @@ class Cell:
         return self.curve or kernel, kernel.kv_capacity_at(self.regime.gpu_memory_utilization)
 
     def schedule(self, corpus: Corpus) -> tuple[Schedule, int]:
-        """The simulator's schedule for `corpus` in this cell's regime, and the scale it runs at."""
+        """The simulator's schedule for `corpus`'s returning prompts (`visits.passes`: half of them; the fewest where
+        passes differ) in this cell's regime, and the scale it runs at."""
         _, capacity = self.price()
-        scale = self.regime.scale(corpus.samples, len(corpus.prompts))
-        return self.regime.schedule(corpus.samples, len(corpus.prompts), capacity), scale
+        prompts = min(len(returning) for returning, _ in passes(len(corpus.prompts)))
+        scale = self.regime.scale(corpus.samples, prompts)
+        return self.regime.schedule(corpus.samples, prompts, capacity), scale
+
+    def suffix_cached(self, scale: int) -> int:
+        """Suffix decoding's cached responses in simulated ones."""
+        return max(1, math.ceil((self.suffix_cache or SUFFIX_CACHED) / scale))
 
     def at(self, **changed) -> Cell:
         return replace(self, **changed)
@@ -109,6 +118,7 @@ class RuleRun:
     scoring_s: np.ndarray  # [S] the part of each step's forward its scoring requests cost (the request path)
     drafted_tokens: int  # its response tokens in the drafted epochs (every epoch but the first), kept or generated
     rule: BenchRule
+    kept_tokens: dict[int, tuple[int, int]] = field(default_factory=dict)  # epoch: (kept, all its response tokens)
 
 
 def load_corpus(name: str, max_response_tokens: int | None = None) -> Corpus:
@@ -126,18 +136,87 @@ def load_corpus(name: str, max_response_tokens: int | None = None) -> Corpus:
     return replace(corpus, meta={**corpus.meta, "path": str(path)})
 
 
-def simulate(rule: BenchRule, corpus: Corpus, schedule: Schedule, price, suffix_cache: int, cost_scale: int) -> tuple:
+def simulate(
+    rule: BenchRule,
+    corpus: Corpus,
+    schedule: Schedule,
+    price,
+    suffix_cache: int,
+    cost_scale: int,
+    gaps: Gaps | None = None,
+    store: StoreHeld | None = None,
+    progress=None,
+) -> tuple:
     """One rule's simulation on `schedule`: its proposer in the engine (`proposers.build`, its budget priced on
-    `price` at `cost_scale`), stock, or the request path's workload (a stateful rule updated once an RL step)."""
+    `price` at `cost_scale`), stock, or the request path's workload (a stateful rule updated once an RL step), the
+    other requests of `gaps` before each epoch and the draft store's answers (`store`) where given."""
+    store = store or StoreHeld()
     if rule.path == "requests":
         step_samples = schedule.prompts_per_step * corpus.samples
-        proposer, workload = NoDrafts(), request_workload(rule.policy, corpus, update_every=step_samples)
+        proposer = NoDrafts()
+        workload = Stored(request_workload(rule.policy, corpus, update_every=step_samples), store)
     else:
-        proposer, workload = build(rule.policy, corpus, schedule, price, suffix_cache, cost_scale), None
-    steps = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
-    sim = EngineSimulator(corpus, schedule, proposer, workload=workload).run(progress=_bar(rule.label, steps))
-    print()
+        proposer, workload = build(rule.policy, corpus, schedule, price, suffix_cache, cost_scale, store), None
+    if progress is None:
+        steps = sum(len(schedule.steps_of(e, len(corpus.prompts))) for e in range(corpus.epochs))
+        progress = _bar(rule.label, steps)
+    sim = EngineSimulator(corpus, schedule, proposer, workload=workload, gaps=gaps).run(progress=progress)
     return sim, proposer
+
+
+def simulate_visits(
+    rule: BenchRule, corpus: Corpus, schedule: Schedule, price, suffix_cache: int, scale: int, spacing: int, store
+) -> tuple[Simulation, Proposers]:
+    """`simulate` with a prompt back `spacing` RL steps after its visit: in each pass (`visits.passes`) its returning
+    prompts return while the others' requests fill the gaps (`visits.Gaps`), the passes merged."""
+    parts, proposers, done = [], [], 0
+    epoch_steps = [len(schedule.steps_of(0, len(returning))) for returning, _ in passes(len(corpus.prompts))]
+    bar = _bar(rule.label, sum(epoch_steps) * corpus.epochs)
+    for (returning, others), steps in zip(passes(len(corpus.prompts)), epoch_steps):
+        gaps = Gaps(corpus, others, gap_visits(spacing, steps, schedule.prompts_per_step), schedule.seed)
+        sim, proposer = simulate(
+            rule,
+            subset(corpus, returning),
+            schedule,
+            price,
+            suffix_cache,
+            scale,
+            gaps,
+            store,
+            progress=lambda step, before=done: bar(before + step),
+        )
+        done += steps * corpus.epochs
+        parts.append(sim)
+        proposers.append(proposer)
+    print()
+    return Simulation.merged(parts), Proposers.of(proposers)
+
+
+@dataclass(frozen=True)
+class Proposers:
+    """What `rule_run` reads of a rule's proposers over the passes of `simulate_visits` (kept without them: a
+    proposer's caches are let go): its scheduling, the most memory one held, and a GPU speculator's kernels launched
+    a step (`gpu_kernels`, the passes' in order; None for the others), their price model and its note."""
+
+    async_scheduling: bool
+    memory: int
+    gpu_kernels: list | None = None
+    kernels: object = None
+    note: str = ""
+
+    @staticmethod
+    def of(proposers: list) -> Proposers:
+        launched = [getattr(p, "gpu_kernels", None) for p in proposers]
+        return Proposers(
+            proposers[0].async_scheduling,
+            max(p.memory_bytes() for p in proposers),
+            None if launched[0] is None else [step for steps in launched for step in steps],
+            getattr(proposers[0], "kernels", None),
+            getattr(proposers[0], "note", ""),
+        )
+
+    def memory_bytes(self) -> int:
+        return self.memory
 
 
 def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> RuleRun:
@@ -153,7 +232,7 @@ def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> Ru
         "kept": sim.kept,
         "found_previous": found,
     }
-    figures["memory_mb"] = proposer.memory_bytes() / 2**20
+    figures["memory_mb"] = proposer.memory_bytes() * pricing.scale / 2**20  # an engine's: the simulated one's x scale
     figures["proposer_priced"] = proposer.kernels.source if launched is not None else "measured here"
     figures["note"] = getattr(proposer, "note", "")  # what the simulation changed of the rule
     fit = figures["proposer_fit"]  # measured here: never missing
@@ -171,21 +250,25 @@ def rule_run(rule: BenchRule, sim: Simulation, proposer, pricing: Pricing) -> Ru
         rule_figures.scoring_seconds(columns, pricing, costs),
         drafted,
         rule,
+        {epoch: sim.kept_tokens(epoch) for epoch in sorted(sim.epoch_tokens)},
     )
 
 
 def run_rules(
-    rule_names: list[str], corpus: Corpus, cell: Cell, host: HostCurve | None, cache: dict
+    rule_names: list[str], corpus: Corpus, cell: Cell, host: HostCurve | None, cache: dict, spacing: int | None = None
 ) -> dict[str, RuleRun]:
-    """Every rule of `rule_names` (spellings, `rules.bench_rule`) priced in `cell`, by its spelling. Lossless's budget
-    drafts on the `once` price whatever the cell's attention, so another attention prices the same simulations. A
-    simulation is reused across cells (`cache`) where it does not depend on the price (`BenchRule.drafts_on_price`:
-    our engine proposer's budget, vLLM's adaptive verification) and the regime and KV capacity are the same (a
-    capacity above `Simulation.peak_kv` changes nothing)."""
+    """Every rule of `rule_names` (spellings, `rules.bench_rule`) priced in `cell`, by its spelling, a prompt back
+    `spacing` RL steps after its visit (None: the regime's, `Regime.steps_between_visits`). Lossless's budget drafts
+    on the `once` price whatever the cell's attention, so another attention prices the same simulations. A simulation
+    is reused (`cache`) where it does not depend on the price (`BenchRule.drafts_on_price`: our V1 proposer's budget,
+    vLLM's adaptive verification), the regime and KV capacity are the same (a capacity above `Simulation.peak_kv`
+    changes nothing), and the spacing is, or does not matter (a proposer that keeps no other request's response) and
+    the draft store holds as much."""
     price, _ = cell.price()
     budget, _ = cell.price("once")
     schedule, scale = cell.schedule(corpus)
-    suffix_cache = cell.suffix_cache or math.ceil(1.2 * schedule.prompts_per_step * corpus.samples)
+    spacing = cell.regime.steps_between_visits if spacing is None else spacing
+    store = StoreHeld(draft_store(corpus, cell.regime, spacing).held_share)
     pricing = Pricing(price, scale=scale, host=host)
     engine = replace(schedule, kv_capacity_tokens=None)  # the key: all but the capacity, checked against the peak
     runs = {}
@@ -193,12 +276,17 @@ def run_rules(
         rule = bench_rule(label)
         eager = cell.regime.enforce_eager
         priced = (cell.model, cell.gpu, eager) if rule.drafts_on_price(eager) else None
-        key = (label, engine, priced or (eager if rule.adaptive_verification else None))
+        spaced = spacing if rule.method in REMEMBERING else None
+        stored = store if rule.path == "requests" or rule.method in ("lossless", "lossless_v2") else None
+        key = (label, engine, priced or (eager if rule.adaptive_verification else None), spaced, stored)
+        key += (cell.suffix_cached(scale),) if rule.method == "suffix" else ()
         sim, proposer = cache.get(key, (None, None))
         if sim is None or sim.peak_kv > (schedule.kv_capacity_tokens or math.inf):
             budget_price = budget.with_host(host)  # lossless's budget prices a step's host time too
             # lossless's budget prices a row as the GPU's `scale` rows
-            sim, proposer = simulate(rule, corpus, schedule, budget_price, suffix_cache, scale)
+            sim, proposer = simulate_visits(
+                rule, corpus, schedule, budget_price, cell.suffix_cached(scale), scale, spacing, store
+            )
             cache[key] = (sim, proposer)
         runs[label] = rule_run(rule, sim, proposer, pricing)
     return runs

@@ -6,13 +6,17 @@ its id), the step's sampled tokens land in the request state, and `propose` draf
 confidences; a row's rejected slots are those it verified less those it kept. The step's draft lengths are then
 vLLM's: with adaptive verification, its admission of the best slots by survival (`admit`, `simulator.adaptive`),
 priced where the simulation runs; else k tokens every decoding row (slots past the chain hold the row's last token, and
-vLLM verifies them). Histories are registered as the rollout registers them (the prompt's previous epoch at its visit's
-start; a finished sample's response is in its column already). The host's work is hidden behind the forward (async
-scheduling stays on); what its kernels cost on the GPU is `pricing.speculator_kernels.HISTORY_V2`'s estimate
-(`gpu_kernels`), never this machine's time.
+vLLM verifies them). Histories are registered as the rollout registers them (the prompt's previous visit from the
+draft store at its visit's start; a finished sample's response is in its column already), and between two visits the
+other prompts' visits an engine served take their slots (`between_visits`: the newest its slots hold). The host's
+work is hidden behind the forward (async scheduling stays on); what its kernels cost on the GPU is
+`pricing.speculator_kernels.HISTORY_V2`'s estimate (`gpu_kernels`), never this machine's time.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -29,6 +33,7 @@ from ..simulator.adaptive import AdaptiveVerification
 from ..simulator.batch import BatchView
 from ..simulator.corpus import Corpus
 from ..simulator.requests import Request
+from ..simulator.visits import OtherRequests, StoreHeld
 from .suffix_v2 import PricedAdmission, max_drafts
 
 STEP, WRITE, ASSIGN = (HISTORY_V2.names.index(name) for name in ("step", "write", "assign"))
@@ -42,7 +47,12 @@ class LosslessV2:
     name, async_scheduling, kernels = "lossless_v2", True, HISTORY_V2
 
     def __init__(
-        self, max_model_len: int, max_num_seqs: int, params: LosslessParams, adaptive: AdaptiveVerification | None
+        self,
+        max_model_len: int,
+        max_num_seqs: int,
+        params: LosslessParams,
+        adaptive: AdaptiveVerification | None,
+        store: StoreHeld | None = None,
     ):
         torch.set_num_threads(1)  # small ops: threads only wait on 2 busy cores (the GPU's time is priced apart)
         self.k, self.adaptive = params.num_speculative_tokens, adaptive
@@ -57,7 +67,7 @@ class LosslessV2:
         )
         self.state = RequestStateStandIn(max_num_seqs, max_model_len)
         self.drafter = HistoryDrafter(settings, self.state, "cpu")
-        self.params = params_message(params)
+        self.params, self.store = params_message(params), store or StoreHeld()
         self.keys: dict[int, bytes] = {}
         self.ids: dict[str, str] = {}  # the simulator's request id: ours (it carries the prompt's digest)
         self.present: set[str] = set()  # the simulator's requests in the request state (not preempted)
@@ -67,13 +77,28 @@ class LosslessV2:
         self.launching = np.zeros(len(HISTORY_V2.names), np.int64)  # launched before the next step's propose
         self.note = ""  # what the simulation changed of the rule (`build_lossless_v2`)
 
+    def between_visits(self, others: OtherRequests) -> None:
+        """The gap's newest other visits its slots hold, each registered as the rollout registers it (its previous
+        visit, then its responses): older ones would be evicted by them, least recently used first."""
+        newest = []
+        for other in others.newest_first():
+            if len(newest) == self.drafter.store.size.slots:
+                break
+            newest.append(other)
+        for other in reversed(newest):
+            key = prompt_key([-1, *other.key.encode()])  # a digest no prompt gives (token ids are never negative)
+            self.drafter.update(key, len(other.prompt), True, self.params, other.previous + other.responses, None)
+            self.launching[WRITE] += 1
+
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
+        held = 0
         for p in prompts:
             key = self.keys.setdefault(p, prompt_key(corpus.prompts[p]))
-            previous = corpus.responses[epoch - 1][p] if epoch > 0 else []
+            previous = self.store.previous(corpus, epoch, p)
             self.drafter.update(key, len(corpus.prompts[p]), True, self.params, previous, None)
             self.launching[WRITE] += 1
-        return float(epoch > 0)
+            held += bool(previous)
+        return held / len(prompts)
 
     def propose(self, batch: BatchView, sampled: list[list[int]]) -> list[list[int]]:
         self._follow(batch)
@@ -140,8 +165,11 @@ class LosslessV2:
         return self.drafter.store.nbytes
 
 
-def build_lossless_v2(params: LosslessParams, max_model_len: int, max_num_seqs: int, price: StepPrice, scale=1):
-    """Our V2 speculator of the rule's `params` at `scale` of the GPU's rows a simulated row, its adaptive
+def build_lossless_v2(
+    params: LosslessParams, max_model_len: int, max_num_seqs: int, price: StepPrice, scale=1, store=None
+):
+    """Our V2 speculator of the rule's `params` at `scale` of the GPU's rows a simulated row (its `history_mb` over
+    `scale`: a simulated response stands for `scale`), its previous visits from the draft store (`store`), its adaptive
     verification (`adaptive` auto or on) priced on `price`, except in an engine without CUDA graphs (`price.eager`),
     where vLLM refuses it: there every row verifies its k slots (`LosslessV2.note` says so where it was asked for)."""
     eager = getattr(price, "eager", None) is not None
@@ -153,6 +181,7 @@ def build_lossless_v2(params: LosslessParams, max_model_len: int, max_num_seqs: 
         drafting = HISTORY_V2.draft_seconds({"step": 1})
         cost = PricedAdmission(price, scale, drafting)
         adaptive = AdaptiveVerification(params.num_speculative_tokens, cost, max_drafts(vocab, scale))
-    speculator = LosslessV2(max_model_len, max_num_seqs, params, adaptive)
+    held = replace(params, history_mb=max(1, math.ceil(params.history_mb / scale)))
+    speculator = LosslessV2(max_model_len, max_num_seqs, held, adaptive, store)
     speculator.note = note
     return speculator

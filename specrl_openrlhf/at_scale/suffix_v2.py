@@ -22,6 +22,7 @@ from ..simulator.adaptive import AdaptiveVerification, StepShape
 from ..simulator.batch import BatchView
 from ..simulator.corpus import Corpus
 from ..simulator.requests import Request
+from ..simulator.visits import OtherRequests
 from . import suffix_v2_kernels as kernels
 
 LOGITS_CHUNK_BYTES = 2**30  # vLLM 0.34's MAX_CHUNK_BYTES: one verification chunk's fp32 logits
@@ -79,6 +80,24 @@ class SuffixV2:
         self.note = ""  # what the simulation changed of the rule (`build_suffix_v2`)
         self.launching = np.zeros(len(SUFFIX_V2.names), np.int64)  # before the next step's propose
 
+    def between_visits(self, others: OtherRequests) -> None:
+        """The gap's other responses, each a request that finished, ingested into the ring: only the newest that fit
+        in it (the older ones, and what the ring held before, would be overwritten by them)."""
+        if not self.has_corpus:
+            return
+        room, documents = len(self.corpus), []
+        for other in others.newest_first():
+            tail = other.prompt[max(len(other.prompt) - kernels.PROMPT_CONTEXT, 0) :]
+            for s in range(len(other.responses) - 1, -1, -1):
+                room -= len(tail) + len(other.responses[s]) + 1  # its tokens and separator
+                if room < 0:
+                    break
+                documents.append((f"{other.key}-s{s}", np.array(tail + other.responses[s], np.int64)))
+            if room < 0:
+                break
+        self._ingest()
+        self._write(documents[::-1])  # oldest first, as they finished
+
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
         """The share of `prompts` with a response of the epoch before intact in the corpus."""
         self._ingest()
@@ -97,18 +116,18 @@ class SuffixV2:
 
     def _ingest(self) -> None:
         """vLLM's `on_requests_finished`: the finished requests' documents, in sorted id order."""
-        if not self.pending:
-            return
-        if self.has_corpus:
-            for request_id, doc in sorted(self.pending, key=lambda p: p[0]):
-                start, self.head = kernels.ingest(
-                    self.corpus, self.table, self.head, self.doc_seq, doc, self.num_buckets
-                )
-                self.owner[start : self.head] = self.doc_seq  # its tokens and separator
-                self.docs[request_id] = (start, self.doc_seq)
-                self.doc_seq += 1
-            self.launching[SUFFIX_V2.names.index("ingest")] += 1
+        if self.pending and self.has_corpus:
+            self._write(sorted(self.pending, key=lambda p: p[0]))
         self.pending = []
+
+    def _write(self, documents: list[tuple[str, np.ndarray]]) -> None:
+        """The documents into the ring in order, one ingest launch."""
+        for request_id, doc in documents:
+            start, self.head = kernels.ingest(self.corpus, self.table, self.head, self.doc_seq, doc, self.num_buckets)
+            self.owner[start : self.head] = self.doc_seq  # its tokens and separator
+            self.docs[request_id] = (start, self.doc_seq)
+            self.doc_seq += 1
+        self.launching[SUFFIX_V2.names.index("ingest")] += bool(documents)
 
     def propose(self, batch: BatchView, sampled: list[list[int]]) -> list[list[int]]:
         self._ingest()

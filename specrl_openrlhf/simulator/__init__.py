@@ -6,6 +6,8 @@ model-free proposer's or request-path rule's engine steps, drafts and kept token
   regimes (`REGIMES`: `openrlhf`, `paper`, `throughput`);
 - `engine`: the engine's schedule (`EngineSimulator`), as `Schedule` sizes it, and its step records (`Simulation`);
 - `requests`: the requests an RL step sends and their state in flight, and the prefix cache they read;
+- `visits`: how RL comes back to a prompt: the other prompts' requests an engine serves between two visits, and
+  whether the draft store still holds a returning prompt's last visit;
 - `batch`: the persistent batch as a proposer reads it (`BatchView`);
 - `request_workload`: the request path as a workload: scoring requests, then continuations;
 - `request_plans`: what each sample keeps there, cut by the rule itself (its `cut`, or `lossless`'s coupling);

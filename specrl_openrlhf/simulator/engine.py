@@ -24,6 +24,9 @@ Terminology:
   With the prefix cache on, a prompt's whole blocks count once however many of its rows hold them, as vLLM holds a
   block once for every request that reads it.
 - *workload* (`requests.Workload`): the requests an RL step sends, and the ones a finished request sends after it.
+- *gap* (`visits.Gaps`): before each epoch, the other prompts' requests an engine served since the returning prompts'
+  last visit; not priced, but every proposer that keeps responses takes what its cache holds of them
+  (`SimProposer.between_visits`).
 - *prefix cache* (`Schedule.prefix_caching`, vLLM's `enable_prefix_caching`): a request's cached prompt tokens
   (`requests.cached_tokens`) are not prefilled; with the cache off nothing is read from it.
 - *record* (`StepRecord`): per engine step, its decoding rows, tokens carried and contexts, its prefill rows, tokens
@@ -39,8 +42,8 @@ from __future__ import annotations
 import gc
 import random
 import time
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -48,6 +51,9 @@ from ..params import check_fields, limits
 from .batch import BatchView
 from .corpus import Corpus
 from .requests import Request, Samples, Workload, cached_tokens
+
+if TYPE_CHECKING:
+    from .visits import Gaps, OtherRequests
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,13 +86,17 @@ class Schedule:
 
 
 class SimProposer(Protocol):
-    """What the simulator drives. `visit(step, prompts)`: an RL step's prompts start (the moment a rollout sends
-    their histories); `propose(batch, sampled)`: every row's draft after an engine step, as vLLM asks; `finished`: a
-    sample is done (its response joins its visit's history). `found_previous` is the share of the prompts of the last
-    `visit` whose previous epoch the proposer holds."""
+    """What the simulator drives. `between_visits(others)`: the other prompts' requests an engine served since the
+    returning prompts' last visit (`visits.OtherRequests`: a proposer that keeps responses takes the tail its cache
+    holds); `visit(step, prompts)`: an RL step's prompts start (the moment a rollout sends their histories);
+    `propose(batch, sampled)`: every row's draft after an engine step, as vLLM asks; `finished`: a sample is done (its
+    response joins its visit's history). `visit` returns the share of its prompts whose previous epoch the proposer
+    holds."""
 
     name: str
     async_scheduling: bool
+
+    def between_visits(self, others: OtherRequests) -> None: ...
 
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float: ...
 
@@ -143,14 +153,37 @@ class Simulation:
 
     def kept_in(self, epoch: int) -> float:
         """`kept` of `epoch`'s responses alone."""
+        kept, tokens = self.kept_tokens(epoch)
+        return kept / max(tokens, 1)
+
+    def kept_tokens(self, epoch: int) -> tuple[int, int]:
+        """`epoch`'s response tokens kept from drafts, and all of them (kept or generated)."""
         tokens, outside = self.epoch_tokens.get(epoch, (0, 0))
         accepted = sum(r.accepted for r in self.records if r.epoch == epoch)
-        return (accepted + outside) / max(tokens + outside, 1)
+        return accepted + outside, tokens + outside
+
+    @classmethod
+    def merged(cls, parts: list[Simulation]) -> Simulation:
+        """Simulations of disjoint prompts one after the other (`visits.passes`): their steps in turn, RL steps
+        numbered on, their tokens summed."""
+        out = cls()
+        for part in parts:
+            offset = out.records[-1].rl_step + 1 if out.records else 0
+            out.records += [replace(r, rl_step=r.rl_step + offset) for r in part.records]
+            out.found_previous += part.found_previous
+            out.response_tokens += part.response_tokens
+            out.kept_outside += part.kept_outside
+            out.peak_kv = max(out.peak_kv, part.peak_kv)
+            for epoch, (tokens, kept) in part.epoch_tokens.items():
+                before = out.epoch_tokens.get(epoch, (0, 0))
+                out.epoch_tokens[epoch] = (before[0] + tokens, before[1] + kept)
+        return out
 
 
 class EngineSimulator:
     """Runs the corpus's epochs `first_epoch`.. through one engine and a proposer (`run`), the RL steps' requests
-    from `workload` (default: the samples)."""
+    from `workload` (default: the samples), and before each epoch the other requests of its gap (`gaps`, None: a
+    prompt returns at the next RL step, nothing between)."""
 
     def __init__(
         self,
@@ -159,9 +192,11 @@ class EngineSimulator:
         proposer: SimProposer,
         clock=time.perf_counter,
         workload: Workload | None = None,
+        gaps: Gaps | None = None,
     ):
         self.corpus, self.schedule, self.proposer, self.clock = corpus, schedule, proposer, clock
         self.workload = workload if workload is not None else Samples()
+        self.gaps = gaps
         self.admissions = 0
         longest = max(len(p) for p in corpus.prompts) + max(len(r) for e in corpus.responses for p in e for r in p)
         self.max_len = 2 * longest + 64  # a request path's continuation: prompt + verified prefix + the rest
@@ -169,10 +204,12 @@ class EngineSimulator:
     def run(self, first_epoch: int = 0, progress=None) -> Simulation:
         out = Simulation()
         rl_step = 0
-        gc.collect()
+        gc.collect(1)  # the young generations: what the last run left (nothing was promoted while gc was off)
         gc.disable()  # the simulator's own garbage is not the proposer's time: no collection lands in a timed call
         try:
             for epoch in range(first_epoch, self.corpus.epochs):
+                if self.gaps is not None:  # not priced: every rule serves the same other requests
+                    self.proposer.between_visits(self.gaps.before(epoch))
                 tokens, kept = out.response_tokens, self.workload.kept
                 for prompts in self.schedule.steps_of(epoch, len(self.corpus.prompts)):
                     self._rl_step(epoch, prompts, rl_step, out)

@@ -5,6 +5,10 @@ Terminology:
 - *regime*: the engine (its rows, its token budget a step, the share of the GPU's memory it takes and so its KV cache,
   prefix caching, CUDA graphs or none) and the RL step (the requests one engine serves, the longest response), and the
   host whose time a step pays (`host`). A verdict holds for its regime only: every verdict names it.
+- *visits* (`Regime.steps_between_visits`, `Regime.visits`): how RL comes back to a prompt. A prompt returns
+  `steps_between_visits` RL steps after its visit (the dataset's prompts over an RL step's), and a run visits it
+  `visits` times (episodes, or epochs over the dataset); between two visits each engine serves the other prompts'
+  requests, which its caches hold in place of the prompt's. A first visit has no earlier one to draft from.
 - *scale* (`Regime.scale`): the corpus holds fewer requests an RL step than a GPU's engine serves, so each simulated
   request (and row, and token of the budget, and of the KV cache) stands for `scale` of the GPU's: the one
   definition of it. The simulator runs `Regime.schedule`, the regime divided by its scale.
@@ -22,6 +26,8 @@ from ..params import check_fields, limits
 from .engine import Schedule
 
 HOSTS = ("shipped", "here", "none")  # besides a host step curve file: `Regime.host`
+# OpenRLHF's DAPO example (`train_dapo_ray_hybrid_engine.sh`): --data.max_samples 20000 at --rollout.batch_size 128.
+DAPO_PROMPTS, DAPO_SPACING = 20_000, 20_000 // 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +56,15 @@ class Regime:
     enforce_eager: bool = False
     """vLLM's `enforce_eager`: the engine runs without CUDA graphs, so every step pays its kernel launches on top of
     its kernels (`pricing.eager`), and vLLM's adaptive verification, which needs full CUDA graphs, is off."""
+    steps_between_visits: int = field(default=DAPO_SPACING, metadata=limits(at_least=1))
+    """RL steps from a prompt's visit to its next (the dataset's prompts over an RL step's; 1: the very next step):
+    between them each engine serves `steps_between_visits - 1` RL steps of other prompts' requests, and its caches
+    hold what they left."""
+    visits: int = field(default=1, metadata=limits(at_least=1))
+    """Visits a run makes to each prompt (its episodes, or epochs over the dataset): 1, no prompt returns, and no rule
+    has a previous visit to reuse; a run's figure is its first visit once and its later visits `visits - 1` times."""
+    dataset_prompts: int = field(default=DAPO_PROMPTS, metadata=limits(at_least=1))
+    """The dataset's prompts: the draft store holds each one's last visit between its visits."""
     host: str = "shipped"
     """The engine's host time a step: `shipped` (the curve the package ships, measured on the machine it names),
     `here` (measured on this machine, cached), `none` (no host time at all), or a host step curve file."""
@@ -100,7 +115,16 @@ class Regime:
             f"{'on' if self.prefix_caching else 'off'}, "
             f"CUDA graphs {'off (enforce_eager)' if self.enforce_eager else 'on'}; "
             f"{self.requests_per_engine:,} requests an engine an RL step, "
-            f"responses {longest}; host {self.host}"
+            f"responses {longest}; {self.describe_visits()}; host {self.host}"
+        )
+
+    def describe_visits(self) -> str:
+        """How the regime's run comes back to a prompt, in words."""
+        spacing = "the next RL step" if self.steps_between_visits == 1 else f"{self.steps_between_visits} RL steps"
+        later = "no prompt returns" if self.visits == 1 else f"then {self.visits - 1} later visits"
+        return (
+            f"{self.dataset_prompts:,} prompts, a prompt back after {spacing}, "
+            f"{self.visits} visit{'s' if self.visits > 1 else ''} a prompt ({later})"
         )
 
     def fields(self) -> str:
@@ -110,7 +134,9 @@ class Regime:
             f"max_num_batched_tokens={self.max_num_batched_tokens} "
             f"gpu_memory_utilization={self.gpu_memory_utilization:g} requests_per_engine={self.requests_per_engine} "
             f"prefix_caching={'on' if self.prefix_caching else 'off'} "
-            f"enforce_eager={'on' if self.enforce_eager else 'off'} host={self.host}"
+            f"enforce_eager={'on' if self.enforce_eager else 'off'} "
+            f"steps_between_visits={self.steps_between_visits} visits={self.visits} "
+            f"dataset_prompts={self.dataset_prompts} host={self.host}"
         )
 
 
@@ -127,10 +153,15 @@ REGIMES = {
         gpu_memory_utilization=0.95,
         requests_per_engine=256,
         enforce_eager=True,
+        steps_between_visits=DAPO_SPACING,
+        visits=1,
+        dataset_prompts=DAPO_PROMPTS,
         source="OpenRLHF 0.11.2: vLLM's engine-context defaults (its RolloutRayActor passes no max_num_seqs and no "
         "max_num_batched_tokens), its --vllm.gpu_memory_utilization default 0.95, its DAPO example's step "
-        "(128 prompts x 8 samples on 4 engines: 256 requests an engine), and --vllm.enforce_eager, which 6 of the 8 "
-        "example commands of OpenRLHF 3c3be623 that launch train_ppo_ray set (its DAPO example among them)",
+        "(128 prompts x 8 samples on 4 engines: 256 requests an engine) and dataset (--data.max_samples 20000 at "
+        "--rollout.batch_size 128: a prompt returns after 156 RL steps; one episode, --train.num_episodes 1: no "
+        "prompt returns, visits 1; a run of more episodes gets the later visits), and --vllm.enforce_eager, which 6 "
+        "of the 8 example commands of OpenRLHF 3c3be623 that launch train_ppo_ray set (its DAPO example among them)",
     ),
     "paper": Regime(
         name="paper",
@@ -139,9 +170,13 @@ REGIMES = {
         gpu_memory_utilization=0.5,
         requests_per_engine=1024,
         max_response_tokens=4096,
+        steps_between_visits=6,
+        visits=15,
+        dataset_prompts=6144,
         source="the SPEC-RL paper's runs under veRL: 1,024 prompts x 8 samples on 8 H100s (1,024 requests a GPU), "
         "responses up to 4,096 tokens; veRL's rollout defaults (1,024 rows, 8,192 tokens, gpu_memory_utilization 0.5, "
-        "enforce_eager False: CUDA graphs captured)",
+        "enforce_eager False: CUDA graphs captured); DeepMath-6K, 6,144 prompts at 1,024 a step for 15 epochs: a "
+        "prompt returns every 6 RL steps, 15 visits, the first without drafts",
     ),
     "throughput": Regime(
         name="throughput",
@@ -149,6 +184,9 @@ REGIMES = {
         max_num_batched_tokens=16384,
         gpu_memory_utilization=0.95,
         requests_per_engine=256,
+        steps_between_visits=DAPO_SPACING,
+        visits=1,
+        dataset_prompts=DAPO_PROMPTS,
         source="the openrlhf regime with --vllm.max_num_seqs 1024 and --vllm.max_num_batched_tokens 16384 (what "
         "vllm.LLM takes on a GPU of 70 GiB or more) and without --vllm.enforce_eager (CUDA graphs, vLLM's default): "
         "the same RL step on a wider, faster engine",

@@ -38,6 +38,9 @@ class NoDrafts:
 
     name, async_scheduling = "requests", True
 
+    def between_visits(self, others) -> None:
+        pass
+
     def visit(self, epoch: int, prompts: list[int], corpus: Corpus) -> float:
         return 0.0
 

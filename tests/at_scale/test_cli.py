@@ -52,6 +52,9 @@ def toy_corpus(tmp_path, scored=False):
         (["--validate", "--rules", "off,speck"], "Did you mean 'spec'?"),
         (["--prefix-caching", "maybe"], "argument --prefix-caching: invalid choice: 'maybe'"),
         (["--map", "--lenience-curve"], "argument --lenience-curve: not allowed with argument --map"),
+        (["--spacing", "1,x"], "--spacing 1,x: give RL steps between a prompt's visits (>= 1) or regime: 'x'"),
+        (["--visits", "0"], "regime openrlhf+custom: visits must be a positive integer"),
+        (["--steps-between-visits", "0"], "steps_between_visits must be a positive integer"),
     ],
 )
 def test_bad_input_is_one_clear_error(argv, message, capsys, tmp_path):
@@ -81,7 +84,8 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
     rules = ["off", "lossless", "lossless,verify=requests", "spec@1.65", "exact"]
     argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--rules", ",".join(rules)]
-    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8"]) == 0
+    # two visits a prompt: the run is the corpus's first visit and its later one once each
+    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8", "--visits", "2"]) == 0
     out = capsys.readouterr().out
     result = out.splitlines()[-1]
     assert result.startswith("RESULT ")
@@ -94,7 +98,14 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
     assert float(fields["projected[off]"]) == 1.0 and float(fields["forward_s[off]"]) > float(fields["prefill_s[off]"])
     assert fields["missing"] == "none" and fields["model"] == "qwen3-8b" and fields["gpu"] == "h100"
     assert fields["prefix_caching"] == "on"  # every rule's schedule: the request path needs the cache
-    assert fields["regime"] == "openrlhf+custom" and fields["max_num_seqs"] == "8" and fields["scale"] == "1"
+    # half the toy's 2 prompts return, 2 samples each: a simulated request stands for 2 of the engine's 4
+    assert fields["regime"] == "openrlhf+custom" and fields["max_num_seqs"] == "8" and fields["scale"] == "2"
+    assert fields["steps_between_visits"] == "156" and fields["visits"] == "2" and fields["spacings"] == "1,8,156"
+    assert "| lossless | 156 (regime) |" in out and "| exact | 8 |" in out  # each rule at each spacing
+    for rule in rules[1:]:  # the first visit and the later ones apart, at each spacing
+        assert f"projected_first[{rule}]" in fields and f"kept_later_s8[{rule}]" in fields
+        assert float(fields[f"projected_first[{rule}]"]) > 0 and f"projected_later_s1[{rule}]" in fields
+    assert float(fields["kept_first[exact]"]) == 0.0  # nothing to reuse on a first visit
     assert cli.parse_args([*argv, "--prefix-caching", "off"]).cell.regime.prefix_caching is False
     for reading in ("projected", "projected_async", "projected_no_host"):  # and each drafted epoch's
         assert f"{reading}[exact]" in fields and ("projected_e1[exact]" in fields) and "kept_e1[exact]" in fields
@@ -104,16 +115,16 @@ def test_every_path_runs_and_the_result_line_names_every_figure(tmp_path, capsys
         ranked = sorted((float(fields[f"{reading}[{rule}]"]) for rule in rules), reverse=True)
         assert float(fields[f"{reading}[{leader}]"]) == ranked[0]
         assert float(fields[f"fastest{suffix}_margin"]) == pytest.approx(ranked[0] / ranked[1], abs=2e-3)
-    # epoch 1 against the trees of epoch 0: [5, 6, 7] twice follows [5, 6, 7] | [5, 6, 9] for 3 tokens each; [8, 2]
-    # and [8, 9] follow [8, 9] for 1 and 2: 9 of the corpus's 20 response tokens
-    assert float(fields["kept[lossless,verify=requests]"]) == pytest.approx(9 / 20)
+    # prompt 0 returns (prompt 1's responses fill the gaps): its epoch 1 against the tree of its epoch 0, [5, 6, 7]
+    # twice following [5, 6, 7] | [5, 6, 9] for 3 tokens each: 6 of its 12 response tokens
+    assert float(fields["kept[lossless,verify=requests]"]) == pytest.approx(6 / 12)
 
 
 def test_a_plugin_is_priced_through_its_own_cut(tmp_path, capsys, monkeypatch):
     """A rule written from policies/template.py, by its reference, on the request path: the toy's p_curr (-0.25) is
-    above its p_prev (-0.5), so spec@1.65 keeps each of epoch 0's four drafts (3, 3, 2 and 2 tokens) whole, 10 of the
-    corpus's 20 response tokens, and PrefixCap (spec@1.65, at most 90% of a draft) floor(0.9 x length) of each: 2,
-    2, 1 and 1, 6 of 20; with max_fraction=0.5, 1 of each, 4 of 20."""
+    above its p_prev (-0.5), so spec@1.65 keeps each of the returning prompt's two drafts (3 tokens each) whole, 6 of
+    its 12 response tokens, and PrefixCap (spec@1.65, at most 90% of a draft) floor(0.9 x length) of each: 2 and 2,
+    4 of 12; with max_fraction=0.5, 1 of each, 2 of 12."""
     pytest.importorskip("aiconfigurator_core")
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
@@ -121,12 +132,12 @@ def test_a_plugin_is_priced_through_its_own_cut(tmp_path, capsys, monkeypatch):
     plugin = "policies/prefix_cap.py:PrefixCap"
     rules = ["off", "spec@1.65", plugin, f"{plugin},max_fraction=0.5"]
     argv = ["--corpus", toy_corpus(tmp_path, scored=True), "--host", str(host), "--rules", ",".join(rules)]
-    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8"]) == 0
+    assert cli.main([*argv, "--requests-per-engine", "4", "--max-num-seqs", "8", "--visits", "2"]) == 0
     out = capsys.readouterr().out
     fields = result_fields(out.splitlines()[-1])
     kept = {rule: float(fields[f"kept[{rule}]"]) for rule in rules[1:]}
-    assert kept == {"spec@1.65": 0.5, plugin: 0.3, f"{plugin},max_fraction=0.5": 0.2}
-    assert float(fields[f"kept_e1[{plugin}]"]) == 0.6  # the drafted epoch's 10 tokens
+    assert kept == pytest.approx({"spec@1.65": 6 / 12, plugin: 4 / 12, f"{plugin},max_fraction=0.5": 2 / 12}, abs=1e-3)
+    assert float(fields[f"kept_e1[{plugin}]"]) == pytest.approx(4 / 6, abs=1e-3)  # the drafted epoch's 6 tokens
     for rule in rules[1:]:
         assert f"| {rule} | requests |" in out and float(fields[f"projected[{rule}]"]) > 0
     assert float(fields[f"steps[{plugin}]"]) > 0
@@ -179,9 +190,9 @@ def test_the_schedule_replays_what_an_engine_ran(async_engine):
 
 
 def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_path, monkeypatch):
-    """16 requests an engine on a corpus of 4 a step: a simulated row stands for 4 of the GPU's, so its rows, token
-    budget and KV capacity are the engine's over 4, and no priced step carries more than vLLM's
-    max_num_batched_tokens."""
+    """16 requests an engine on a corpus of 2 a step (half its prompts return): a simulated row stands for 8
+    of the GPU's, so its rows, token budget and KV capacity are the engine's over 8, and no priced step carries more
+    than vLLM's max_num_batched_tokens."""
     pytest.importorskip("aiconfigurator_core")
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"points": [{"rows": 1, "seconds": 0.001}, {"rows": 8, "seconds": 0.002}]}))
@@ -192,12 +203,14 @@ def test_each_simulated_row_holds_and_carries_the_gpus_share_over_the_scale(tmp_
     monkeypatch.setattr(
         run,
         "simulate",
-        lambda rule, corpus, schedule, *rest: schedules.append(schedule) or simulate(rule, corpus, schedule, *rest),
+        lambda rule, corpus, schedule, *rest, **kw: (
+            schedules.append(schedule) or simulate(rule, corpus, schedule, *rest, **kw)
+        ),
     )
     run.run_rules(args.rules, args.loaded, args.cell, args.host, {})
     _, capacity = args.cell.price()
     assert [(s.max_num_seqs, s.max_num_batched_tokens, s.kv_capacity_tokens) for s in schedules] == [
-        (128 // 4, 2048 // 4, capacity // 4)
+        (128 // 8, 2048 // 8, capacity // 8)
     ]
 
 
@@ -223,9 +236,9 @@ def test_each_rule_is_projected_with_cuda_graphs_and_without_and_vllms_two_suffi
         for name in ("projected_graphs", "projected_async_graphs", "kept_graphs", "projected_eager", "kept_eager"):
             assert f"{name}[{rule}]" in fields
         assert fields[f"engine[{rule}]"] == "v2" and f"| {rule} | engine (vLLM 0.34, V2 GPU) |" in out
-    assert (
-        fields["projected[suffix,engine=v2,adaptive=off]"] == fields["projected_eager[suffix,engine=v2,adaptive=off]"]
-    )
+    assert fields["modes_visits"] == "later"  # the modes compared where the rules reuse a visit
+    off = "suffix,engine=v2,adaptive=off"
+    assert fields[f"projected_later[{off}]"] == fields[f"projected_eager[{off}]"]
     assert "stock without CUDA graphs takes" in out and "CUDA graphs off (enforce_eager)" in out
     assert "suffix,engine=v2,adaptive=on: adaptive verification off: it needs full CUDA graphs" in out
     assert "proposer s estimated" in out  # its kernels' GPU time, a model named beside the figure
@@ -233,6 +246,5 @@ def test_each_rule_is_projected_with_cuda_graphs_and_without_and_vllms_two_suffi
     assert cli.main([*argv, "--enforce-eager", "off"]) == 0
     fields = result_fields(capsys.readouterr().out.splitlines()[-1])
     assert fields["enforce_eager"] == "off"
-    assert (
-        fields["projected[suffix,engine=v2,adaptive=on]"] == fields["projected_graphs[suffix,engine=v2,adaptive=on]"]
-    )
+    on = "suffix,engine=v2,adaptive=on"
+    assert fields[f"projected_later[{on}]"] == fields[f"projected_graphs[{on}]"]

@@ -167,3 +167,66 @@ def test_a_step_carries_no_more_than_the_engines_token_budget():
     run = EngineSimulator(corpus([30] * 4), schedule, Fixed(k=8)).run()
     assert max(r.decode_tokens + r.prefill_tokens for r in run.records) == 12
     assert (run.records[1].decode_rows, run.records[1].drafted) == (4, 8)  # the first rows' drafts whole, then none
+
+
+class Fifo(Fixed):
+    """A proposer that keeps the last `n` responses it saw, FIFO (as suffix decoding's cache), and drafts nothing:
+    what it holds when each epoch starts is recorded."""
+
+    def __init__(self, n: int):
+        super().__init__(k=0)
+        self.n, self.held, self.at_visit = n, [], []
+
+    def between_visits(self, others):
+        for other in others.tail(self.n):
+            self._keep([tuple(r) for r in other.responses])
+
+    def visit(self, epoch, prompts, corpus):
+        self.at_visit.append(list(self.held))
+        return 1.0
+
+    def finished(self, request):
+        self._keep([tuple(request.response)])
+
+    def _keep(self, responses):
+        self.held = (self.held + responses)[-self.n :]
+
+
+@pytest.mark.parametrize("spacing, kept_previous", [(1, True), (2, True), (3, False)])
+def test_a_fifo_of_n_holds_the_returning_prompts_last_visit_only_where_the_gap_leaves_room(spacing, kept_previous):
+    """Two returning prompts of 2 samples (4 responses an RL step) and a FIFO of 8: a gap of `spacing` - 1 RL steps of
+    the other prompts' visits (4 responses each) leaves the last visit's 4 responses in it up to spacing 2, and none
+    at 3, where the gap's 8 fill it."""
+    from specrl_openrlhf.simulator.visits import Gaps, gap_visits, subset
+
+    toy = Corpus(
+        [[1, 2, p] for p in range(4)],
+        [[[[100 * e + 10 * p + s, 7] for s in range(2)] for p in range(4)] for e in range(2)],
+    )
+    schedule = Schedule(max_num_seqs=8, prompts_per_step=2)
+    gaps = Gaps(toy, (1, 3), gap_visits(spacing, 1, schedule.prompts_per_step))
+    fifo = Fifo(8)
+    EngineSimulator(subset(toy, (0, 2)), schedule, fifo, gaps=gaps).run()
+    previous = {tuple(r) for p in (0, 2) for r in toy.responses[0][p]}
+    assert previous <= set(fifo.at_visit[1]) if kept_previous else not previous & set(fifo.at_visit[1])
+    assert len(fifo.at_visit[1]) == min(8, 4 + 4 * (spacing - 1) * (spacing > 1))
+    others = {tuple(r) for p in (1, 3) for e in (0, 1) for r in toy.responses[e][p]}
+    assert set(fifo.at_visit[0]) <= others  # the first visit's gap: the other prompts' alone
+
+
+def test_two_halves_merged_are_their_steps_in_turn_and_their_tokens_summed():
+    from specrl_openrlhf.simulator.engine import Simulation
+    from specrl_openrlhf.simulator.visits import subset
+
+    toy = corpus([4, 6, 5, 3], samples=2, epochs=2)
+    schedule = Schedule(max_num_seqs=4, prompts_per_step=2)
+    whole = EngineSimulator(toy, schedule, Fixed(k=2)).run()
+    parts = [EngineSimulator(subset(toy, r), schedule, Fixed(k=2)).run() for r in ((0, 2), (1, 3))]
+    merged = Simulation.merged(parts)
+    assert merged.response_tokens == whole.response_tokens == 2 * 2 * (4 + 6 + 5 + 3)
+    assert merged.accepted == sum(p.accepted for p in parts) and len(merged.records) == sum(
+        len(p.records) for p in parts
+    )
+    assert merged.column("rl_step").tolist() == sorted(merged.column("rl_step").tolist())  # numbered on
+    assert merged.kept_tokens(1) == tuple(map(sum, zip(*(p.kept_tokens(1) for p in parts))))
+    assert merged.kept == pytest.approx(sum(p.kept_tokens(0)[0] + p.kept_tokens(1)[0] for p in parts) / 72)

@@ -60,3 +60,22 @@ def test_openrlhfs_engines_run_without_cuda_graphs_as_its_examples_do_and_the_ot
     assert "enforce_eager=on" in REGIMES["openrlhf"].fields() and "enforce_eager=off" in REGIMES["paper"].fields()
     changed = REGIMES["openrlhf"].with_fields(enforce_eager=False)
     assert changed.name == "openrlhf+custom" and not changed.enforce_eager
+
+
+def test_visits_are_fields_with_their_source_and_every_verdict_names_them():
+    openrlhf, paper = REGIMES["openrlhf"], REGIMES["paper"]
+    # the DAPO example: 20,000 prompts at 128 a step, one episode; the paper: 6,144 at 1,024 a step, 15 epochs
+    assert (openrlhf.steps_between_visits, openrlhf.visits, openrlhf.dataset_prompts) == (156, 1, 20_000)
+    assert (paper.steps_between_visits, paper.visits, paper.dataset_prompts) == (6, 15, 6144)
+    throughput = REGIMES["throughput"]
+    assert (throughput.steps_between_visits, throughput.visits) == (openrlhf.steps_between_visits, openrlhf.visits)
+    assert "156 RL steps" in openrlhf.source and "one episode" in openrlhf.source and "15 epochs" in paper.source
+    assert "back after 156 RL steps, 1 visit a prompt (no prompt returns)" in openrlhf.describe()
+    assert "back after 6 RL steps, 15 visits a prompt (then 14 later visits)" in paper.describe()
+    assert "steps_between_visits=6 visits=15 dataset_prompts=6144" in paper.fields()
+    assert "the next RL step" in Regime(steps_between_visits=1).describe_visits()
+    changed = openrlhf.with_fields(visits=3)
+    assert changed.name == "openrlhf+custom" and changed.visits == 3 and "visits" in changed.source
+    for name in ("steps_between_visits", "visits", "dataset_prompts"):
+        with pytest.raises(ValueError, match=f"regime custom: {name} must be a positive integer"):
+            Regime(**{name: 0})

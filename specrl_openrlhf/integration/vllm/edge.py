@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,9 +15,11 @@ from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
+from ...cache import prompt_key
 from ...policies import ReusePolicy
 from ...policies.sampling import check_sampling
 from ...request_path.scoring_messages import ScoringAnswer, ScoringRequest
+from . import histories
 from .exclude import EXCLUDE_FIRST_TOKEN
 
 SUPPORTED_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
@@ -226,12 +227,14 @@ def completion_of(request_output, top_k: int = 0) -> Completion:
 
 
 def engine_generate(engine):
-    """Adapt a vLLM `AsyncLLM` to `async generate(prompt_token_ids, params, priority=0) -> final RequestOutput`."""
+    """Adapt a vLLM `AsyncLLM` to `async generate(prompt_token_ids, params, priority=0) -> final RequestOutput`. Each
+    request's id carries its prompt's digest (`histories.request_id`): our V2 speculator finds the prompt's history by
+    it."""
 
     async def generate(prompt_token_ids, params, priority: int = 0):
-        final = None
+        final, request = None, histories.request_id(prompt_key(list(prompt_token_ids)))
         async for output in engine.generate(
-            TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id=uuid.uuid4().hex, priority=priority
+            TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id=request, priority=priority
         ):
             final = output
         return final

@@ -171,7 +171,8 @@ def build_lossless_v2(
     """Our V2 speculator of the rule's `params` at `scale` of the GPU's rows a simulated row (its `history_mb` over
     `scale`: a simulated response stands for `scale`), its previous visits from the draft store (`store`), its adaptive
     verification (`adaptive` auto or on) priced on `price`, except in an engine without CUDA graphs (`price.eager`),
-    where vLLM refuses it: there every row verifies its k slots (`LosslessV2.note` says so where it was asked for)."""
+    where vLLM refuses it: there every row verifies `fixed_tokens` slots (`LosslessV2.note` says so where it was
+    asked for)."""
     eager = getattr(price, "eager", None) is not None
     adaptive, note = None, ""
     if params.adaptive == "on" and eager:
@@ -181,7 +182,8 @@ def build_lossless_v2(
         drafting = HISTORY_V2.draft_seconds({"step": 1})
         cost = PricedAdmission(price, scale, drafting)
         adaptive = AdaptiveVerification(params.num_speculative_tokens, cost, max_drafts(vocab, scale))
-    held = replace(params, history_mb=max(1, math.ceil(params.history_mb / scale)))
+    k = params.num_speculative_tokens if adaptive is not None else params.fixed_tokens  # as `engine_arguments`
+    held = replace(params, history_mb=max(1, math.ceil(params.history_mb / scale)), num_speculative_tokens=k)
     speculator = LosslessV2(max_model_len, max_num_seqs, held, adaptive, store)
     speculator.note = note
     return speculator

@@ -133,6 +133,12 @@ class LosslessParams:
     num_speculative_tokens: int = field(default=16, metadata=limits(at_least=1, at_most=64))
     """The most tokens the engine drafts for a sample at one step (`verify="engine"`)."""
 
+    fixed_tokens: int = field(default=4, metadata=limits(at_least=1, at_most=64))
+    """The tokens every row verifies every step where nothing sizes a row's draft: our V2 speculator (vLLM >= 0.34)
+    without vLLM's adaptive verification (`--vllm.enforce_eager`, or `adaptive=off`), where vLLM verifies each of a
+    row's k slots, so a short draft pays best (docs/benchmarks.md, "At RL scale"). Our budget sizes every row on the V1
+    runner, and adaptive verification on the V2 runner, up to `num_speculative_tokens`."""
+
     min_match: int = field(default=4, metadata=limits(at_least=1, means="tokens a re-entry matches on"))
     """The shortest suffix of the sample a re-entry into the history must match, after a rejection."""
 
@@ -242,12 +248,14 @@ class Lossless(ReusePolicy):
             speculative = {"method": "custom_class", "model": HISTORY_PROPOSER, "num_speculative_tokens": k}
         else:
             options = {name: getattr(self.params, name) for name in SPECULATOR_OPTIONS}
+            adaptive = self.params.adaptive == "on" or (
+                self.params.adaptive == "auto" and engine.adaptive_verification
+            )
             speculative = {
                 "method": HISTORY_SPECULATOR,
-                "num_speculative_tokens": k,
+                "num_speculative_tokens": k if adaptive else self.params.fixed_tokens,
                 "speculator_options": options,
-                "enable_adaptive_verification": self.params.adaptive == "on"
-                or (self.params.adaptive == "auto" and engine.adaptive_verification),
+                "enable_adaptive_verification": adaptive,
             }
         return {
             "speculative_config": speculative,

@@ -96,3 +96,22 @@ def test_its_admission_is_priced_at_the_steps_shape_and_its_kernels_estimate():
     assert seconds[0] == pytest.approx(model.time(128, 1, 1024)) and np.all(np.diff(seconds) > 0)
     assert cost.draft(64) == pytest.approx(drafting) == pytest.approx(50e-6)  # observe, local scan, finalize
     assert max_drafts(151936, 1)(128) == 1766 - 128 and max_drafts(151936, 4)(128) == (1766 - 512) // 4
+
+
+def test_vllm_034s_suffix_ring_keeps_the_newest_responses_of_a_gap_that_fit():
+    """vLLM 0.34's ring (`SuffixV2`, 2,000 tokens here): a gap of 300 visits of 2 responses of 200 tokens overwrites
+    the returning prompts' last visit and all but the gap's newest responses that fit."""
+    from specrl_openrlhf.simulator.visits import OtherRequests
+    from tests.at_scale.test_proposers import corpus
+
+    toy = corpus(prompts=4, samples=2, epochs=2, length=200)
+    ring = SuffixV2(k=8, depth=24, corpus_tokens=2000)
+    for s in range(2):
+        ring.pending.append((f"e0-p0-s{s}", np.array([3, *toy.responses[0][0][s]], np.int64)))
+    assert ring.visit(1, [0], toy) == 1.0  # the prompt's last visit in the ring
+    gap = OtherRequests(toy, (1, 3), epoch=1, visits=300)
+    ring.between_visits(gap)
+    assert ring.visit(1, [0], toy) == 0.0  # overwritten
+    newest = [f"{gap.visit(299).key}-s{s}" for s in (0, 1)]
+    assert all(ring._intact(request) for request in newest)
+    assert not ring._intact(f"{gap.visit(290).key}-s0")  # 20 responses of 204 tokens: more than the ring

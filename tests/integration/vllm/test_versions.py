@@ -98,7 +98,7 @@ def test_lossless_gets_the_v1_proposer_or_the_v2_speculator_with_its_options():
         v2 = lossless.engine_arguments(target)["speculative_config"]
         assert v2 == {
             "method": HISTORY_SPECULATOR,
-            "num_speculative_tokens": 16,
+            "num_speculative_tokens": 16 if adaptive else 4,  # k where vLLM sizes rows; else `fixed_tokens`
             "speculator_options": {"history_mb": 256, "min_match": 3, "shared": False, "lookup": True},
             "enable_adaptive_verification": adaptive,
         }

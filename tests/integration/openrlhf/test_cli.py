@@ -166,7 +166,7 @@ def test_the_literal_command_dry_runs_with_async_training_and_partial_rollouts()
     tests/integration/vllm/v1/test_proposer.py) and with `spec` at lenience 1.65 (the request path, whose kept prefix
     may have been verified against the weights before an update: docs/usage.md, "Async training and partial
     rollouts")."""
-    from specrl_openrlhf.integration.vllm.engine_args import PROPOSER
+    from specrl_openrlhf.policies.builtin import HISTORY_PROPOSER, HISTORY_SPECULATOR
 
     args = BASE + ["--train.async_enable", "--train.partial_rollout_enable", "--reuse.dry_run"]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two processes side by side: each mostly imports
@@ -175,7 +175,8 @@ def test_the_literal_command_dry_runs_with_async_training_and_partial_rollouts()
         plan = resolved(result)
         train = plan["openrlhf_args"]["train"]
         assert plan["policy"].startswith(policy) and train["async_enable"] and train["partial_rollout_enable"]
-    assert resolved(lossless)["engines"]["engine_kwargs"]["speculative_config"]["model"] == PROPOSER
+    config = resolved(lossless)["engines"]["engine_kwargs"]["speculative_config"]
+    assert config.get("model", config["method"]) in (HISTORY_PROPOSER, HISTORY_SPECULATOR)  # V1's or V2's
     assert resolved(spec)["engines"]["engine_kwargs"] == {}
 
 

@@ -104,8 +104,11 @@ def test_the_tutorials_rule_is_priced_at_rl_scale(tmp_path):
     (priced,) = [result_fields(line) for line in stdout.splitlines() if line.startswith("RESULT")]
     rule = "policies/age_decay_lenience.py:AgeDecayLenience@1.65,decay=0.25"
     assert f"| {rule} | requests |" in stdout and priced["corpus"] == "long"
-    assert priced[f"kept[{rule}]"] == priced["kept[spec@1.65]"] and float(priced["kept[spec@1.65]"]) > 0
-    assert float(priced[f"projected[{rule}]"]) > 0 and priced["missing"] == "none"
+    # the default regime's run visits each prompt once: nothing to reuse; a prompt's later visits reuse the last one
+    assert priced[f"kept[{rule}]"] == priced["kept[spec@1.65]"] == "0.000"
+    later = priced["kept_later[spec@1.65]"]
+    assert priced[f"kept_later[{rule}]"] == later and float(later) > 0
+    assert float(priced[f"projected_later[{rule}]"]) > 0 and priced["missing"] == "none"
 
 
 @pytest.mark.ray

@@ -145,8 +145,8 @@ def test_a_peers_accepted_drafts_reach_openrlhfs_info(ray_cluster, tiny_model_di
     draft tokens as reused and the rest as decoded, from vLLM's per-request counts, under the names `lossless` uses."""
     from transformers import AutoTokenizer
 
-    def with_cpu(policy, base=None):  # OpenRLHF's arguments are a GPU's: the CPU's on top, as above
-        return engine_kwargs(policy, {**(base or {}), **CPU})
+    def with_cpu(policy, base=None, flags=None):  # OpenRLHF's arguments are a GPU's: the CPU's on top, as above
+        return engine_kwargs(policy, {**(base or {}), **CPU}, flags)
 
     monkeypatch.setattr(engine_args, "engine_kwargs", with_cpu)
     module = {"train": lambda args: None, "create_vllm_engines": vllm_engine.create_vllm_engines}

@@ -27,14 +27,13 @@ from ..integration.vllm.v2.drafter import DrafterSettings, HistoryDrafter
 from ..miniature.v2_runner import RequestStateStandIn
 from ..policies.builtin import LosslessParams
 from ..pricing.curves import StepPrice
-from ..pricing.kernels import MODELS
 from ..pricing.speculator_kernels import HISTORY_V2
 from ..simulator.adaptive import AdaptiveVerification
 from ..simulator.batch import BatchView
 from ..simulator.corpus import Corpus
 from ..simulator.requests import Request
 from ..simulator.visits import OtherRequests, StoreHeld
-from .suffix_v2 import PricedAdmission, max_drafts
+from .suffix_v2 import adaptive_verification
 
 STEP, WRITE, ASSIGN = (HISTORY_V2.names.index(name) for name in ("step", "write", "assign"))
 
@@ -173,15 +172,8 @@ def build_lossless_v2(
     verification (`adaptive` auto or on) priced on `price`, except in an engine without CUDA graphs (`price.eager`),
     where vLLM refuses it: there every row verifies `fixed_tokens` slots (`LosslessV2.note` says so where it was
     asked for)."""
-    eager = getattr(price, "eager", None) is not None
-    adaptive, note = None, ""
-    if params.adaptive == "on" and eager:
-        note = "adaptive verification off: it needs full CUDA graphs, and this engine runs without (vLLM refuses it)"
-    elif params.adaptive == "on" or (params.adaptive == "auto" and not eager):
-        vocab = MODELS.get(getattr(price, "model", ""), MODELS["qwen3-8b"])["vocab"]  # a curve's: Qwen3's
-        drafting = HISTORY_V2.draft_seconds({"step": 1})
-        cost = PricedAdmission(price, scale, drafting)
-        adaptive = AdaptiveVerification(params.num_speculative_tokens, cost, max_drafts(vocab, scale))
+    drafting = HISTORY_V2.draft_seconds({"step": 1})
+    adaptive, note = adaptive_verification(params.adaptive, params.num_speculative_tokens, price, scale, drafting)
     k = params.num_speculative_tokens if adaptive is not None else params.fixed_tokens  # as `engine_arguments`
     held = replace(params, history_mb=max(1, math.ceil(params.history_mb / scale)), num_speculative_tokens=k)
     speculator = LosslessV2(max_model_len, max_num_seqs, held, adaptive, store)

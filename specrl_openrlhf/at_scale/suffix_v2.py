@@ -55,6 +55,22 @@ class PricedAdmission:
         return self.drafter_s
 
 
+EAGER_NOTE = "adaptive verification off: it needs full CUDA graphs, and this engine runs without (vLLM refuses it)"
+
+
+def adaptive_verification(adaptive: str, k: int, price: StepPrice, scale: int, drafting_s: float):
+    """(vLLM's adaptive verification of `k` slots priced on `price`, or None where every row verifies a fixed count;
+    the note where it was asked for and can't run) for a rule's `adaptive` (on, off or auto): auto turns it on where
+    the engine has CUDA graphs; an engine without (`price.eager`) can't run it, as vLLM refuses it there."""
+    eager = getattr(price, "eager", None) is not None
+    if adaptive == "on" and eager:
+        return None, EAGER_NOTE
+    if adaptive == "on" or (adaptive == "auto" and not eager):
+        vocab = MODELS.get(getattr(price, "model", ""), MODELS["qwen3-8b"])["vocab"]  # a curve's: Qwen3's
+        return AdaptiveVerification(k, PricedAdmission(price, scale, drafting_s), max_drafts(vocab, scale)), ""
+    return None, ""
+
+
 class SuffixV2:
     """vLLM 0.34's `SuffixSpeculator` in the simulator: a corpus of `corpus_tokens` tokens (0: each row's own text
     only), `depth` tokens matched at most, `k` slots a row; `adaptive`: vLLM's adaptive verification (None: every row
@@ -192,13 +208,8 @@ def build_suffix_v2(params, price: StepPrice, scale: int = 1) -> SuffixV2:
     cached = config.get("suffix_decoding_max_cached_requests", 1) != 0
     corpus = config.get("suffix_decoding_corpus_tokens", kernels.CORPUS_TOKENS) if cached else 0
     k, depth = config["num_speculative_tokens"], config.get("suffix_decoding_max_tree_depth", kernels.DEPTH)
-    adaptive, note, eager = None, "", getattr(price, "eager", None) is not None
-    if params.adaptive == "on" and eager:
-        note = "adaptive verification off: it needs full CUDA graphs, and this engine runs without (vLLM refuses it)"
-    elif params.adaptive == "on" or (params.adaptive == "auto" and not eager):
-        vocab = MODELS.get(getattr(price, "model", ""), MODELS["qwen3-8b"])["vocab"]  # a curve's: Qwen3's
-        drafting = SUFFIX_V2.draft_seconds({"observe": 1, "local_scan": 1, "finalize": 1})
-        adaptive = AdaptiveVerification(k, PricedAdmission(price, scale, drafting), max_drafts(vocab, scale))
+    drafting = SUFFIX_V2.draft_seconds({"observe": 1, "local_scan": 1, "finalize": 1})
+    adaptive, note = adaptive_verification(params.adaptive, k, price, scale, drafting)
     speculator = SuffixV2(k, depth, max(corpus // scale, 1) if corpus else 0, adaptive)
     speculator.note = note
     return speculator

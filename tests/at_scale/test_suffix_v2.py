@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from specrl_openrlhf.at_scale import proposers
-from specrl_openrlhf.at_scale.suffix_v2 import PricedAdmission, SuffixV2, build_suffix_v2, max_drafts
+from specrl_openrlhf.at_scale.suffix_v2 import (
+    PricedAdmission,
+    SuffixV2,
+    adaptive_verification,
+    build_suffix_v2,
+    max_drafts,
+)
 from specrl_openrlhf.config import parse_rule
 from specrl_openrlhf.pricing import speculator_kernels
 from specrl_openrlhf.simulator.adaptive import AdaptiveVerification, StepShape
@@ -85,6 +91,23 @@ def test_the_rule_routes_to_it_and_builds_it_from_its_config():
     assert graphs.adaptive is not None and not graphs.note
     off = parse_rule('suffix,engine=v2,speculative_config={"method":"suffix","suffix_decoding_max_cached_requests":0}')
     assert not build_suffix_v2(off.params, price).has_corpus
+
+
+def test_adaptive_verification_runs_where_the_engine_has_cuda_graphs_and_says_why_where_asked_and_refused():
+    eager = pytest.importorskip("specrl_openrlhf.at_scale.run").Cell().kernels()  # the openrlhf regime: eager
+    graphs = eager.with_eager(False)
+    for adaptive, price, runs, said in (
+        ("on", eager, False, True),
+        ("auto", eager, False, False),
+        ("off", eager, False, False),
+        ("on", graphs, True, False),
+        ("auto", graphs, True, False),
+        ("off", graphs, False, False),
+    ):
+        verification, note = adaptive_verification(adaptive, 16, price, 2, 50e-6)
+        assert (verification is not None) == runs and bool(note) == said, (adaptive, price.eager)
+        if runs:
+            assert verification.k == 16 and verification.max_drafts(128) == max_drafts(151936, 2)(128)
 
 
 def test_its_admission_is_priced_at_the_steps_shape_and_its_kernels_estimate():

@@ -1,6 +1,8 @@
 """The engine's proposers as the simulator drives them (`at_scale.proposers`), between two visits: what each cache
 holds of the other requests an engine served (`between_visits`)."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -79,3 +81,57 @@ def test_stock_and_the_ngram_proposer_keep_nothing_across_requests():
     gap = OtherRequests(corpus(), (1, 3), epoch=1, visits=2)
     for proposer in (Stock(), Ngram(max_model_len=64, max_num_seqs=8)):
         assert proposer.between_visits(gap) is None and proposer.memory_bytes() == 0
+
+
+def test_a_rebuild_by_the_drain_inside_a_step_follows_every_row_afresh(monkeypatch):
+    """The registrations a step drains first may take the arena past `history_mb`, and the board rebuilds it there
+    (`HistoryBoard.rebuild`): the rows followed until then stand on the old arena's nodes, which `follow` would write
+    through (the paper regime's segfault, past the new arena's arrays): they are followed afresh in the new arena."""
+    pytest.importorskip("numba")
+    from specrl_openrlhf.integration.vllm.v1 import board as boards
+    from specrl_openrlhf.integration.vllm.v1 import proposer as module
+    from specrl_openrlhf.integration.vllm.v1.arena import PARENT, TOKEN
+
+    monkeypatch.setattr(boards, "BOARD", boards.BOARD)  # `Lossless` installs a board of its own: put it back after
+    lossless = Lossless(64, Schedule(max_num_seqs=8), None, LosslessParams(history_mb=2), cost_scale=2)  # 1 MiB
+    board, rng = lossless.board, np.random.default_rng(0)
+    for p in range(30):  # 15,000 nodes: within the budget (16,384 nodes' arrays)
+        board.update(lossless.key([9, 9, p]), 3, True, lossless.params, [rng.integers(10, 30_000, 500)], [None])
+    lossless._drain()
+    assert board.version == 0 and board.arena.size > 15_000
+
+    stale = []
+    follow = module.follow
+
+    def checked(arena, size, step, rows, settings, out):  # the rows `follow` inserts below: on the arena's nodes
+        for r in step.indices.tolist():
+            s, new, n = int(rows.seen[r]), int(step.new[r]), int(step.num_tokens[r])
+            if new and s and s + new == n and not 0 <= rows.own[r] < size:
+                stale.append((r, int(rows.own[r]), size))
+        return size if stale else follow(arena, size, step, rows, settings, out)  # never through a stale node
+
+    monkeypatch.setattr(module, "follow", checked)
+    prompt, rows = [1, 2, 3], 2
+    batch = SimpleNamespace(token_ids_cpu=np.zeros((rows, 64), np.int32), num_tokens_no_spec=np.zeros(rows, np.int32))
+    batch.token_ids_cpu[:, :3], batch.num_tokens_no_spec[:] = prompt, 3
+
+    def sample(tokens):
+        for r, token in enumerate(tokens):
+            batch.token_ids_cpu[r, batch.num_tokens_no_spec[r]] = token
+            batch.num_tokens_no_spec[r] += 1
+        lossless.propose(batch, [[t] for t in tokens])
+
+    sample([40, 50])  # the rows arrive (their nodes past 15,000), then are followed
+    sample([41, 51])
+    board.update(lossless.key([8, 8, 8]), 3, True, lossless.params, [rng.integers(10, 30_000, 3_000)], [None])
+    sample([42, 52])  # its drain takes the arena past the budget: rebuilt, about 8,700 nodes kept
+    assert board.version == 1 and board.arena.size < 15_000
+    sample([43, 53])
+    assert not stale and not lossless.proposer.failed
+    state, nodes = lossless.proposer.rows, board.arena.nodes
+    for r, response in enumerate(([40, 41, 42, 43], [50, 51, 52, 53])):  # each row's path: its response, in the arena
+        node, path = int(state.own[r]), []
+        while node >= 0 and nodes[node, TOKEN] >= 0:
+            path.append(int(nodes[node, TOKEN]))
+            node = int(nodes[node, PARENT])
+        assert path[::-1] == response

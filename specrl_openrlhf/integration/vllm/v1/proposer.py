@@ -119,13 +119,12 @@ class HistoryProposer:
         now, rows, board, state = self.clock(), len(sampled), boards.BOARD, self.rows
         if state.capacity < rows:
             state.grow(2 * rows)
-        if board.version != self.version:  # the arena was rebuilt: every row afresh
-            state.forget()
-            self.version = board.version
+        self._since_rebuild()
         state.judged[0] = 0
         if board.pending:  # responses of rows followed until now were inserted in flight: skipped when registered
             followed = np.flatnonzero(state.seen[: self.followed] > 0)
             board.drain(set(state.slot[followed].tolist()), set(state.hash[followed].tolist()))
+            self._since_rebuild()  # the drain may have rebuilt the arena (past history_mb): before `follow` reads it
         new = np.fromiter(map(len, sampled), np.int32, rows)  # the one pass over vLLM's lists: counts, not tokens
         idle = np.flatnonzero((new == 0) & (state.seen[:rows] > 0)) if not new.all() else new[:0]  # left: `_leave`
         decode, given, produced, before = survey(state.seen, state.drafted, new, num_tokens, rows)
@@ -161,6 +160,14 @@ class HistoryProposer:
             self.report.step(0)
             return [[] for _ in range(rows)]
         return self._allocate(rows, cost, margin)
+
+    def _since_rebuild(self) -> None:
+        """Every row afresh where the arena was rebuilt (`HistoryBoard.rebuild`, `version`) since the rows were
+        followed: their nodes (`RowArrays.own`, `cursor`) are the old arena's, which `follow` would write through,
+        past the new arena's size or its arrays."""
+        if boards.BOARD.version != self.version:
+            self.rows.forget()
+            self.version = boards.BOARD.version
 
     def _observe(self, seconds: float, rows: int, carried: int, produced: int, context: float) -> None:
         """The step that ran (it started no row: a decode's cost): its cost, and whether its drafts paid."""

@@ -96,7 +96,7 @@ class ReuseConfig:
         choices=SCORING_MODES,
     )
     cache_max_gb: float = option(
-        "--reuse.cache_max_gb", 4.0, "draft cache memory cap over all shards (LRU by prompt)", type=float, metavar="G"
+        "--reuse.cache_max_gb", 6.0, "draft cache memory cap over all shards (LRU by prompt)", type=float, metavar="G"
     )
     cache_shards: int = option(
         "--reuse.cache_shards", 1, "draft cache actors; 4-8 for 1024 x 8 x 4096-token steps", type=int, metavar="N"

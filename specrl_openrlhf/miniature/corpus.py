@@ -73,7 +73,8 @@ PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in min
     # float32 as short was recorded: a bfloat16 engine's rounding would be measured as drift too.
     "drift": dataclasses.replace(SHORT, lr=2e-4, dtype="float32"),
     # the walk task's long responses from the tiny policy: an RL policy's entropy (mostly certain, forks a line), and
-    # the learning rate and updates that move it between visits as the paper's GRPO run moved (docs/benchmarks.md)
+    # the learning rate and updates that move it between visits as the paper's GRPO run moved (docs/benchmarks.md):
+    # each epoch's rollouts trained on once, in two steps of half its prompts, as an RL step trains on its batch
     "long": CorpusSettings(
         policy="tiny",
         prompts=32,
@@ -83,7 +84,7 @@ PRESETS = {  # sized for 2 CPU cores: short records in half an hour, long in min
         temperature=1.0,
         lr=3e-4,
         updates=2,
-        prompts_per_update=8,
+        prompts_per_update=16,
         token_mean=True,
         warm_start_steps=600,
         dtype="float32",

@@ -179,8 +179,10 @@ CERTAIN_SURPRISAL = 0.01  # nats: a token the policy was all but sure of
 
 
 def quality(corpus: Corpus) -> dict[str, float]:
-    """What a corpus is like: mean response tokens, the share of responses cut at the token limit (`max_tokens` in
-    its meta; NaN where it is not recorded), the share of tokens inside a repeated 8-gram, the share of distinct
+    """What a corpus is like: mean response tokens, overall and by epoch (`mean_tokens_epoch{e}`), and the largest
+    change of an epoch's mean from the epoch before (`epoch_length_step`, a share of the earlier one: a policy that
+    breaks between two visits shows here), the share of responses cut at the token limit (`max_tokens` in its meta;
+    NaN where it is not recorded), the share of tokens inside a repeated 8-gram, the share of distinct
     responses in a prompt's group (`distinct_share`, mean over visits), and with log-probs and a scoring pass:
     - the policy's entropy as sampled: the share of tokens with surprisal (-log p as sampled) below 0.01 nats, the
       80th percentile and the mean of surprisal;
@@ -197,6 +199,10 @@ def quality(corpus: Corpus) -> dict[str, float]:
         "repeated_share": sum(repeated_tokens(r) for r in responses) / max(int(lengths.sum()), 1),
         "distinct_share": float(np.mean([len({tuple(r) for r in p}) / len(p) for e in corpus.responses for p in e])),
     }
+    by_epoch = [float(np.mean([len(r) for p in e for r in p])) for e in corpus.responses]
+    figures.update({f"mean_tokens_epoch{e}": mean for e, mean in enumerate(by_epoch)})
+    steps = [abs(b - a) / a for a, b in zip(by_epoch, by_epoch[1:]) if a > 0]
+    figures["epoch_length_step"] = max(steps, default=0.0)
     if corpus.scored:
         surprisal = -np.concatenate([lp for e in corpus.logprobs for p in e for lp in p])
         figures[f"surprisal_below_{CERTAIN_SURPRISAL}"] = float((surprisal < CERTAIN_SURPRISAL).mean())

@@ -18,7 +18,7 @@ def corpus(length: int) -> Corpus:
 
 def test_the_store_needs_two_visits_a_prompt_of_the_regimes_dataset_and_says_whether_the_cap_holds_them():
     gb, cap = default_cap()
-    assert gb == 4.0 and cap == 3 << 30  # --reuse.cache_max_gb 4, a quarter for follow-up turns
+    assert gb == 6.0 and cap == 9 << 29  # --reuse.cache_max_gb 6, a quarter for follow-up turns
     short = draft_store(corpus(100), REGIMES["openrlhf"], 156)
     assert short.needed == 20_000 * store_bytes(corpus(100))[1] and short.held_share == 1.0
     assert "holds every prompt's last visit" in short.describe() and "20,000 prompts" in short.describe()

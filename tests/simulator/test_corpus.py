@@ -68,6 +68,14 @@ def test_quality_counts_cut_responses_and_tokens_inside_a_repeated_8_gram():
     assert figures["repeated_share"] == pytest.approx(24 / 49)
 
 
+def test_quality_states_each_epochs_length_and_the_largest_step_between_epochs():
+    epochs = [[[[1] * 100, [1] * 100]], [[[1] * 120, [1] * 100]], [[[1] * 60, [1] * 50]]]  # means 100, 110, 55
+    figures = quality(Corpus([[1]], epochs))
+    assert [figures[f"mean_tokens_epoch{e}"] for e in range(3)] == [100, 110, 55]
+    assert figures["epoch_length_step"] == pytest.approx(0.5)  # 110 to 55, not 100 to 110
+    assert quality(Corpus([[1]], epochs[:1]))["epoch_length_step"] == 0.0
+
+
 def test_quality_states_each_epochs_drift_as_the_staleness_meters_kl():
     """k3 = r - 1 - log r a token, r = p_curr / p_prev, over epoch 0's responses scored by epoch 1's policy."""
     figures = quality(scored_toy())

@@ -75,7 +75,6 @@ class HistoryProposer:
         self.clock = time.perf_counter  # what step times are read from
         self.last_call: float | None = None  # when the previous step's `propose` began
         self.followed = 0  # rows followed at the last step
-        self.version = boards.BOARD.version
         try:
             self.k = int(vllm_config.speculative_config.num_speculative_tokens)
             self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -119,12 +118,12 @@ class HistoryProposer:
         now, rows, board, state = self.clock(), len(sampled), boards.BOARD, self.rows
         if state.capacity < rows:
             state.grow(2 * rows)
-        self._since_rebuild()
+        state.on_arena(board.version)
         state.judged[0] = 0
         if board.pending:  # responses of rows followed until now were inserted in flight: skipped when registered
             followed = np.flatnonzero(state.seen[: self.followed] > 0)
             board.drain(set(state.slot[followed].tolist()), set(state.hash[followed].tolist()))
-            self._since_rebuild()  # the drain may have rebuilt the arena (past history_mb): before `follow` reads it
+            state.on_arena(board.version)  # the drain may have rebuilt the arena (past history_mb)
         new = np.fromiter(map(len, sampled), np.int32, rows)  # the one pass over vLLM's lists: counts, not tokens
         idle = np.flatnonzero((new == 0) & (state.seen[:rows] > 0)) if not new.all() else new[:0]  # left: `_leave`
         decode, given, produced, before = survey(state.seen, state.drafted, new, num_tokens, rows)
@@ -160,14 +159,6 @@ class HistoryProposer:
             self.report.step(0)
             return [[] for _ in range(rows)]
         return self._allocate(rows, cost, margin)
-
-    def _since_rebuild(self) -> None:
-        """Every row afresh where the arena was rebuilt (`HistoryBoard.rebuild`, `version`) since the rows were
-        followed: their nodes (`RowArrays.own`, `cursor`) are the old arena's, which `follow` would write through,
-        past the new arena's size or its arrays."""
-        if boards.BOARD.version != self.version:
-            self.rows.forget()
-            self.version = boards.BOARD.version
 
     def _observe(self, seconds: float, rows: int, carried: int, produced: int, context: float) -> None:
         """The step that ran (it started no row: a decode's cost): its cost, and whether its drafts paid."""

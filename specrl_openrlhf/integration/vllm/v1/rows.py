@@ -55,6 +55,7 @@ class RowState:
 
     def __init__(self, k: int, capacity: int = 64):
         self.k, self.capacity = k, 0
+        self.arena_version = None  # the arena's (`HistoryBoard.version`) the rows were followed in
         self.grow(capacity)
 
     def grow(self, capacity: int) -> None:
@@ -121,3 +122,10 @@ class RowState:
         """Follow every row afresh."""
         self.seen[:] = 0
         self.drafted[:] = 0
+
+    def on_arena(self, version: int) -> None:
+        """Every row afresh where the arena was rebuilt (`HistoryBoard.rebuild`) since its rows were followed: their
+        nodes (`own`, `cursor`) are the old arena's, which `follow` would write through, past the new one's arrays."""
+        if version != self.arena_version:
+            self.forget()
+            self.arena_version = version

@@ -50,8 +50,8 @@ def paper_kept(label: str) -> float:
 
 def corpus_figures(corpus: Corpus) -> str:
     """What the corpus under a verdict is, beside what an RL run is: its length (and its largest step between
-    epochs), cut, repeats, token surprisal and
-    ratio-rule lenience curve (`simulator.corpus.quality`), each ℓ's kept share beside the paper's."""
+    epochs), cut, repeats, token surprisal and ratio-rule lenience curve (`simulator.corpus.quality`), each ℓ's kept
+    share beside the paper's."""
     figures = quality(corpus)
     words = [f"{k}={figures[k]:.3f}" for k in ("mean_tokens", "epoch_length_step", "cut_share", "repeated_share")]
     words += [f"{k}={v:.3f}" for k, v in figures.items() if k.startswith("surprisal")]
